@@ -1,0 +1,232 @@
+#!/usr/bin/env bash
+# Runs a private containerd for Crab's demo and integration tests. It has its own
+# root, state, socket and config file, so the host's containerd (its config in
+# /etc/containerd and its socket in /run/containerd) is never read or touched. The CRI
+# plugin is disabled, so no CNI setup is needed.
+#
+#   hack/containerd.sh start     start it (if not already running) and import the images
+#                                built by hack/build-images.sh; prints the socket path
+#   hack/containerd.sh stop      SIGTERM containerd (SIGKILL after 10 s); shims and
+#                                containers keep running
+#   hack/containerd.sh restart   stop + start
+#   hack/containerd.sh status    exit 0 if it answers on its socket, 1 otherwise
+#   hack/containerd.sh env       print export lines, e.g. eval "$(hack/containerd.sh env)"
+#
+# Environment (defaults in brackets):
+#   CRAB_CONTAINERD_ROOT   [/var/lib/crab/containerd]  persistent data, containerd.log
+#   CRAB_CONTAINERD_STATE  [/run/crab/containerd]      socket, config.toml, pid file
+#   CRAB_IMAGE_DIR         [/var/lib/crab/images]      busybox.tar, python.tar
+#   CRAB_NAMESPACE         [crab]                      namespace the images go into
+#   CRAB_CONFIG            passed through to containerd, hence to the crab shim
+set -euo pipefail
+
+ROOT_DIR="${CRAB_CONTAINERD_ROOT:-/var/lib/crab/containerd}"
+STATE_DIR="${CRAB_CONTAINERD_STATE:-/run/crab/containerd}"
+SOCK="$STATE_DIR/containerd.sock"
+CONFIG="$STATE_DIR/config.toml"
+PIDFILE="$STATE_DIR/containerd.pid"
+LOG="$ROOT_DIR/containerd.log"
+IMAGE_DIR="${CRAB_IMAGE_DIR:-/var/lib/crab/images}"
+NAMESPACE="${CRAB_NAMESPACE:-crab}"
+IMAGES=(busybox python)
+START_TIMEOUT=20
+STOP_TIMEOUT=10
+
+log() { printf '\033[1;34m[containerd]\033[0m %s\n' "$*" >&2; }
+die() { echo "containerd.sh: $*" >&2; exit 1; }
+
+usage() {
+    sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2
+    exit "${1:-2}"
+}
+
+ctr_() { ctr --address "$SOCK" "$@"; }
+
+answers() { [ -S "$SOCK" ] && timeout 5 ctr --address "$SOCK" version >/dev/null 2>&1; }
+
+# Is $1 a live containerd started with our config file?
+is_ours() {
+    local pid=$1
+    [ -n "$pid" ] && [ -r "/proc/$pid/cmdline" ] || return 1
+    local cmdline
+    cmdline=$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null) || return 1
+    [[ "$cmdline" == *containerd*" --config $CONFIG"* ]]
+}
+
+# Prints the pid of our containerd: from the pid file, or by looking for a process
+# started with our config file (the pid file may have been lost).
+find_pid() {
+    local pid=""
+    [ -f "$PIDFILE" ] && pid=$(cat "$PIDFILE" 2>/dev/null || true)
+    if is_ours "$pid"; then
+        echo "$pid"
+        return 0
+    fi
+    for d in /proc/[0-9]*; do
+        pid=${d#/proc/}
+        if is_ours "$pid"; then
+            echo "$pid" >"$PIDFILE" 2>/dev/null || true
+            echo "$pid"
+            return 0
+        fi
+    done
+    return 1
+}
+
+write_config() {
+    mkdir -p "$ROOT_DIR" "$STATE_DIR"
+    chmod 0711 "$ROOT_DIR" "$STATE_DIR"
+    # Top-level keys must come before the first [table].
+    cat >"$CONFIG.tmp" <<EOF
+# Written by hack/containerd.sh; regenerated on every start.
+version = 2
+root = "$ROOT_DIR"
+state = "$STATE_DIR"
+disabled_plugins = ["io.containerd.grpc.v1.cri"]
+
+[grpc]
+  address = "$SOCK"
+
+[ttrpc]
+  address = "$SOCK.ttrpc"
+
+[debug]
+  address = ""
+  level = "info"
+
+[metrics]
+  address = ""
+
+[plugins]
+  # Default is /opt/containerd; keep everything under our own root.
+  [plugins."io.containerd.internal.v1.opt"]
+    path = "$ROOT_DIR/opt"
+EOF
+    mv "$CONFIG.tmp" "$CONFIG"
+}
+
+# Imports $IMAGE_DIR/<image>.tar unless the namespace already has that name with the
+# same manifest digest (a rebuilt archive is imported again).
+import_images() {
+    local image tar name digest have
+    for image in "${IMAGES[@]}"; do
+        tar="$IMAGE_DIR/$image.tar"
+        [ -f "$tar" ] || { log "no $tar (run hack/build-images.sh); skipping"; continue; }
+        name=$(tar -xOf "$tar" index.json | jq -r '.manifests[0].annotations["io.containerd.image.name"]')
+        digest=$(tar -xOf "$tar" index.json | jq -r '.manifests[0].digest')
+        have=$(ctr_ -n "$NAMESPACE" images ls | awk -v n="$name" '$1 == n {print $3}')
+        if [ "$have" = "$digest" ]; then
+            continue
+        fi
+        log "importing $name into namespace $NAMESPACE"
+        ctr_ -n "$NAMESPACE" images import "$tar" >/dev/null
+        ctr_ -n "$NAMESPACE" images ls -q | grep -qxF "$name" || die "import of $tar did not create $name"
+    done
+}
+
+# Waits until the socket answers; fails after $START_TIMEOUT s or if $1 (pid) exits.
+wait_answers() {
+    local pid=$1 deadline=$((SECONDS + START_TIMEOUT))
+    until answers; do
+        [ $SECONDS -lt $deadline ] || return 1
+        if [ -n "$pid" ] && ! kill -0 "$pid" 2>/dev/null; then
+            return 1
+        fi
+        sleep 0.2
+        [ -n "$pid" ] || pid=$(cat "$PIDFILE" 2>/dev/null || true)
+    done
+}
+
+start() {
+    local pid=""
+    if pid=$(find_pid); then
+        # Ours is alive; give a concurrent start the same grace period before giving up.
+        if wait_answers "$pid"; then
+            log "already running (pid $pid)"
+            import_images
+            echo "$SOCK"
+            return 0
+        fi
+        log "containerd pid $pid does not answer; replacing it"
+        stop
+    fi
+    if answers; then
+        die "something else answers on $SOCK; refusing to start a second containerd there"
+    fi
+    command -v containerd >/dev/null || die "containerd not found"
+    write_config
+    rm -f "$PIDFILE"
+    local env=(PATH="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" HOME="${HOME:-/root}")
+    [ -n "${CRAB_CONFIG:-}" ] && env+=(CRAB_CONFIG="$CRAB_CONFIG")
+    [ -n "${RUST_LOG:-}" ] && env+=(RUST_LOG="$RUST_LOG")
+    [ -n "${RUST_BACKTRACE:-}" ] && env+=(RUST_BACKTRACE="$RUST_BACKTRACE")
+    log "starting containerd (log: $LOG)"
+    printf '\n==== %s hack/containerd.sh start ====\n' "$(date -Is)" >>"$LOG"
+    # The inner shell records its own pid and then becomes containerd (in /, so it
+    # does not pin the caller's directory); the pid file is right even if setsid has
+    # to fork. setsid + nohup + redirected stdio: containerd outlives the calling
+    # shell and its terminal.
+    env -i "${env[@]}" setsid nohup /bin/sh -c 'echo $$ >"$1"; shift; cd / && exec "$@"' sh \
+        "$PIDFILE" "$(command -v containerd)" --config "$CONFIG" \
+        </dev/null >>"$LOG" 2>&1 &
+    if ! wait_answers ""; then
+        tail -n 20 "$LOG" >&2
+        die "containerd did not answer on $SOCK within ${START_TIMEOUT}s (log: $LOG)"
+    fi
+    log "running (pid $(cat "$PIDFILE"))"
+    import_images
+    echo "$SOCK"
+}
+
+stop() {
+    local pid
+    if ! pid=$(find_pid); then
+        rm -f "$PIDFILE"
+        log "not running"
+        return 0
+    fi
+    log "stopping containerd (pid $pid)"
+    kill -TERM "$pid" 2>/dev/null || true
+    local deadline=$((SECONDS + STOP_TIMEOUT))
+    while kill -0 "$pid" 2>/dev/null; do
+        if [ $SECONDS -ge $deadline ]; then
+            log "still running after ${STOP_TIMEOUT}s; sending SIGKILL"
+            kill -KILL "$pid" 2>/dev/null || true
+            sleep 0.5
+            break
+        fi
+        sleep 0.2
+    done
+    rm -f "$PIDFILE"
+}
+
+status() {
+    if answers; then
+        local pid
+        pid=$(find_pid || echo "?")
+        echo "running (pid $pid, socket $SOCK)"
+        return 0
+    fi
+    echo "not running"
+    return 1
+}
+
+print_env() {
+    printf 'export CRAB_CONTAINERD_ADDRESS=%q\n' "$SOCK"
+    printf 'export CRAB_NAMESPACE=%q\n' "$NAMESPACE"
+}
+
+[ $# -eq 1 ] || usage
+case "$1" in
+    start|stop|restart)
+        [ "$(id -u)" = 0 ] || die "must run as root" ;;
+esac
+case "$1" in
+    start) start ;;
+    stop) stop ;;
+    restart) stop; start ;;
+    status) status ;;
+    env) print_env ;;
+    -h|--help|help) usage 0 ;;
+    *) usage ;;
+esac

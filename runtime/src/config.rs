@@ -1,0 +1,392 @@
+//! The runtime configuration.
+//!
+//! One TOML file per host, `/etc/crab/config.toml` unless said otherwise. Where it comes
+//! from, first match wins:
+//! 1. containerd runtime options `ConfigBody` (the TOML text itself);
+//! 2. containerd runtime options `ConfigPath`;
+//! 3. the `CRAB_CONFIG` environment variable of containerd (the shim inherits it), which
+//!    is how a private containerd points its shims at a private configuration;
+//! 4. `/etc/crab/config.toml`, when it exists;
+//! 5. the built-in defaults.
+//!
+//! Unknown keys and bad values are rejected, and the message names the key.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Error, Result};
+
+/// Default location of the host configuration file.
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/crab/config.toml";
+/// Environment variable naming a configuration file (see the module docs).
+pub const CONFIG_ENV: &str = "CRAB_CONFIG";
+
+/// The whole configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Where container state lives (`<state_dir>/<namespace>/<id>`); a tmpfs is right.
+    pub state_dir: PathBuf,
+    /// Parent of the per-container cgroup2 directories that identify a container's tasks
+    /// to eBPF. On hybrid hosts it must lie in the unified (cgroup2) hierarchy.
+    pub tracking_cgroup: PathBuf,
+    /// Log level of the shim (`error`, `warn`, `info`, `debug`, `trace`).
+    pub log_level: LogLevel,
+    /// The snapshot-capable root file system of each container.
+    pub storage: Storage,
+    /// Where checkpoints are kept.
+    pub checkpoint: Checkpoint,
+    /// When turns are checkpointed, and at which grain.
+    pub policy: Policy,
+}
+
+/// Shim log levels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+#[allow(missing_docs)]
+pub enum LogLevel {
+    Error,
+    Warn,
+    Info,
+    Debug,
+    Trace,
+}
+
+/// Storage backend settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Storage {
+    /// Which backend gives containers their root file system.
+    pub backend: Backend,
+    /// The pool: a ZFS pool name, a btrfs mount point, or an overlay data directory.
+    pub pool: String,
+    /// Size of the embedded loop-file pool the set-up creates, e.g. `"8G"`.
+    pub pool_size: String,
+}
+
+/// Storage backends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// The rootfs containerd's snapshotter mounts, used as it is (no snapshots).
+    Passthrough,
+    /// containerd's layers as overlay lower dirs, the upper dir snapshotted by Crab.
+    Overlay,
+    /// A btrfs subvolume per container.
+    Btrfs,
+    /// A ZFS dataset per container.
+    Zfs,
+}
+
+/// Checkpoint store settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Checkpoint {
+    /// Directory of per-container manifests and process images.
+    pub store: PathBuf,
+    /// How many checkpoints per container are kept (marked ones are kept as well).
+    pub keep_last: u32,
+}
+
+/// Checkpoint policy settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Policy {
+    /// `adaptive` checkpoints only what changed; `full` dumps everything every time.
+    pub mode: PolicyMode,
+    /// Whether a failed checkpoint holds the agent back (`true`) or is only logged.
+    pub fail_closed: bool,
+}
+
+/// Policy modes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PolicyMode {
+    /// Skip / fs-only / process-only / full, as the inspector classifies the turn.
+    Adaptive,
+    /// A full checkpoint every time.
+    Full,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            state_dir: PathBuf::from("/run/crab"),
+            tracking_cgroup: default_tracking_cgroup(),
+            log_level: LogLevel::Info,
+            storage: Storage::default(),
+            checkpoint: Checkpoint::default(),
+            policy: Policy::default(),
+        }
+    }
+}
+
+impl Default for Storage {
+    fn default() -> Self {
+        Storage {
+            backend: Backend::Passthrough,
+            pool: "/var/lib/crab/pool".into(),
+            pool_size: "8G".into(),
+        }
+    }
+}
+
+impl Default for Checkpoint {
+    fn default() -> Self {
+        Checkpoint {
+            store: PathBuf::from("/var/lib/crab/checkpoints"),
+            keep_last: 16,
+        }
+    }
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            mode: PolicyMode::Adaptive,
+            fail_closed: true,
+        }
+    }
+}
+
+/// `/sys/fs/cgroup/unified/crab` on hybrid hosts, `/sys/fs/cgroup/crab` on unified ones.
+fn default_tracking_cgroup() -> PathBuf {
+    let unified = Path::new("/sys/fs/cgroup/unified");
+    if unified.join("cgroup.procs").exists() {
+        unified.join("crab")
+    } else {
+        PathBuf::from("/sys/fs/cgroup/crab")
+    }
+}
+
+/// Where a configuration was found, for error messages and logs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// Runtime options `ConfigBody`.
+    Body(String),
+    /// A file (from `ConfigPath`, `CRAB_CONFIG`, or the default path).
+    File(PathBuf),
+    /// Nothing given and no default file: built-in defaults.
+    Defaults,
+}
+
+impl Config {
+    /// Parses TOML text; `origin` names it in error messages.
+    pub fn parse(text: &str, origin: &str) -> Result<Config> {
+        let de = toml::Deserializer::new(text);
+        let config: Config = serde_path_to_error::deserialize(de).map_err(|e| {
+            let key = e.path().to_string();
+            let inner = e.into_inner();
+            let message = inner.message().to_string();
+            Error::Config {
+                path: origin.to_string(),
+                message: if key == "." || key.is_empty() {
+                    message
+                } else {
+                    format!("key `{key}`: {message}")
+                },
+            }
+        })?;
+        config.validate(origin)?;
+        Ok(config)
+    }
+
+    /// Loads the configuration from the first source that applies (see the module docs).
+    pub fn load(
+        body: Option<&str>,
+        path: Option<&Path>,
+        env: Option<&Path>,
+    ) -> Result<(Config, Source)> {
+        if let Some(body) = body.filter(|b| !b.trim().is_empty()) {
+            return Ok((
+                Config::parse(body, "ConfigBody")?,
+                Source::Body(body.into()),
+            ));
+        }
+        let default = Path::new(DEFAULT_CONFIG_PATH);
+        let chosen = path.filter(|p| !p.as_os_str().is_empty()).or(env).or(default
+            .exists()
+            .then_some(default));
+        match chosen {
+            Some(file) => {
+                let text = std::fs::read_to_string(file).map_err(|e| Error::Config {
+                    path: file.display().to_string(),
+                    message: format!("cannot read: {e}"),
+                })?;
+                let config = Config::parse(&text, &file.display().to_string())?;
+                Ok((config, Source::File(file.to_path_buf())))
+            }
+            None => Ok((Config::default(), Source::Defaults)),
+        }
+    }
+
+    /// [`Config::load`] with `CRAB_CONFIG` taken from the environment.
+    pub fn load_with_env(body: Option<&str>, path: Option<&Path>) -> Result<(Config, Source)> {
+        let env = std::env::var_os(CONFIG_ENV).map(PathBuf::from);
+        Config::load(body, path, env.as_deref())
+    }
+
+    /// Serializes to TOML (what the shim stores beside a bundle for `delete`).
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).expect("config serializes")
+    }
+
+    fn validate(&self, origin: &str) -> Result<()> {
+        let bad = |key: &str, message: String| Error::Config {
+            path: origin.to_string(),
+            message: format!("key `{key}`: {message}"),
+        };
+        for (key, path) in [
+            ("state_dir", &self.state_dir),
+            ("tracking_cgroup", &self.tracking_cgroup),
+            ("checkpoint.store", &self.checkpoint.store),
+        ] {
+            if !path.is_absolute() {
+                return Err(bad(key, format!("{} is not an absolute path", path.display())));
+            }
+        }
+        if self.checkpoint.keep_last == 0 {
+            return Err(bad("checkpoint.keep_last", "must be at least 1".into()));
+        }
+        if self.storage.pool.trim().is_empty() {
+            return Err(bad("storage.pool", "must not be empty".into()));
+        }
+        parse_size(&self.storage.pool_size)
+            .map_err(|m| bad("storage.pool_size", m))?;
+        Ok(())
+    }
+
+    /// The state directory of one containerd namespace.
+    pub fn namespace_dir(&self, namespace: &str) -> PathBuf {
+        self.state_dir.join(namespace)
+    }
+}
+
+/// Parses sizes such as `512M`, `8G`, `1T` or a plain byte count.
+pub fn parse_size(text: &str) -> std::result::Result<u64, String> {
+    let t = text.trim();
+    let (digits, unit) = match t.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => t.split_at(i),
+        None => (t, ""),
+    };
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size (use e.g. 512M, 8G)"))?;
+    let mult: u64 = match unit.to_ascii_uppercase().trim_end_matches(['B', 'I']) {
+        "" => 1,
+        "K" => 1 << 10,
+        "M" => 1 << 20,
+        "G" => 1 << 30,
+        "T" => 1 << 40,
+        _ => return Err(format!("{text:?} has an unknown unit {unit:?}")),
+    };
+    n.checked_mul(mult)
+        .filter(|&v| v > 0)
+        .ok_or_else(|| format!("{text:?} is out of range"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_empty_text_gives_defaults() {
+        let c = Config::parse("", "t").unwrap();
+        assert_eq!(c, Config::default());
+    }
+
+    #[test]
+    fn test_full_config_parses() {
+        let c = Config::parse(
+            r#"
+state_dir = "/run/x"
+log_level = "debug"
+[storage]
+backend = "zfs"
+pool = "crabpool"
+pool_size = "2G"
+[checkpoint]
+store = "/var/x"
+keep_last = 3
+[policy]
+mode = "full"
+fail_closed = false
+"#,
+            "t",
+        )
+        .unwrap();
+        assert_eq!(c.storage.backend, Backend::Zfs);
+        assert_eq!(c.checkpoint.keep_last, 3);
+        assert_eq!(c.policy.mode, PolicyMode::Full);
+        assert_eq!(c.log_level, LogLevel::Debug);
+    }
+
+    #[test]
+    fn test_unknown_key_is_named() {
+        let e = Config::parse("[storage]\nbakend = \"zfs\"\n", "t").unwrap_err();
+        let m = e.to_string();
+        assert!(m.contains("bakend"), "{m}");
+    }
+
+    #[test]
+    fn test_bad_enum_value_names_the_key() {
+        let e = Config::parse("[storage]\nbackend = \"ext9\"\n", "t").unwrap_err();
+        let m = e.to_string();
+        assert!(m.contains("storage.backend") && m.contains("ext9"), "{m}");
+    }
+
+    #[test]
+    fn test_bad_type_names_the_key() {
+        let e = Config::parse("[checkpoint]\nkeep_last = \"many\"\n", "t").unwrap_err();
+        assert!(e.to_string().contains("checkpoint.keep_last"), "{e}");
+    }
+
+    #[test]
+    fn test_invalid_values_name_the_key() {
+        for (text, key) in [
+            ("state_dir = \"relative\"", "state_dir"),
+            ("[checkpoint]\nkeep_last = 0", "checkpoint.keep_last"),
+            ("[storage]\npool_size = \"12Q\"", "storage.pool_size"),
+        ] {
+            let e = Config::parse(text, "t").unwrap_err().to_string();
+            assert!(e.contains(key), "{text}: {e}");
+        }
+    }
+
+    #[test]
+    fn test_body_wins_over_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(&file, "state_dir = \"/from/file\"").unwrap();
+        let (c, s) =
+            Config::load(Some("state_dir = \"/from/body\""), Some(&file), None).unwrap();
+        assert_eq!(c.state_dir, PathBuf::from("/from/body"));
+        assert!(matches!(s, Source::Body(_)));
+        let (c, _) = Config::load(None, Some(&file), None).unwrap();
+        assert_eq!(c.state_dir, PathBuf::from("/from/file"));
+    }
+
+    #[test]
+    fn test_missing_file_is_an_error_naming_it() {
+        let e = Config::load(None, Some(Path::new("/nonexistent/crab.toml")), None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("/nonexistent/crab.toml"), "{e}");
+    }
+
+    #[test]
+    fn test_roundtrip_through_toml() {
+        let c = Config::default();
+        assert_eq!(Config::parse(&c.to_toml(), "t").unwrap(), c);
+    }
+
+    #[test]
+    fn test_parse_size_units() {
+        assert_eq!(parse_size("512M").unwrap(), 512 << 20);
+        assert_eq!(parse_size("8G").unwrap(), 8 << 30);
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert!(parse_size("0").is_err());
+        assert!(parse_size("G").is_err());
+    }
+}

@@ -1,0 +1,344 @@
+//! One container, driven through libcontainer.
+//!
+//! Calls that fork (create, exec) go through the [helper](crate::helper); everything else
+//! (start, kill, pause, resume, delete, stats) runs in the caller, because those calls
+//! only write to cgroup files, send signals or talk to the notify socket.
+
+use std::path::{Path, PathBuf};
+
+use libcgroups::common::{CgroupConfig, CgroupManager, ControllerOpt};
+use libcontainer::container::{Container as LcContainer, ContainerStatus};
+use nix::sys::signal::Signal;
+use oci_spec::runtime::{LinuxResources, Spec};
+use serde::{Deserialize, Serialize};
+
+use crate::config::Config;
+use crate::helper::{self, ChildStdio, Request};
+use crate::tracking::TrackingCgroup;
+use crate::{Error, Result};
+
+/// Name of Crab's own state file inside libcontainer's container directory.
+const STATE_FILE: &str = "crab.json";
+
+/// What Crab records about a container, beside libcontainer's own state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CrabState {
+    /// containerd namespace.
+    pub namespace: String,
+    /// Container id.
+    pub id: String,
+    /// The OCI bundle.
+    pub bundle: PathBuf,
+    /// The tracking cgroup2 directory.
+    pub tracking_cgroup: PathBuf,
+    /// Its cgroup id (inode number): what `bpf_get_current_cgroup_id()` returns for the
+    /// container's tasks.
+    pub cgroup_id: u64,
+}
+
+/// Where a new container's pieces go.
+#[derive(Debug, Clone)]
+pub struct CreateOpts {
+    /// containerd namespace.
+    pub namespace: String,
+    /// Container id.
+    pub id: String,
+    /// The OCI bundle (holding `config.json`).
+    pub bundle: PathBuf,
+    /// Where the helper sends the pty master (terminal containers only).
+    pub console_socket: Option<PathBuf>,
+}
+
+/// A created container.
+#[derive(Debug, Clone)]
+pub struct Container {
+    root: PathBuf,
+    state: CrabState,
+}
+
+impl Container {
+    /// Validates the bundle and creates the container (its init waits to be started).
+    /// Returns the container and its init's pid. On failure nothing is left behind.
+    pub fn create(config: &Config, opts: CreateOpts, stdio: ChildStdio) -> Result<(Self, i32)> {
+        let spec = load_spec(&opts.bundle)?;
+        check_rootfs(&opts.bundle, &spec)?;
+        let terminal = spec
+            .process()
+            .as_ref()
+            .and_then(|p| p.terminal())
+            .unwrap_or(false);
+        if terminal != opts.console_socket.is_some() {
+            return Err(Error::InvalidSpec {
+                bundle: opts.bundle.clone(),
+                message: format!(
+                    "process.terminal is {terminal} but the client {} a terminal",
+                    if terminal { "did not ask for" } else { "asked for" }
+                ),
+            });
+        }
+        let root = config.namespace_dir(&opts.namespace);
+        std::fs::create_dir_all(&root)
+            .map_err(Error::io(format!("create state dir {}", root.display())))?;
+        if root.join(&opts.id).exists() {
+            return Err(Error::AlreadyExists(opts.id));
+        }
+        let tracking = TrackingCgroup::new(&config.tracking_cgroup, &opts.namespace, &opts.id);
+        let cgroup_id = tracking.create()?;
+        let state = CrabState {
+            namespace: opts.namespace.clone(),
+            id: opts.id.clone(),
+            bundle: opts.bundle.clone(),
+            tracking_cgroup: tracking.path().to_path_buf(),
+            cgroup_id,
+        };
+        let container = Container { root, state };
+        let request = {
+            let (id, root, bundle, console_socket, tracking) = (
+                opts.id.clone(),
+                container.root.clone(),
+                opts.bundle.clone(),
+                opts.console_socket.clone(),
+                tracking.path().to_path_buf(),
+            );
+            Box::new(move |stdio| Request::Create {
+                id,
+                root,
+                bundle,
+                stdio,
+                console_socket,
+                tracking,
+            })
+        };
+        let pid = match helper::run(request, stdio).and_then(|pid| {
+            container.save_state()?;
+            Ok(pid)
+        }) {
+            Ok(pid) => pid,
+            Err(e) => {
+                container.cleanup_after_failed_create();
+                return Err(e);
+            }
+        };
+        Ok((container, pid))
+    }
+
+    /// Loads a container that [`Container::create`] made earlier (e.g. by another
+    /// shim process, for `delete`).
+    pub fn load(config: &Config, namespace: &str, id: &str) -> Result<Self> {
+        let root = config.namespace_dir(namespace);
+        let file = root.join(id).join(STATE_FILE);
+        let text = match std::fs::read_to_string(&file) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(Error::NotFound(id.to_string()))
+            }
+            Err(e) => return Err(Error::io(format!("read {}", file.display()))(e)),
+        };
+        let state: CrabState = serde_json::from_str(&text).map_err(|e| Error::Io {
+            context: format!("parse {}", file.display()),
+            source: e.into(),
+        })?;
+        Ok(Container { root, state })
+    }
+
+    /// Crab's state of this container.
+    pub fn state(&self) -> &CrabState {
+        &self.state
+    }
+
+    /// The container id.
+    pub fn id(&self) -> &str {
+        &self.state.id
+    }
+
+    /// The tracking cgroup.
+    pub fn tracking(&self) -> TrackingCgroup {
+        TrackingCgroup::at(self.state.tracking_cgroup.clone())
+    }
+
+    fn dir(&self) -> PathBuf {
+        self.root.join(&self.state.id)
+    }
+
+    fn save_state(&self) -> Result<()> {
+        let file = self.dir().join(STATE_FILE);
+        let json = serde_json::to_vec_pretty(&self.state).expect("state serializes");
+        std::fs::write(&file, json).map_err(Error::io(format!("write {}", file.display())))
+    }
+
+    fn lc(&self) -> Result<LcContainer> {
+        let dir = self.dir();
+        if !dir.join("state.json").exists() {
+            return Err(Error::NotFound(self.state.id.clone()));
+        }
+        LcContainer::load(dir).map_err(Error::libcontainer("load state"))
+    }
+
+    /// libcontainer's view of the container's status (refreshed from /proc).
+    pub fn status(&self) -> Result<ContainerStatus> {
+        let mut c = self.lc()?;
+        c.refresh_status().map_err(Error::libcontainer("refresh status"))?;
+        Ok(c.status())
+    }
+
+    /// Lets the created init run the container's process.
+    pub fn start(&self) -> Result<()> {
+        let mut c = self.lc()?;
+        c.start().map_err(Error::libcontainer("start"))
+    }
+
+    /// Sends `signal` to the init, or to every process of the container with `all`.
+    pub fn kill(&self, signal: Signal, all: bool) -> Result<()> {
+        if all {
+            for pid in self.tracking().pids()? {
+                // A process that exits meanwhile is not an error.
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal);
+            }
+            return Ok(());
+        }
+        let mut c = self.lc()?;
+        c.kill(signal, false).map_err(Error::libcontainer("kill"))
+    }
+
+    /// Freezes every process of the container (the v1 freezer, or cgroup.freeze).
+    pub fn pause(&self) -> Result<()> {
+        let mut c = self.lc()?;
+        c.pause().map_err(Error::libcontainer("pause"))
+    }
+
+    /// Thaws the container.
+    pub fn resume(&self) -> Result<()> {
+        let mut c = self.lc()?;
+        c.resume().map_err(Error::libcontainer("resume"))
+    }
+
+    /// Starts an additional process described by an OCI `process` JSON file.
+    pub fn exec(
+        &self,
+        process: &Path,
+        console_socket: Option<PathBuf>,
+        stdio: ChildStdio,
+    ) -> Result<i32> {
+        let request = {
+            let (id, root, process, tracking) = (
+                self.state.id.clone(),
+                self.root.clone(),
+                process.to_path_buf(),
+                self.state.tracking_cgroup.clone(),
+            );
+            Box::new(move |stdio| Request::Exec {
+                id,
+                root,
+                process,
+                stdio,
+                console_socket,
+                tracking,
+            })
+        };
+        helper::run(request, stdio)
+    }
+
+    fn cgroup_manager(&self) -> Result<libcgroups::common::AnyCgroupManager> {
+        let c = self.lc()?;
+        let spec = c.spec().map_err(Error::libcontainer("load config"))?;
+        libcgroups::common::create_cgroup_manager(CgroupConfig {
+            cgroup_path: spec.cgroup_path,
+            systemd_cgroup: false,
+            container_name: self.state.id.clone(),
+        })
+        .map_err(|e| Error::Cgroup {
+            operation: "open manager",
+            message: e.to_string(),
+        })
+    }
+
+    /// The container's cgroup path (relative to each hierarchy's root).
+    pub fn cgroup_path(&self) -> Result<PathBuf> {
+        let c = self.lc()?;
+        Ok(c.spec().map_err(Error::libcontainer("load config"))?.cgroup_path)
+    }
+
+    /// cgroup statistics (cpu, memory, pids, ...).
+    pub fn stats(&self) -> Result<libcgroups::stats::Stats> {
+        self.cgroup_manager()?.stats().map_err(|e| Error::Cgroup {
+            operation: "read stats",
+            message: e.to_string(),
+        })
+    }
+
+    /// Applies new resource limits.
+    pub fn update(&self, resources: &LinuxResources) -> Result<()> {
+        let opt = ControllerOpt {
+            resources,
+            disable_oom_killer: resources
+                .memory()
+                .as_ref()
+                .and_then(|m| m.disable_oom_killer())
+                .unwrap_or(false),
+            oom_score_adj: None,
+            freezer_state: None,
+        };
+        self.cgroup_manager()?
+            .apply(&opt)
+            .map_err(|e| Error::Cgroup {
+                operation: "apply resources",
+                message: e.to_string(),
+            })
+    }
+
+    /// Removes the container: kills what is left, removes its cgroups and state.
+    /// Deleting a container that is already gone is not an error.
+    pub fn delete(&self) -> Result<()> {
+        // Kill through the tracking cgroup first: it holds every process, including
+        // execs that libcontainer does not know about.
+        self.tracking().destroy()?;
+        match self.lc() {
+            Ok(mut c) => c.delete(true).map_err(Error::libcontainer("delete"))?,
+            Err(Error::NotFound(_)) => {}
+            Err(e) => return Err(e),
+        }
+        let dir = self.dir();
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir)
+                .map_err(Error::io(format!("remove {}", dir.display())))?;
+        }
+        Ok(())
+    }
+
+    fn cleanup_after_failed_create(&self) {
+        if let Err(e) = self.delete() {
+            tracing::warn!(id = %self.state.id, error = %e, "cleanup after failed create");
+        }
+    }
+}
+
+/// Reads and checks `config.json`.
+pub fn load_spec(bundle: &Path) -> Result<Spec> {
+    let file = bundle.join("config.json");
+    Spec::load(&file).map_err(|e| Error::InvalidSpec {
+        bundle: bundle.to_path_buf(),
+        message: e.to_string(),
+    })
+}
+
+fn check_rootfs(bundle: &Path, spec: &Spec) -> Result<()> {
+    let root = spec.root().as_ref().ok_or_else(|| Error::InvalidSpec {
+        bundle: bundle.to_path_buf(),
+        message: "spec has no root".into(),
+    })?;
+    let path = if root.path().is_absolute() {
+        root.path().clone()
+    } else {
+        bundle.join(root.path())
+    };
+    if !path.is_dir() {
+        return Err(Error::MissingRootfs(path));
+    }
+    if spec.process().is_none() {
+        return Err(Error::InvalidSpec {
+            bundle: bundle.to_path_buf(),
+            message: "spec has no process".into(),
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,110 @@
+//! Errors of the runtime crate: one variant per failure site.
+
+use std::path::PathBuf;
+
+/// Convenience alias.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong while running a container.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The runtime configuration could not be read or is invalid.
+    #[error("config {path}: {message}")]
+    Config {
+        /// Where the configuration came from (a file, or the runtime options).
+        path: String,
+        /// What is wrong with it, naming the key.
+        message: String,
+    },
+    /// The OCI bundle's spec is missing or invalid.
+    #[error("invalid OCI spec in {bundle}: {message}")]
+    InvalidSpec {
+        /// The bundle directory.
+        bundle: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// The container's root file system is missing.
+    #[error("rootfs {0} does not exist")]
+    MissingRootfs(PathBuf),
+    /// A container with this id already exists.
+    #[error("container {0} already exists")]
+    AlreadyExists(String),
+    /// No container with this id.
+    #[error("container {0} not found")]
+    NotFound(String),
+    /// The operation is not allowed in the container's current state.
+    #[error("container {id} is {state}: cannot {operation}")]
+    WrongState {
+        /// The container id.
+        id: String,
+        /// Its state.
+        state: String,
+        /// What was attempted.
+        operation: &'static str,
+    },
+    /// The helper process that runs libcontainer's forking calls failed.
+    #[error("helper process failed to {operation}: {message}")]
+    Helper {
+        /// What the helper was asked to do.
+        operation: &'static str,
+        /// The helper's own error text.
+        message: String,
+    },
+    /// A libcontainer call failed.
+    #[error("libcontainer {operation} failed: {source}")]
+    Libcontainer {
+        /// What was attempted.
+        operation: &'static str,
+        /// The underlying error.
+        #[source]
+        source: libcontainer::error::LibcontainerError,
+    },
+    /// A cgroup operation failed.
+    #[error("cgroup {operation}: {message}")]
+    Cgroup {
+        /// What was attempted.
+        operation: &'static str,
+        /// The underlying error text.
+        message: String,
+    },
+    /// A file-system or other I/O call failed.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was attempted, and on what.
+        context: String,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A system call failed.
+    #[error("{context}: {source}")]
+    Sys {
+        /// What was attempted.
+        context: String,
+        /// The errno.
+        #[source]
+        source: nix::Error,
+    },
+}
+
+impl Error {
+    /// Wraps an I/O error with what was being done.
+    pub fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
+        let context = context.into();
+        move |source| Error::Io { context, source }
+    }
+
+    /// Wraps an errno with what was being done.
+    pub fn sys(context: impl Into<String>) -> impl FnOnce(nix::Error) -> Error {
+        let context = context.into();
+        move |source| Error::Sys { context, source }
+    }
+
+    /// Wraps a libcontainer error with the operation's name.
+    pub fn libcontainer(
+        operation: &'static str,
+    ) -> impl FnOnce(libcontainer::error::LibcontainerError) -> Error {
+        move |source| Error::Libcontainer { operation, source }
+    }
+}

@@ -1,0 +1,300 @@
+//! The helper process: where libcontainer forks.
+//!
+//! libcontainer creates containers with `clone` and runs Rust code in the child before it
+//! execs. In a multithreaded process (the tokio shim) that child may inherit a lock held
+//! by another thread and hang. So the shim re-executes its own binary as a short-lived,
+//! single-threaded helper for each call that forks (create, exec). The helper moves
+//! itself into the container's tracking cgroup, builds the container with
+//! `as_sibling(true)` so that the container's process becomes a child of the shim (which
+//! reaps it and reports its exit), prints the pid as JSON and exits.
+//!
+//! Protocol: `<shim binary> __crab_helper '<Request as JSON>'`; the stdio fds named in the
+//! request are inherited; stdout carries one [`Reply`] line, stderr the error text.
+
+use std::io::Read;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Command, Stdio as ProcessStdio};
+
+use serde::{Deserialize, Serialize};
+
+use crate::tracking::TrackingCgroup;
+use crate::{Error, Result};
+
+/// First argument that turns the shim binary into the helper.
+pub const HELPER_ARG: &str = "__crab_helper";
+
+/// The container's stdio as fd numbers inherited by the helper (`None`: inherit nothing,
+/// libcontainer leaves the helper's own, which is /dev/null).
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
+pub struct StdioFds {
+    /// Standard input.
+    pub stdin: Option<RawFd>,
+    /// Standard output.
+    pub stdout: Option<RawFd>,
+    /// Standard error.
+    pub stderr: Option<RawFd>,
+}
+
+/// What the helper is asked to do.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum Request {
+    /// Create (not start) a container from an OCI bundle.
+    Create {
+        /// Container id.
+        id: String,
+        /// libcontainer's state root.
+        root: PathBuf,
+        /// The OCI bundle.
+        bundle: PathBuf,
+        /// Stdio for the container's init.
+        stdio: StdioFds,
+        /// Where to send the pty master, for terminal containers.
+        console_socket: Option<PathBuf>,
+        /// The tracking cgroup to join first.
+        tracking: PathBuf,
+    },
+    /// Start an additional process in a running container.
+    Exec {
+        /// Container id.
+        id: String,
+        /// libcontainer's state root.
+        root: PathBuf,
+        /// A file holding the OCI `process` JSON.
+        process: PathBuf,
+        /// Stdio for the new process.
+        stdio: StdioFds,
+        /// Where to send the pty master, for terminal processes.
+        console_socket: Option<PathBuf>,
+        /// The tracking cgroup to join first.
+        tracking: PathBuf,
+    },
+}
+
+impl Request {
+    fn operation(&self) -> &'static str {
+        match self {
+            Request::Create { .. } => "create container",
+            Request::Exec { .. } => "exec process",
+        }
+    }
+
+    fn stdio(&self) -> StdioFds {
+        match self {
+            Request::Create { stdio, .. } | Request::Exec { stdio, .. } => *stdio,
+        }
+    }
+}
+
+/// The helper's answer.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Reply {
+    /// Pid of the container's init, or of the exec'd process.
+    pub pid: i32,
+}
+
+/// The container-side ends of a process's stdio, handed to the helper.
+#[derive(Debug, Default)]
+pub struct ChildStdio {
+    /// Standard input.
+    pub stdin: Option<OwnedFd>,
+    /// Standard output.
+    pub stdout: Option<OwnedFd>,
+    /// Standard error.
+    pub stderr: Option<OwnedFd>,
+}
+
+impl ChildStdio {
+    fn fds(&self) -> StdioFds {
+        StdioFds {
+            stdin: self.stdin.as_ref().map(|f| f.as_raw_fd()),
+            stdout: self.stdout.as_ref().map(|f| f.as_raw_fd()),
+            stderr: self.stderr.as_ref().map(|f| f.as_raw_fd()),
+        }
+    }
+}
+
+/// Builds a [`Request`] whose stdio fields are filled in by [`run`].
+pub type RequestFn = dyn FnOnce(StdioFds) -> Request;
+
+/// Runs the helper (blocking) and returns the new process's pid. `stdio` is closed in
+/// this process afterwards: the container holds the only copies.
+pub fn run(make: Box<RequestFn>, stdio: ChildStdio) -> Result<i32> {
+    let request = make(stdio.fds());
+    let operation = request.operation();
+    let fds: Vec<RawFd> = {
+        let s = request.stdio();
+        [s.stdin, s.stdout, s.stderr].into_iter().flatten().collect()
+    };
+    let exe = std::env::current_exe().map_err(Error::io("find the shim's own binary"))?;
+    let json = serde_json::to_string(&request).expect("request serializes");
+    let mut cmd = Command::new(&exe);
+    cmd.arg(HELPER_ARG)
+        .arg(json)
+        .stdin(ProcessStdio::null())
+        .stdout(ProcessStdio::piped())
+        .stderr(ProcessStdio::piped());
+    // SAFETY: the closure runs in the forked child before exec and only calls fcntl,
+    // which is async-signal-safe; it touches no memory shared with other threads.
+    unsafe {
+        cmd.pre_exec(move || {
+            for &fd in &fds {
+                if libc::fcntl(fd, libc::F_SETFD, 0) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd
+        .spawn()
+        .map_err(Error::io(format!("spawn helper {}", exe.display())))?;
+    drop(stdio);
+    let mut out = String::new();
+    let mut err = String::new();
+    if let Some(mut s) = child.stdout.take() {
+        let _ = s.read_to_string(&mut out);
+    }
+    if let Some(mut s) = child.stderr.take() {
+        let _ = s.read_to_string(&mut err);
+    }
+    // The shim's reaper may have collected the helper already (ECHILD): the reply on
+    // stdout is what counts, not the exit status.
+    let _ = child.wait();
+    match out.lines().find_map(|l| serde_json::from_str::<Reply>(l).ok()) {
+        Some(reply) => Ok(reply.pid),
+        None => Err(Error::Helper {
+            operation,
+            message: last_error_line(&err),
+        }),
+    }
+}
+
+fn last_error_line(stderr: &str) -> String {
+    let text = stderr.trim();
+    if text.is_empty() {
+        "helper exited without an answer".into()
+    } else {
+        text.to_string()
+    }
+}
+
+/// The helper's `main`: never returns.
+pub fn main(args: &[String]) -> ! {
+    let code = match args.first().map(|a| serde_json::from_str::<Request>(a)) {
+        Some(Ok(request)) => match serve(request) {
+            Ok(pid) => {
+                println!("{}", serde_json::to_string(&Reply { pid }).expect("reply"));
+                0
+            }
+            Err(e) => {
+                eprintln!("{}", error_chain(&e));
+                1
+            }
+        },
+        Some(Err(e)) => {
+            eprintln!("bad helper request: {e}");
+            2
+        }
+        None => {
+            eprintln!("usage: {HELPER_ARG} '<request json>'");
+            2
+        }
+    };
+    std::process::exit(code)
+}
+
+/// An error and its sources, one after the other.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let s_text = s.to_string();
+        if !text.contains(&s_text) {
+            text.push_str(": ");
+            text.push_str(&s_text);
+        }
+        source = s.source();
+    }
+    text
+}
+
+fn inherited_or_null(fd: Option<RawFd>) -> Result<OwnedFd> {
+    match fd {
+        // SAFETY: the fd was inherited from the shim for this purpose (see `run`) and
+        // nothing else in this process owns it.
+        Some(fd) => Ok(unsafe { OwnedFd::from_raw_fd(fd) }),
+        None => std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/null")
+            .map(OwnedFd::from)
+            .map_err(Error::io("open /dev/null")),
+    }
+}
+
+fn serve(request: Request) -> Result<i32> {
+    use libcontainer::container::builder::ContainerBuilder;
+    use libcontainer::syscall::syscall::SyscallType;
+
+    let stdio = request.stdio();
+    let (id, root, console_socket, tracking) = match &request {
+        Request::Create {
+            id,
+            root,
+            console_socket,
+            tracking,
+            ..
+        }
+        | Request::Exec {
+            id,
+            root,
+            console_socket,
+            tracking,
+            ..
+        } => (id.clone(), root.clone(), console_socket.clone(), tracking.clone()),
+    };
+    TrackingCgroup::at(tracking).add(std::process::id() as i32)?;
+
+    let mut builder = ContainerBuilder::new(id, SyscallType::Linux)
+        .with_root_path(root)
+        .map_err(Error::libcontainer("set root path"))?
+        .with_console_socket(console_socket.clone());
+    if console_socket.is_none() {
+        // Without a terminal the process gets exactly these fds; anything not given is
+        // /dev/null, never the helper's own stdout (the reply pipe).
+        builder = builder
+            .with_stdin(inherited_or_null(stdio.stdin)?)
+            .with_stdout(inherited_or_null(stdio.stdout)?)
+            .with_stderr(inherited_or_null(stdio.stderr)?);
+    }
+    match request {
+        Request::Create { bundle, .. } => {
+            let container = builder
+                .as_init(bundle)
+                .with_systemd(false)
+                .with_detach(true)
+                .as_sibling(true)
+                .build()
+                .map_err(Error::libcontainer("create"))?;
+            container
+                .pid()
+                .map(|p| p.as_raw())
+                .ok_or_else(|| Error::Helper {
+                    operation: "create container",
+                    message: "libcontainer returned a container without a pid".into(),
+                })
+        }
+        Request::Exec { process, .. } => {
+            let pid = builder
+                .as_tenant()
+                .with_process(Some(process))
+                .with_detach(true)
+                .as_sibling(true)
+                .build()
+                .map_err(Error::libcontainer("exec"))?;
+            Ok(pid.as_raw())
+        }
+    }
+}

@@ -1,0 +1,21 @@
+//! Crab's container runtime: everything the shim needs to know about containers, with
+//! nothing about containerd or its wire protocol.
+//!
+//! - [`config`]: the runtime configuration (TOML) and how it is found.
+//! - [`container`]: one container driven through youki's `libcontainer`.
+//! - [`helper`]: the short-lived helper process in which `libcontainer` forks, so that
+//!   the multithreaded shim never forks without exec.
+//! - [`tracking`]: the per-container cgroup2 directory that identifies its tasks to eBPF.
+//! - [`metrics`]: cgroup statistics of a container.
+
+pub mod config;
+pub mod container;
+pub mod error;
+pub mod helper;
+pub mod metrics;
+pub mod oom;
+pub mod tracking;
+
+pub use error::{Error, Result};
+/// Re-exported so that callers build specs with the same version this crate reads.
+pub use oci_spec;

@@ -1,0 +1,87 @@
+//! One container the shim serves: its runtime handle, its init and exec processes.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use containerd_shim::protos::api::Status;
+use crab_runtime::config::Config;
+use crab_runtime::container::Container;
+use tokio::task::JoinHandle;
+
+use crate::error::{ShimError, ShimResult};
+use crate::process::Process;
+
+/// A container and its processes.
+#[derive(Debug)]
+pub struct Instance {
+    /// The runtime's handle.
+    pub container: Container,
+    /// The configuration it was created with.
+    pub config: Config,
+    /// Bundle directory.
+    pub bundle: PathBuf,
+    /// Whether the shim mounted `bundle/rootfs` (and so must unmount it).
+    pub rootfs_mounted: bool,
+    /// The init process.
+    pub init: Process,
+    /// Exec processes by exec id.
+    pub execs: HashMap<String, Process>,
+    /// The OOM watcher task.
+    pub oom: Option<JoinHandle<()>>,
+}
+
+impl Instance {
+    /// The process named by `exec_id` ("" for the init).
+    pub fn process(&self, exec_id: &str) -> ShimResult<&Process> {
+        if exec_id.is_empty() {
+            return Ok(&self.init);
+        }
+        self.execs.get(exec_id).ok_or_else(|| {
+            ShimError::NotFound(format!(
+                "exec {exec_id} not found in container {}",
+                self.container.id()
+            ))
+        })
+    }
+
+    /// Mutable [`Instance::process`].
+    pub fn process_mut(&mut self, exec_id: &str) -> ShimResult<&mut Process> {
+        if exec_id.is_empty() {
+            return Ok(&mut self.init);
+        }
+        let id = self.container.id().to_string();
+        self.execs
+            .get_mut(exec_id)
+            .ok_or_else(|| ShimError::NotFound(format!("exec {exec_id} not found in container {id}")))
+    }
+
+    /// Fails unless the init is running (not created, paused or stopped).
+    pub fn require_running(&self, operation: &str) -> ShimResult<()> {
+        if self.init.status == Status::RUNNING {
+            Ok(())
+        } else {
+            Err(ShimError::FailedPrecondition(format!(
+                "cannot {operation}: container {} is {}",
+                self.container.id(),
+                status_name(self.init.status)
+            )))
+        }
+    }
+
+    /// Where exec process specs and console sockets go.
+    pub fn scratch_dir(&self) -> PathBuf {
+        self.config.state_dir.join("scratch")
+    }
+}
+
+/// Lower-case name of a status, for messages.
+pub fn status_name(s: Status) -> &'static str {
+    match s {
+        Status::CREATED => "created",
+        Status::RUNNING => "running",
+        Status::STOPPED => "stopped",
+        Status::PAUSED => "paused",
+        Status::PAUSING => "pausing",
+        Status::UNKNOWN => "unknown",
+    }
+}

@@ -1,0 +1,252 @@
+//! A process's stdio: containerd's fifos on one side, the container's pipes or pty on
+//! the other, and copy tasks in between.
+//!
+//! Pipes (not the fifos themselves) go to the container so that closing stdin
+//! (`CloseIO`) and the end of output are under the shim's control, as in runc's shim.
+//! Output fifos are opened read-write, which never blocks and never fails with EPIPE
+//! while containerd is restarting; they are closed as soon as the container's side
+//! reaches EOF, which is how the client learns the output is complete.
+
+use std::fs::File;
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crab_runtime::helper::ChildStdio;
+use nix::fcntl::OFlag;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::unix::pipe;
+use tokio::sync::Mutex;
+use tokio::task::JoinHandle;
+
+use crate::error::{ShimError, ShimResult};
+
+/// The fifo paths containerd gave for a process.
+#[derive(Debug, Clone, Default)]
+pub struct StdioPaths {
+    /// Input fifo ("" for none).
+    pub stdin: String,
+    /// Output fifo ("" for none).
+    pub stdout: String,
+    /// Error fifo ("" for none).
+    pub stderr: String,
+    /// Whether the process has a terminal (then stdout carries both outputs).
+    pub terminal: bool,
+}
+
+type StdinWriter = Arc<Mutex<Option<Box<dyn AsyncWrite + Send + Unpin>>>>;
+
+/// The shim's side of a running process's stdio.
+pub struct ProcessIo {
+    stdin: StdinWriter,
+    stdin_task: Option<JoinHandle<()>>,
+    outputs: Vec<JoinHandle<()>>,
+    console: Option<Arc<OwnedFd>>,
+}
+
+impl std::fmt::Debug for ProcessIo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProcessIo")
+            .field("outputs", &self.outputs.len())
+            .field("terminal", &self.console.is_some())
+            .finish()
+    }
+}
+
+/// Pipes made before the process exists; [`PipeIo::start`] begins copying.
+pub struct PipeIo {
+    paths: StdioPaths,
+    stdin_w: Option<OwnedFd>,
+    stdout_r: Option<OwnedFd>,
+    stderr_r: Option<OwnedFd>,
+}
+
+fn pipe() -> ShimResult<(OwnedFd, OwnedFd)> {
+    nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| ShimError::Other(format!("pipe: {e}")))
+}
+
+impl PipeIo {
+    /// Makes the pipes; returns them and the container's ends for the helper.
+    pub fn new(paths: &StdioPaths) -> ShimResult<(PipeIo, ChildStdio)> {
+        let mut child = ChildStdio::default();
+        let mut io = PipeIo {
+            paths: paths.clone(),
+            stdin_w: None,
+            stdout_r: None,
+            stderr_r: None,
+        };
+        if !paths.stdin.is_empty() {
+            let (r, w) = pipe()?;
+            child.stdin = Some(r);
+            io.stdin_w = Some(w);
+        }
+        if !paths.stdout.is_empty() {
+            let (r, w) = pipe()?;
+            child.stdout = Some(w);
+            io.stdout_r = Some(r);
+        }
+        if !paths.stderr.is_empty() {
+            let (r, w) = pipe()?;
+            child.stderr = Some(w);
+            io.stderr_r = Some(r);
+        }
+        Ok((io, child))
+    }
+
+    /// Starts the copy tasks.
+    pub fn start(self) -> ShimResult<ProcessIo> {
+        let mut outputs = Vec::new();
+        for (r, path) in [
+            (self.stdout_r, &self.paths.stdout),
+            (self.stderr_r, &self.paths.stderr),
+        ] {
+            if let Some(r) = r {
+                let src = pipe::Receiver::from_owned_fd(r)
+                    .map_err(|e| ShimError::Other(format!("stdio pipe: {e}")))?;
+                let dst = open_output_fifo(path)?;
+                outputs.push(tokio::spawn(copy_output(src, dst)));
+            }
+        }
+        let stdin: StdinWriter = Arc::new(Mutex::new(None));
+        let mut stdin_task = None;
+        if let Some(w) = self.stdin_w {
+            let w = pipe::Sender::from_owned_fd(w)
+                .map_err(|e| ShimError::Other(format!("stdin pipe: {e}")))?;
+            *stdin.try_lock().expect("new mutex") = Some(Box::new(w));
+            stdin_task = Some(tokio::spawn(copy_input(
+                self.paths.stdin.clone(),
+                stdin.clone(),
+            )));
+        }
+        Ok(ProcessIo {
+            stdin,
+            stdin_task,
+            outputs,
+            console: None,
+        })
+    }
+}
+
+impl ProcessIo {
+    /// Copies between the fifos and a pty master.
+    pub fn terminal(paths: &StdioPaths, master: OwnedFd) -> ShimResult<ProcessIo> {
+        let dup = |fd: &OwnedFd| {
+            fd.try_clone()
+                .map_err(|e| ShimError::Other(format!("dup pty master: {e}")))
+        };
+        let mut outputs = Vec::new();
+        if !paths.stdout.is_empty() {
+            let src = tokio::fs::File::from_std(File::from(dup(&master)?));
+            let dst = open_output_fifo(&paths.stdout)?;
+            outputs.push(tokio::spawn(copy_output(src, dst)));
+        }
+        let stdin: StdinWriter = Arc::new(Mutex::new(None));
+        let mut stdin_task = None;
+        if !paths.stdin.is_empty() {
+            let w = tokio::fs::File::from_std(File::from(dup(&master)?));
+            *stdin.try_lock().expect("new mutex") = Some(Box::new(w));
+            stdin_task = Some(tokio::spawn(copy_input(paths.stdin.clone(), stdin.clone())));
+        }
+        Ok(ProcessIo {
+            stdin,
+            stdin_task,
+            outputs,
+            console: Some(Arc::new(master)),
+        })
+    }
+
+    /// A process with no stdio at all.
+    pub fn none() -> ProcessIo {
+        ProcessIo {
+            stdin: Arc::new(Mutex::new(None)),
+            stdin_task: None,
+            outputs: Vec::new(),
+            console: None,
+        }
+    }
+
+    /// The pty master, for resizing.
+    pub fn console(&self) -> Option<&OwnedFd> {
+        self.console.as_deref()
+    }
+
+    /// Closes the process's stdin (containerd's `CloseIO`).
+    pub async fn close_stdin(&self) {
+        self.stdin.lock().await.take();
+    }
+
+    /// Waits (up to `timeout`) for all output to reach containerd, then stops copying.
+    pub async fn finish(&mut self, timeout: Duration) {
+        let deadline = tokio::time::Instant::now() + timeout;
+        for task in self.outputs.drain(..) {
+            let abort = task.abort_handle();
+            if tokio::time::timeout_at(deadline, task).await.is_err() {
+                abort.abort();
+            }
+        }
+        if let Some(t) = self.stdin_task.take() {
+            t.abort();
+        }
+        self.stdin.lock().await.take();
+    }
+}
+
+impl Drop for ProcessIo {
+    fn drop(&mut self) {
+        for t in &self.outputs {
+            t.abort();
+        }
+        if let Some(t) = &self.stdin_task {
+            t.abort();
+        }
+    }
+}
+
+fn open_output_fifo(path: &str) -> ShimResult<pipe::Sender> {
+    pipe::OpenOptions::new()
+        .read_write(true)
+        .open_sender(path)
+        .map_err(|e| ShimError::Other(format!("open output fifo {path}: {e}")))
+}
+
+async fn copy_output(mut src: impl AsyncRead + Unpin, mut dst: pipe::Sender) {
+    let mut buf = vec![0u8; 32 * 1024];
+    loop {
+        let n = match src.read(&mut buf).await {
+            Ok(0) | Err(_) => break, // EOF; EIO from a pty whose other side closed
+            Ok(n) => n,
+        };
+        if dst.write_all(&buf[..n]).await.is_err() {
+            break;
+        }
+    }
+}
+
+/// Opens the input fifo (blocking until the client opens its end), then copies it
+/// into the process until EOF, then closes the process's stdin.
+async fn copy_input(path: String, dst: StdinWriter) {
+    let open = tokio::task::spawn_blocking(move || File::open(&path)).await;
+    let Ok(Ok(file)) = open else {
+        return;
+    };
+    let mut src = match pipe::Receiver::from_file(file) {
+        Ok(r) => r,
+        Err(_) => return,
+    };
+    let mut buf = vec![0u8; 32 * 1024];
+    loop {
+        let n = match src.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let mut guard = dst.lock().await;
+        let Some(w) = guard.as_mut() else {
+            return;
+        };
+        // tokio's File buffers a write until flushed; pipes ignore the flush.
+        if w.write_all(&buf[..n]).await.is_err() || w.flush().await.is_err() {
+            break;
+        }
+    }
+    dst.lock().await.take();
+}

@@ -1,0 +1,39 @@
+//! `containerd-shim-crab-v2`: containerd's task API (v2) over [`crab_runtime`].
+//!
+//! - [`service`]: the shim process (start, delete, serve).
+//! - [`task`]: the task service, one method per RPC; [`task_impl`] is the ttrpc adapter.
+//! - [`io`], [`console`]: stdio between containerd's fifos and the container.
+//! - [`events`], [`oom`], [`metrics`], [`rootfs`], [`options`]: what the names say.
+//! - [`error`]: the one mapping from errors to ttrpc codes.
+
+pub mod console;
+pub mod error;
+pub mod events;
+pub mod instance;
+pub mod io;
+pub mod logging;
+pub mod metrics;
+pub mod oom;
+pub mod options;
+pub mod process;
+pub mod rootfs;
+pub mod service;
+pub mod task;
+pub mod task_impl;
+
+/// The runtime name containerd knows this shim by.
+pub const RUNTIME_ID: &str = "io.containerd.crab.v2";
+
+/// The binary's entry point: the helper (before any thread exists), or the shim.
+pub fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some(crab_runtime::helper::HELPER_ARG) {
+        crab_runtime::helper::main(&args[2..]);
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    runtime.block_on(containerd_shim::asynchronous::run::<service::Service>(RUNTIME_ID, None));
+}

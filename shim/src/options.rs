@@ -1,0 +1,103 @@
+//! containerd runtime options for the crab runtime.
+//!
+//! containerd hands a non-runc runtime its options as `runtimeoptions.v1.Options`
+//! (`type_url`, `config_path`, `config_body`): from `ctr run --runtime-config-path`, from
+//! the CRI plugin's `ConfigPath`/`ConfigBody`, and from Docker's runtime `options`. Its
+//! proto is not in the shim crate, so the three string fields are decoded here.
+
+use containerd_shim::protos::protobuf::well_known_types::any::Any;
+use containerd_shim::protos::protobuf::CodedInputStream;
+
+/// The decoded options.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct RuntimeOptions {
+    /// `ConfigPath`: a TOML file.
+    pub config_path: Option<String>,
+    /// `ConfigBody`: TOML text.
+    pub config_body: Option<String>,
+}
+
+const RUNTIME_OPTIONS_TYPE: &str = "runtimeoptions.v1.Options";
+
+impl RuntimeOptions {
+    /// Decodes `options`; other option types (such as runc's) carry nothing for Crab.
+    pub fn from_any(any: Option<&Any>) -> Result<RuntimeOptions, String> {
+        let Some(any) = any else {
+            return Ok(RuntimeOptions::default());
+        };
+        if !any.type_url.ends_with(RUNTIME_OPTIONS_TYPE) {
+            return Ok(RuntimeOptions::default());
+        }
+        let mut out = RuntimeOptions::default();
+        let mut input = CodedInputStream::from_bytes(&any.value);
+        let err = |e: containerd_shim::protos::protobuf::Error| format!("bad runtime options: {e}");
+        while let Some(tag) = input.read_raw_tag_or_eof().map_err(err)? {
+            let (field, wire) = (tag >> 3, tag & 7);
+            match (field, wire) {
+                (2, 2) => out.config_path = Some(input.read_string().map_err(err)?),
+                (3, 2) => out.config_body = Some(input.read_string().map_err(err)?),
+                (_, 0) => {
+                    input.read_raw_varint64().map_err(err)?;
+                }
+                (_, 1) => {
+                    input.read_fixed64().map_err(err)?;
+                }
+                (_, 2) => {
+                    input.read_bytes().map_err(err)?;
+                }
+                (_, 5) => {
+                    input.read_fixed32().map_err(err)?;
+                }
+                _ => return Err(format!("bad runtime options: wire type {wire}")),
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use containerd_shim::protos::protobuf::CodedOutputStream;
+
+    fn encode(type_url: &str, path: &str, body: &str) -> Any {
+        let mut value = Vec::new();
+        {
+            let mut out = CodedOutputStream::vec(&mut value);
+            out.write_string(1, "io.containerd.crab.v2").unwrap();
+            out.write_string(2, path).unwrap();
+            out.write_string(3, body).unwrap();
+            out.flush().unwrap();
+        }
+        Any {
+            type_url: type_url.into(),
+            value,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn test_decodes_path_and_body() {
+        let any = encode("runtimeoptions.v1.Options", "/etc/x.toml", "state_dir = \"/r\"");
+        let o = RuntimeOptions::from_any(Some(&any)).unwrap();
+        assert_eq!(o.config_path.as_deref(), Some("/etc/x.toml"));
+        assert_eq!(o.config_body.as_deref(), Some("state_dir = \"/r\""));
+    }
+
+    #[test]
+    fn test_other_option_types_are_ignored() {
+        let any = encode("containerd.runc.v1.Options", "/x", "y");
+        assert_eq!(RuntimeOptions::from_any(Some(&any)).unwrap(), RuntimeOptions::default());
+        assert_eq!(RuntimeOptions::from_any(None).unwrap(), RuntimeOptions::default());
+    }
+
+    #[test]
+    fn test_garbage_is_an_error() {
+        let any = Any {
+            type_url: "runtimeoptions.v1.Options".into(),
+            value: vec![0x17, 0xff],
+            ..Default::default()
+        };
+        assert!(RuntimeOptions::from_any(Some(&any)).is_err());
+    }
+}

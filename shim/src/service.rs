@@ -1,0 +1,130 @@
+//! The shim process: containerd's `start` / `delete` / serve entry points.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use containerd_shim::monitor::{monitor_subscribe, Subject, Topic};
+use containerd_shim::protos::protobuf::well_known_types::timestamp::Timestamp;
+use containerd_shim::publisher::RemotePublisher;
+use containerd_shim::{api::DeleteResponse, spawn, Config, ExitSignal, Flags, Shim, StartOpts};
+use crab_runtime::config::Config as CrabConfig;
+use crab_runtime::container::Container;
+
+use crate::events::Events;
+use crate::task::{TaskService, BUNDLE_CONFIG};
+
+/// containerd's annotation naming a pod's sandbox: containers of one pod share a shim.
+const SANDBOX_ID_ANNOTATION: &str = "io.kubernetes.cri.sandbox-id";
+
+/// The shim.
+pub struct Service {
+    exit: Arc<ExitSignal>,
+    namespace: String,
+    id: String,
+    bundle: PathBuf,
+}
+
+#[async_trait]
+impl Shim for Service {
+    type T = TaskService;
+
+    async fn new(_runtime_id: &str, args: &Flags, config: &mut Config) -> Self {
+        config.no_setup_logger = true;
+        crate::logging::init(args.action.is_empty(), args.debug);
+        let bundle = if args.bundle.is_empty() {
+            std::env::current_dir().unwrap_or_default()
+        } else {
+            PathBuf::from(&args.bundle)
+        };
+        Service {
+            exit: Arc::new(ExitSignal::default()),
+            namespace: args.namespace.clone(),
+            id: args.id.clone(),
+            bundle,
+        }
+    }
+
+    async fn start_shim(&mut self, opts: StartOpts) -> containerd_shim::Result<String> {
+        let grouping = sandbox_group(&self.bundle).unwrap_or_else(|| opts.id.clone());
+        let address = spawn(opts, &grouping, Vec::new()).await?;
+        std::fs::write(self.bundle.join("address"), &address).map_err(|e| {
+            containerd_shim::Error::Other(format!("write address file: {e}"))
+        })?;
+        Ok(address)
+    }
+
+    /// containerd calls this (as `<shim> delete`) when the shim died: remove whatever
+    /// the dead shim left of the container.
+    async fn delete_shim(&mut self) -> containerd_shim::Result<DeleteResponse> {
+        let config = bundle_config(&self.bundle);
+        let (ns, id) = (self.namespace.clone(), self.id.clone());
+        let deleted = tokio::task::spawn_blocking(move || {
+            match Container::load(&config, &ns, &id) {
+                Ok(c) => c.delete(),
+                Err(crab_runtime::Error::NotFound(_)) => Ok(()),
+                Err(e) => Err(e),
+            }
+        })
+        .await;
+        match deleted {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(id = %self.id, error = %e, "cleanup of a dead shim's container"),
+            Err(e) => tracing::warn!(error = %e, "cleanup task"),
+        }
+        crate::rootfs::unmount(&self.bundle.join("rootfs")).await;
+        Ok(DeleteResponse {
+            exit_status: 128 + libc::SIGKILL as u32,
+            exited_at: Some(crate::process::timestamp(std::time::SystemTime::now())).into(),
+            ..Default::default()
+        })
+    }
+
+    async fn wait(&mut self) {
+        self.exit.wait().await;
+    }
+
+    async fn create_task_service(&self, publisher: RemotePublisher) -> Self::T {
+        let events = Events::new(publisher, &self.namespace);
+        let service = TaskService::new(events, self.exit.clone(), &self.namespace);
+        let exits = service.clone();
+        match monitor_subscribe(Topic::Pid).await {
+            Ok(mut sub) => {
+                tokio::spawn(async move {
+                    while let Some(e) = sub.rx.recv().await {
+                        if let Subject::Pid(pid) = e.subject {
+                            exits.process_exit(pid, e.exit_code).await;
+                        }
+                    }
+                });
+            }
+            Err(e) => tracing::error!(error = %e, "cannot watch process exits"),
+        }
+        service
+    }
+}
+
+/// The configuration a container was created with (kept beside its bundle), or the
+/// host's configuration when there is none.
+fn bundle_config(bundle: &Path) -> CrabConfig {
+    let file = bundle.join(BUNDLE_CONFIG);
+    if file.exists() {
+        if let Ok((c, _)) = CrabConfig::load(None, Some(&file), None) {
+            return c;
+        }
+    }
+    CrabConfig::load_with_env(None, None)
+        .map(|(c, _)| c)
+        .unwrap_or_default()
+}
+
+fn sandbox_group(bundle: &Path) -> Option<String> {
+    let spec = crab_runtime::container::load_spec(bundle).ok()?;
+    spec.annotations()
+        .as_ref()?
+        .get(SANDBOX_ID_ANNOTATION)
+        .cloned()
+}
+
+#[allow(dead_code)]
+fn _assert_timestamp(_: Timestamp) {}

@@ -1,0 +1,667 @@
+//! The task service: containerd's task API over [`crab_runtime`].
+//!
+//! All state sits behind one async mutex. Each operation holds it from start to end,
+//! including the publication of its event, so that the exit handler (which takes the
+//! same lock) can never report an exit before the start it follows.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use containerd_shim::api::*;
+use containerd_shim::protos::api::{ProcessInfo, Status};
+use containerd_shim::protos::events::task::*;
+use containerd_shim::protos::protobuf::MessageField;
+use containerd_shim::ExitSignal;
+use crab_runtime::config::Config;
+use crab_runtime::container::{Container, CreateOpts};
+use nix::sys::signal::Signal;
+use tokio::sync::Mutex;
+
+use crate::console::{self, ConsoleSocket};
+use crate::error::{ShimError, ShimResult};
+use crate::events::Events;
+use crate::instance::{status_name, Instance};
+use crate::io::{PipeIo, ProcessIo, StdioPaths};
+use crate::options::RuntimeOptions;
+use crate::process::{Exit, Process};
+use crate::{metrics, oom, rootfs};
+
+/// Name of the file beside the bundle that keeps the resolved config for `delete`.
+pub const BUNDLE_CONFIG: &str = "crab-config.toml";
+/// How long Delete waits for the last output to reach containerd.
+const OUTPUT_DRAIN: Duration = Duration::from_secs(2);
+/// How long the shim waits for a terminal's pty master.
+const CONSOLE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The shared state.
+#[derive(Debug, Default)]
+pub struct State {
+    /// Containers by id.
+    pub containers: HashMap<String, Instance>,
+}
+
+/// The task service.
+#[derive(Clone)]
+pub struct TaskService {
+    pub(crate) state: Arc<Mutex<State>>,
+    pub(crate) events: Events,
+    pub(crate) exit: Arc<ExitSignal>,
+    pub(crate) namespace: String,
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> crab_runtime::Result<T> + Send + 'static,
+) -> ShimResult<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ShimError::Other(format!("blocking task: {e}")))?
+        .map_err(ShimError::from)
+}
+
+fn not_found(id: &str) -> ShimError {
+    ShimError::NotFound(format!("container {id} not found"))
+}
+
+impl TaskService {
+    /// A service with no containers.
+    pub fn new(events: Events, exit: Arc<ExitSignal>, namespace: &str) -> TaskService {
+        TaskService {
+            state: Arc::new(Mutex::new(State::default())),
+            events,
+            exit,
+            namespace: namespace.to_string(),
+        }
+    }
+
+    /// Create: mount the rootfs, create the container (its init waits for Start).
+    pub async fn create(&self, req: CreateTaskRequest) -> ShimResult<CreateTaskResponse> {
+        let mut state = self.state.lock().await;
+        if state.containers.contains_key(&req.id) {
+            return Err(ShimError::AlreadyExists(format!(
+                "container {} already exists",
+                req.id
+            )));
+        }
+        if !req.checkpoint.is_empty() {
+            return Err(ShimError::FailedPrecondition(
+                "restore from a checkpoint is not supported yet".into(),
+            ));
+        }
+        let opts = RuntimeOptions::from_any(req.options.as_ref())
+            .map_err(ShimError::InvalidArgument)?;
+        let (config, source) = Config::load_with_env(
+            opts.config_body.as_deref(),
+            opts.config_path.as_deref().map(Path::new),
+        )?;
+        tracing::info!(id = %req.id, ?source, "create");
+        let bundle = PathBuf::from(&req.bundle);
+        std::fs::write(bundle.join(BUNDLE_CONFIG), config.to_toml())
+            .map_err(|e| ShimError::Other(format!("write {BUNDLE_CONFIG}: {e}")))?;
+
+        let rootfs_mounted = rootfs::mount_all(&req.rootfs, &bundle.join("rootfs")).await?;
+        let stdio = StdioPaths {
+            stdin: req.stdin.clone(),
+            stdout: req.stdout.clone(),
+            stderr: req.stderr.clone(),
+            terminal: req.terminal,
+        };
+        let opts = CreateOpts {
+            namespace: self.namespace.clone(),
+            id: req.id.clone(),
+            bundle: bundle.clone(),
+            console_socket: None,
+        };
+        let created = start_process(&config, &stdio, opts, |cfg, opts, child| {
+            Container::create(cfg, opts, child)
+        })
+        .await;
+        let ((container, pid), io) = match created {
+            Ok(v) => v,
+            Err(e) => {
+                if rootfs_mounted {
+                    rootfs::unmount(&bundle.join("rootfs")).await;
+                }
+                return Err(e);
+            }
+        };
+        let mut init = Process::new("", stdio);
+        init.pid = pid;
+        init.io = Some(io);
+        let oom = oom::watch(&container, self.events.clone());
+        state.containers.insert(
+            req.id.clone(),
+            Instance {
+                container,
+                config,
+                bundle,
+                rootfs_mounted,
+                init,
+                execs: HashMap::new(),
+                oom,
+            },
+        );
+        self.events
+            .publish(TaskCreate {
+                container_id: req.id.clone(),
+                bundle: req.bundle.clone(),
+                rootfs: req.rootfs.clone(),
+                io: MessageField::some(TaskIO {
+                    stdin: req.stdin.clone(),
+                    stdout: req.stdout.clone(),
+                    stderr: req.stderr.clone(),
+                    terminal: req.terminal,
+                    ..Default::default()
+                }),
+                checkpoint: req.checkpoint.clone(),
+                pid: pid as u32,
+                ..Default::default()
+            })
+            .await;
+        Ok(CreateTaskResponse {
+            pid: pid as u32,
+            ..Default::default()
+        })
+    }
+
+    /// Start the init, or an exec process added earlier.
+    pub async fn start(&self, req: StartRequest) -> ShimResult<StartResponse> {
+        let mut state = self.state.lock().await;
+        let inst = state
+            .containers
+            .get_mut(&req.id)
+            .ok_or_else(|| not_found(&req.id))?;
+        if req.exec_id.is_empty() {
+            if inst.init.status != Status::CREATED {
+                return Err(ShimError::FailedPrecondition(format!(
+                    "container {} is {}: it can be started only once",
+                    req.id,
+                    status_name(inst.init.status)
+                )));
+            }
+            let c = inst.container.clone();
+            blocking(move || c.start()).await?;
+            inst.init.status = Status::RUNNING;
+            let pid = inst.init.pid;
+            self.events
+                .publish(TaskStart {
+                    container_id: req.id.clone(),
+                    pid: pid as u32,
+                    ..Default::default()
+                })
+                .await;
+            return Ok(StartResponse {
+                pid: pid as u32,
+                ..Default::default()
+            });
+        }
+        inst.require_running("start an exec process")?;
+        let config = inst.config.clone();
+        let container = inst.container.clone();
+        let scratch = inst.scratch_dir();
+        let proc = inst.process_mut(&req.exec_id)?;
+        if proc.status != Status::CREATED {
+            return Err(ShimError::FailedPrecondition(format!(
+                "exec {} is {}: it can be started only once",
+                req.exec_id,
+                status_name(proc.status)
+            )));
+        }
+        let spec_file = write_exec_spec(&scratch, &req.id, &req.exec_id, proc)?;
+        let opts = CreateOpts {
+            namespace: self.namespace.clone(),
+            id: req.id.clone(),
+            bundle: PathBuf::new(),
+            console_socket: None,
+        };
+        let spec_path = spec_file.clone();
+        let result = start_process(&config, &proc.stdio, opts, move |_, opts, child| {
+            container.exec(&spec_path, opts.console_socket, child)
+        })
+        .await;
+        let _ = std::fs::remove_file(&spec_file);
+        let (pid, io) = result?;
+        proc.pid = pid;
+        proc.io = Some(io);
+        proc.status = Status::RUNNING;
+        self.events
+            .publish(TaskExecStarted {
+                container_id: req.id.clone(),
+                exec_id: req.exec_id.clone(),
+                pid: pid as u32,
+                ..Default::default()
+            })
+            .await;
+        Ok(StartResponse {
+            pid: pid as u32,
+            ..Default::default()
+        })
+    }
+
+    /// Register an exec process (started by a later Start).
+    pub async fn exec(&self, req: ExecProcessRequest) -> ShimResult<()> {
+        let mut state = self.state.lock().await;
+        let inst = state
+            .containers
+            .get_mut(&req.id)
+            .ok_or_else(|| not_found(&req.id))?;
+        inst.require_running("exec")?;
+        if req.exec_id.is_empty() {
+            return Err(ShimError::InvalidArgument("exec id must not be empty".into()));
+        }
+        if inst.execs.contains_key(&req.exec_id) {
+            return Err(ShimError::AlreadyExists(format!(
+                "exec {} already exists in container {}",
+                req.exec_id, req.id
+            )));
+        }
+        let spec = req
+            .spec
+            .as_ref()
+            .map(|a| a.value.clone())
+            .ok_or_else(|| ShimError::InvalidArgument("exec request has no process spec".into()))?;
+        let parsed: oci_spec::runtime::Process = serde_json::from_slice(&spec)
+            .map_err(|e| ShimError::InvalidArgument(format!("invalid exec process spec: {e}")))?;
+        if parsed.terminal().unwrap_or(false) != req.terminal {
+            return Err(ShimError::InvalidArgument(
+                "exec: process.terminal does not match the request's terminal flag".into(),
+            ));
+        }
+        let mut proc = Process::new(
+            &req.exec_id,
+            StdioPaths {
+                stdin: req.stdin.clone(),
+                stdout: req.stdout.clone(),
+                stderr: req.stderr.clone(),
+                terminal: req.terminal,
+            },
+        );
+        proc.spec = Some(spec);
+        inst.execs.insert(req.exec_id.clone(), proc);
+        self.events
+            .publish(TaskExecAdded {
+                container_id: req.id.clone(),
+                exec_id: req.exec_id.clone(),
+                ..Default::default()
+            })
+            .await;
+        Ok(())
+    }
+
+    /// State of the init or an exec.
+    pub async fn state(&self, req: StateRequest) -> ShimResult<StateResponse> {
+        let state = self.state.lock().await;
+        let inst = state
+            .containers
+            .get(&req.id)
+            .ok_or_else(|| not_found(&req.id))?;
+        let p = inst.process(&req.exec_id)?;
+        let exit = p.exit();
+        Ok(StateResponse {
+            id: req.id.clone(),
+            bundle: inst.bundle.display().to_string(),
+            pid: p.pid as u32,
+            status: p.status.into(),
+            stdin: p.stdio.stdin.clone(),
+            stdout: p.stdio.stdout.clone(),
+            stderr: p.stdio.stderr.clone(),
+            terminal: p.stdio.terminal,
+            exit_status: exit.map(|e| e.code).unwrap_or(0),
+            exited_at: exit.map(|e| e.timestamp()).into(),
+            exec_id: req.exec_id.clone(),
+            ..Default::default()
+        })
+    }
+
+    /// Signal the init (or all processes), or an exec.
+    pub async fn kill(&self, req: KillRequest) -> ShimResult<()> {
+        let state = self.state.lock().await;
+        let inst = state
+            .containers
+            .get(&req.id)
+            .ok_or_else(|| not_found(&req.id))?;
+        let signal = Signal::try_from(req.signal as i32)
+            .map_err(|_| ShimError::InvalidArgument(format!("invalid signal {}", req.signal)))?;
+        let p = inst.process(&req.exec_id)?;
+        if p.status == Status::STOPPED || (p.pid == 0 && !req.exec_id.is_empty()) {
+            return Err(ShimError::NotFound("process already finished".into()));
+        }
+        if req.exec_id.is_empty() {
+            let c = inst.container.clone();
+            let all = req.all;
+            return blocking(move || c.kill(signal, all)).await;
+        }
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(p.pid), signal)
+            .map_err(|e| ShimError::NotFound(format!("process {}: {e}", p.pid)))
+    }
+
+    /// Delete an exited exec, or the container once its init has exited.
+    pub async fn delete(&self, req: DeleteRequest) -> ShimResult<DeleteResponse> {
+        let mut state = self.state.lock().await;
+        let inst = state
+            .containers
+            .get_mut(&req.id)
+            .ok_or_else(|| not_found(&req.id))?;
+        if !req.exec_id.is_empty() {
+            let p = inst.process(&req.exec_id)?;
+            if matches!(p.status, Status::RUNNING | Status::PAUSED) {
+                return Err(ShimError::FailedPrecondition(format!(
+                    "exec {} is still running",
+                    req.exec_id
+                )));
+            }
+            let mut p = inst.execs.remove(&req.exec_id).expect("checked above");
+            if let Some(io) = p.io.as_mut() {
+                io.finish(OUTPUT_DRAIN).await;
+            }
+            let exit = p.exit();
+            return Ok(delete_response(p.pid, exit));
+        }
+        if matches!(inst.init.status, Status::RUNNING | Status::PAUSED) {
+            return Err(ShimError::FailedPrecondition(format!(
+                "container {} is still running: kill it first",
+                req.id
+            )));
+        }
+        let mut inst = state.containers.remove(&req.id).expect("checked above");
+        if let Some(io) = inst.init.io.as_mut() {
+            io.finish(OUTPUT_DRAIN).await;
+        }
+        for p in inst.execs.values_mut() {
+            if let Some(io) = p.io.as_mut() {
+                io.finish(Duration::ZERO).await;
+            }
+        }
+        if let Some(t) = inst.oom.take() {
+            t.abort();
+        }
+        let c = inst.container.clone();
+        let deleted = blocking(move || c.delete()).await;
+        if inst.rootfs_mounted {
+            rootfs::unmount(&inst.bundle.join("rootfs")).await;
+        }
+        deleted?;
+        let exit = inst.init.exit();
+        let resp = delete_response(inst.init.pid, exit);
+        self.events
+            .publish(TaskDelete {
+                container_id: req.id.clone(),
+                pid: resp.pid,
+                exit_status: resp.exit_status,
+                exited_at: resp.exited_at.clone(),
+                id: req.id.clone(),
+                ..Default::default()
+            })
+            .await;
+        Ok(resp)
+    }
+
+    /// All pids of the container.
+    pub async fn pids(&self, req: PidsRequest) -> ShimResult<PidsResponse> {
+        let state = self.state.lock().await;
+        let inst = state
+            .containers
+            .get(&req.id)
+            .ok_or_else(|| not_found(&req.id))?;
+        let pids = inst.container.tracking().pids()?;
+        Ok(PidsResponse {
+            processes: pids
+                .into_iter()
+                .map(|pid| ProcessInfo {
+                    pid: pid as u32,
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        })
+    }
+
+    /// Freeze the container.
+    pub async fn pause(&self, req: PauseRequest) -> ShimResult<()> {
+        let mut state = self.state.lock().await;
+        let inst = state
+            .containers
+            .get_mut(&req.id)
+            .ok_or_else(|| not_found(&req.id))?;
+        inst.require_running("pause")?;
+        let c = inst.container.clone();
+        blocking(move || c.pause()).await?;
+        inst.init.status = Status::PAUSED;
+        self.events
+            .publish(TaskPaused {
+                container_id: req.id.clone(),
+                ..Default::default()
+            })
+            .await;
+        Ok(())
+    }
+
+    /// Thaw the container.
+    pub async fn resume(&self, req: ResumeRequest) -> ShimResult<()> {
+        let mut state = self.state.lock().await;
+        let inst = state
+            .containers
+            .get_mut(&req.id)
+            .ok_or_else(|| not_found(&req.id))?;
+        if inst.init.status != Status::PAUSED {
+            return Err(ShimError::FailedPrecondition(format!(
+                "container {} is {}, not paused",
+                req.id,
+                status_name(inst.init.status)
+            )));
+        }
+        let c = inst.container.clone();
+        blocking(move || c.resume()).await?;
+        inst.init.status = Status::RUNNING;
+        self.events
+            .publish(TaskResumed {
+                container_id: req.id.clone(),
+                ..Default::default()
+            })
+            .await;
+        Ok(())
+    }
+
+    /// Close a process's stdin.
+    pub async fn close_io(&self, req: CloseIORequest) -> ShimResult<()> {
+        let state = self.state.lock().await;
+        let inst = state
+            .containers
+            .get(&req.id)
+            .ok_or_else(|| not_found(&req.id))?;
+        let p = inst.process(&req.exec_id)?;
+        if req.stdin {
+            if let Some(io) = &p.io {
+                io.close_stdin().await;
+            }
+        }
+        Ok(())
+    }
+
+    /// Resize a process's terminal.
+    pub async fn resize_pty(&self, req: ResizePtyRequest) -> ShimResult<()> {
+        let state = self.state.lock().await;
+        let inst = state
+            .containers
+            .get(&req.id)
+            .ok_or_else(|| not_found(&req.id))?;
+        let p = inst.process(&req.exec_id)?;
+        match p.io.as_ref().and_then(|io| io.console()) {
+            Some(master) => console::resize(master, req.width, req.height),
+            None => Err(ShimError::FailedPrecondition(
+                "process has no terminal".into(),
+            )),
+        }
+    }
+
+    /// Apply new resources (an OCI `LinuxResources` JSON).
+    pub async fn update(&self, req: UpdateTaskRequest) -> ShimResult<()> {
+        let state = self.state.lock().await;
+        let inst = state
+            .containers
+            .get(&req.id)
+            .ok_or_else(|| not_found(&req.id))?;
+        let data = req
+            .resources
+            .as_ref()
+            .map(|a| a.value.clone())
+            .ok_or_else(|| ShimError::InvalidArgument("update without resources".into()))?;
+        let resources: oci_spec::runtime::LinuxResources = serde_json::from_slice(&data)
+            .map_err(|e| ShimError::InvalidArgument(format!("invalid resources: {e}")))?;
+        let c = inst.container.clone();
+        blocking(move || c.update(&resources)).await
+    }
+
+    /// cgroup metrics.
+    pub async fn stats(&self, req: StatsRequest) -> ShimResult<StatsResponse> {
+        let state = self.state.lock().await;
+        let inst = state
+            .containers
+            .get(&req.id)
+            .ok_or_else(|| not_found(&req.id))?;
+        let c = inst.container.clone();
+        let stats = blocking(move || c.stats()).await?;
+        let any = metrics::to_any(&stats.into()).map_err(ShimError::Other)?;
+        Ok(StatsResponse {
+            stats: MessageField::some(any),
+            ..Default::default()
+        })
+    }
+
+    /// Wait for a process to exit.
+    pub async fn wait(&self, req: WaitRequest) -> ShimResult<WaitResponse> {
+        let mut rx = {
+            let state = self.state.lock().await;
+            let inst = state
+                .containers
+                .get(&req.id)
+                .ok_or_else(|| not_found(&req.id))?;
+            inst.process(&req.exec_id)?.subscribe()
+        };
+        let exit = loop {
+            if let Some(e) = *rx.borrow_and_update() {
+                break e;
+            }
+            if rx.changed().await.is_err() {
+                return Err(ShimError::NotFound(format!(
+                    "{} was deleted before it exited",
+                    req.id
+                )));
+            }
+        };
+        Ok(WaitResponse {
+            exit_status: exit.code,
+            exited_at: MessageField::some(exit.timestamp()),
+            ..Default::default()
+        })
+    }
+
+    /// Shim and init pids.
+    pub async fn connect(&self, req: ConnectRequest) -> ShimResult<ConnectResponse> {
+        let state = self.state.lock().await;
+        let task_pid = state
+            .containers
+            .get(&req.id)
+            .map(|i| i.init.pid as u32)
+            .unwrap_or(0);
+        Ok(ConnectResponse {
+            shim_pid: std::process::id(),
+            task_pid,
+            ..Default::default()
+        })
+    }
+
+    /// Exit the shim once it serves no container.
+    pub async fn shutdown(&self, _req: ShutdownRequest) -> ShimResult<()> {
+        let state = self.state.lock().await;
+        if state.containers.is_empty() {
+            self.exit.signal();
+        }
+        Ok(())
+    }
+
+    /// Records a process exit the reaper saw and tells containerd.
+    pub async fn process_exit(&self, pid: i32, code: i32) {
+        let mut state = self.state.lock().await;
+        for (id, inst) in state.containers.iter_mut() {
+            let proc = if inst.init.pid == pid {
+                Some(&mut inst.init)
+            } else {
+                inst.execs.values_mut().find(|p| p.pid == pid)
+            };
+            let Some(proc) = proc else { continue };
+            if proc.exit().is_some() {
+                return;
+            }
+            let exit = Exit::now(code as u32);
+            proc.set_exited(exit);
+            let exec_id = proc.exec_id.clone();
+            tracing::info!(%id, %exec_id, pid, code, "process exited");
+            self.events
+                .publish(TaskExit {
+                    container_id: id.clone(),
+                    id: if exec_id.is_empty() { id.clone() } else { exec_id },
+                    pid: pid as u32,
+                    exit_status: code as u32,
+                    exited_at: MessageField::some(exit.timestamp()),
+                    ..Default::default()
+                })
+                .await;
+            return;
+        }
+    }
+}
+
+fn delete_response(pid: i32, exit: Option<Exit>) -> DeleteResponse {
+    DeleteResponse {
+        pid: pid as u32,
+        exit_status: exit.map(|e| e.code).unwrap_or(0),
+        exited_at: exit.map(|e| e.timestamp()).into(),
+        ..Default::default()
+    }
+}
+
+fn write_exec_spec(scratch: &Path, id: &str, exec_id: &str, p: &Process) -> ShimResult<PathBuf> {
+    std::fs::create_dir_all(scratch)
+        .map_err(|e| ShimError::Other(format!("create {}: {e}", scratch.display())))?;
+    let file = scratch.join(format!("{id}-{exec_id}-process.json"));
+    let spec = p.spec.as_deref().unwrap_or_default();
+    std::fs::write(&file, spec)
+        .map_err(|e| ShimError::Other(format!("write {}: {e}", file.display())))?;
+    Ok(file)
+}
+
+/// Sets up stdio (pipes, or a console socket for a terminal), runs `spawn` on a
+/// blocking thread, then starts copying. Returns what `spawn` returned and the io.
+async fn start_process<T: Send + 'static>(
+    config: &Config,
+    stdio: &StdioPaths,
+    mut opts: CreateOpts,
+    spawn: impl FnOnce(&Config, CreateOpts, crab_runtime::helper::ChildStdio) -> crab_runtime::Result<T>
+        + Send
+        + 'static,
+) -> ShimResult<(T, ProcessIo)> {
+    let cfg = config.clone();
+    if stdio.terminal {
+        let socket = ConsoleSocket::bind(&config.state_dir.join("console"))?;
+        opts.console_socket = Some(socket.path().to_path_buf());
+        let receive = tokio::spawn(socket.receive(CONSOLE_TIMEOUT));
+        let spawned = blocking(move || spawn(&cfg, opts, Default::default())).await;
+        let value = match spawned {
+            Ok(v) => v,
+            Err(e) => {
+                receive.abort();
+                return Err(e);
+            }
+        };
+        let master = receive
+            .await
+            .map_err(|e| ShimError::Other(format!("console task: {e}")))??;
+        let io = ProcessIo::terminal(stdio, master)?;
+        return Ok((value, io));
+    }
+    let (pipes, child) = PipeIo::new(stdio)?;
+    let value = blocking(move || spawn(&cfg, opts, child)).await?;
+    Ok((value, pipes.start()?))
+}
