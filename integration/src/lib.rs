@@ -1,1 +1,319 @@
-//! placeholder
+//! Test harness: drives a real containerd (started by `hack/test.sh`) through `ctr`.
+//!
+//! Tests run as root, one at a time (`--test-threads=1`: one of them restarts
+//! containerd). Every container a test makes is removed by a guard, even when the test
+//! fails. Environment:
+//! - `CRAB_CONTAINERD_ADDRESS`: containerd's socket (default `/run/crab/containerd/containerd.sock`)
+//! - `CRAB_NAMESPACE`: containerd namespace holding the test images (default `crab`)
+//! - `CRAB_CONFIG`: the crab runtime configuration the shims use (for the state dir)
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The crab runtime's name.
+pub const CRAB: &str = "io.containerd.crab.v2";
+/// runc's shim, the baseline.
+pub const RUNC: &str = "io.containerd.runc.v2";
+/// The busybox test image.
+pub const BUSYBOX: &str = "docker.io/crab/busybox:latest";
+/// The python test image.
+pub const PYTHON: &str = "docker.io/crab/python:latest";
+
+/// containerd's socket.
+pub fn address() -> String {
+    std::env::var("CRAB_CONTAINERD_ADDRESS")
+        .unwrap_or_else(|_| "/run/crab/containerd/containerd.sock".into())
+}
+
+/// The namespace tests use.
+pub fn namespace() -> String {
+    std::env::var("CRAB_NAMESPACE").unwrap_or_else(|_| "crab".into())
+}
+
+/// The shims' state directory, from the configuration they use.
+pub fn state_dir() -> PathBuf {
+    let path = std::env::var("CRAB_CONFIG").unwrap_or_else(|_| "/etc/crab/config.toml".into());
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .find_map(|l| {
+            let l = l.trim();
+            let rest = l.strip_prefix("state_dir")?.trim_start().strip_prefix('=')?;
+            Some(PathBuf::from(rest.trim().trim_matches('"')))
+        })
+        .unwrap_or_else(|| PathBuf::from("/run/crab"))
+}
+
+/// A unique container id for this test process.
+pub fn unique_id(prefix: &str) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "{prefix}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// `ctr` with the address and namespace set.
+pub fn ctr() -> Command {
+    let mut c = Command::new("ctr");
+    c.arg("--address").arg(address()).arg("--namespace").arg(namespace());
+    c
+}
+
+/// Runs `ctr ARGS` with `stdin` (or /dev/null), bounded by `timeout`.
+pub fn ctr_run(args: &[&str], stdin: Option<&[u8]>, timeout: Duration) -> Output {
+    let mut cmd = Command::new("timeout");
+    cmd.arg("--kill-after=5")
+        .arg(timeout.as_secs().to_string())
+        .arg("ctr")
+        .arg("--address")
+        .arg(address())
+        .arg("--namespace")
+        .arg(namespace())
+        .args(args)
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("spawn ctr");
+    if let Some(data) = stdin {
+        let mut w = child.stdin.take().expect("stdin");
+        w.write_all(data).expect("write stdin");
+    }
+    child.wait_with_output().expect("wait ctr")
+}
+
+/// `ctr ARGS`, which must succeed; returns stdout.
+pub fn ctr_ok(args: &[&str]) -> String {
+    let out = ctr_run(args, None, Duration::from_secs(60));
+    assert!(
+        out.status.success(),
+        "ctr {args:?} failed ({:?}): {}{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The text of a command's stdout and stderr.
+pub fn text(out: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A container that is removed (task and all) when dropped.
+pub struct Guard {
+    /// The container id.
+    pub id: String,
+}
+
+impl Guard {
+    /// Guards `id`.
+    pub fn new(id: &str) -> Guard {
+        Guard { id: id.to_string() }
+    }
+
+    /// Starts a detached container running `args` with `runtime` and extra ctr flags.
+    pub fn run_detached(runtime: &str, image: &str, flags: &[&str], args: &[&str]) -> Guard {
+        let id = unique_id("t");
+        let guard = Guard::new(&id);
+        let mut all: Vec<&str> = vec!["run", "-d", "--runtime", runtime];
+        all.extend_from_slice(flags);
+        all.push(image);
+        all.push(&id);
+        all.extend_from_slice(args);
+        ctr_ok(&all);
+        guard
+    }
+
+    /// The init's pid, from `ctr task ls`.
+    pub fn pid(&self) -> i32 {
+        let out = ctr_ok(&["task", "ls"]);
+        out.lines()
+            .find_map(|l| {
+                let mut f = l.split_whitespace();
+                (f.next()? == self.id).then(|| f.next()?.parse().ok())?
+            })
+            .unwrap_or_else(|| panic!("task {} not listed:\n{out}", self.id))
+    }
+
+    /// The task's status word, from `ctr task ls` (None if no task).
+    pub fn status(&self) -> Option<String> {
+        let out = ctr_ok(&["task", "ls"]);
+        out.lines().find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.first() == Some(&self.id.as_str())).then(|| f.get(2).map(|s| s.to_string()))?
+        })
+    }
+
+    /// `ctr task exec` of `args`; returns the output.
+    pub fn exec(&self, args: &[&str]) -> Output {
+        let exec_id = unique_id("x");
+        let mut all = vec!["task", "exec", "--exec-id", &exec_id, &self.id];
+        all.extend_from_slice(args);
+        ctr_run(&all, None, Duration::from_secs(30))
+    }
+
+    /// `exec` that must succeed; returns stdout.
+    pub fn exec_ok(&self, args: &[&str]) -> String {
+        let out = self.exec(args);
+        let (o, e) = text(&out);
+        assert!(out.status.success(), "exec {args:?}: {:?} {o}{e}", out.status);
+        o
+    }
+
+    /// Kills, deletes the task and the container; waits until gone.
+    pub fn remove(&self) {
+        let _ = ctr_run(&["task", "kill", "-s", "KILL", &self.id], None, Duration::from_secs(10));
+        let _ = ctr_run(&["task", "rm", "-f", &self.id], None, Duration::from_secs(20));
+        let _ = ctr_run(&["container", "rm", &self.id], None, Duration::from_secs(20));
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        self.remove();
+    }
+}
+
+/// Polls `f` until it is true or `timeout` passes; returns the last value.
+pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + timeout;
+    loop {
+        if f() {
+            return true;
+        }
+        if Instant::now() > end {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `ctr events`, collected in the background.
+pub struct Events {
+    child: Child,
+    lines: Arc<Mutex<Vec<String>>>,
+}
+
+impl Events {
+    /// Subscribes to all events of the namespace.
+    pub fn subscribe() -> Events {
+        let mut child = ctr()
+            .arg("events")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("ctr events");
+        let out = child.stdout.take().expect("stdout");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let sink = lines.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                sink.lock().unwrap().push(line);
+            }
+        });
+        // The subscription is live once ctr has connected; give it a moment.
+        std::thread::sleep(Duration::from_millis(300));
+        Events { child, lines }
+    }
+
+    /// The topics (e.g. `/tasks/start`) of events that mention `needle`, in order.
+    pub fn topics_for(&self, needle: &str) -> Vec<String> {
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.contains(needle))
+            .filter_map(|l| l.split_whitespace().find(|w| w.starts_with('/')).map(String::from))
+            .collect()
+    }
+
+    /// Waits until an event with `topic` mentioning `needle` arrives.
+    pub fn wait_for(&self, topic: &str, needle: &str, timeout: Duration) -> bool {
+        wait_until(timeout, || self.topics_for(needle).iter().any(|t| t == topic))
+    }
+}
+
+impl Drop for Events {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Lines of /proc/self/mountinfo that mention `needle`.
+pub fn mounts_mentioning(needle: &str) -> Vec<String> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains(needle))
+        .map(String::from)
+        .collect()
+}
+
+/// Directories under /sys/fs/cgroup whose name is `id`.
+pub fn cgroup_dirs_named(id: &str) -> Vec<PathBuf> {
+    fn walk(dir: &Path, id: &str, depth: u32, out: &mut Vec<PathBuf>) {
+        if depth > 6 {
+            return;
+        }
+        let Ok(entries) = std::fs::read_dir(dir) else { return };
+        for e in entries.flatten() {
+            let p = e.path();
+            if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                if e.file_name() == id {
+                    out.push(p.clone());
+                }
+                walk(&p, id, depth + 1, out);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(Path::new("/sys/fs/cgroup"), id, 0, &mut out);
+    out
+}
+
+/// Files (not directories) under `dir` whose path mentions `needle`.
+pub fn files_mentioning(dir: &Path, needle: &str) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else { continue };
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.to_string_lossy().contains(needle) {
+                out.push(p.clone());
+            }
+            if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                stack.push(p);
+            }
+        }
+    }
+    out
+}
+
+/// Pids of the running `containerd-shim-crab-v2` processes whose command line
+/// mentions `id`.
+pub fn shim_pids(id: &str) -> Vec<i32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
+        let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else { continue };
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        if cmd.contains("containerd-shim-crab-v2") && cmd.contains(&format!("-id {id} ")) {
+            out.push(pid);
+        }
+    }
+    out
+}
