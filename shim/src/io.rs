@@ -9,6 +9,7 @@
 
 use std::fs::File;
 use std::os::fd::OwnedFd;
+use std::os::unix::fs::OpenOptionsExt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -39,6 +40,7 @@ type StdinWriter = Arc<Mutex<Option<Box<dyn AsyncWrite + Send + Unpin>>>>;
 /// The shim's side of a running process's stdio.
 pub struct ProcessIo {
     stdin: StdinWriter,
+    stdin_path: String,
     stdin_task: Option<JoinHandle<()>>,
     outputs: Vec<JoinHandle<()>>,
     console: Option<Arc<OwnedFd>>,
@@ -120,6 +122,7 @@ impl PipeIo {
         }
         Ok(ProcessIo {
             stdin,
+            stdin_path: self.paths.stdin.clone(),
             stdin_task,
             outputs,
             console: None,
@@ -149,6 +152,7 @@ impl ProcessIo {
         }
         Ok(ProcessIo {
             stdin,
+            stdin_path: paths.stdin.clone(),
             stdin_task,
             outputs,
             console: Some(Arc::new(master)),
@@ -159,6 +163,7 @@ impl ProcessIo {
     pub fn none() -> ProcessIo {
         ProcessIo {
             stdin: Arc::new(Mutex::new(None)),
+            stdin_path: String::new(),
             stdin_task: None,
             outputs: Vec::new(),
             console: None,
@@ -184,10 +189,23 @@ impl ProcessIo {
                 abort.abort();
             }
         }
+        self.stop_stdin();
+        self.stdin.lock().await.take();
+    }
+
+    /// Stops the stdin copy. A copy still blocked in opening the fifo (the client never
+    /// opened its end) sits on a blocking thread that abort cannot reach, and would keep
+    /// the shim from exiting: opening the fifo's write end releases it.
+    fn stop_stdin(&mut self) {
         if let Some(t) = self.stdin_task.take() {
             t.abort();
+            if !self.stdin_path.is_empty() {
+                let _ = std::fs::OpenOptions::new()
+                    .write(true)
+                    .custom_flags(libc::O_NONBLOCK)
+                    .open(&self.stdin_path);
+            }
         }
-        self.stdin.lock().await.take();
     }
 }
 
@@ -196,9 +214,7 @@ impl Drop for ProcessIo {
         for t in &self.outputs {
             t.abort();
         }
-        if let Some(t) = &self.stdin_task {
-            t.abort();
-        }
+        self.stop_stdin();
     }
 }
 
