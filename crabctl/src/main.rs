@@ -8,7 +8,10 @@ use crab_runtime::config::Config;
 use crab_runtime::container::Container;
 
 #[derive(Parser)]
-#[command(version, about = "Crab: checkpoint/restore runtime for agent sandboxes")]
+#[command(
+    version,
+    about = "Crab: checkpoint/restore runtime for agent sandboxes"
+)]
 struct Cli {
     /// Configuration file (default: $CRAB_CONFIG, then /etc/crab/config.toml).
     #[arg(long, global = true)]

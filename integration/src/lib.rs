@@ -41,7 +41,10 @@ pub fn state_dir() -> PathBuf {
     text.lines()
         .find_map(|l| {
             let l = l.trim();
-            let rest = l.strip_prefix("state_dir")?.trim_start().strip_prefix('=')?;
+            let rest = l
+                .strip_prefix("state_dir")?
+                .trim_start()
+                .strip_prefix('=')?;
             Some(PathBuf::from(rest.trim().trim_matches('"')))
         })
         .unwrap_or_else(|| PathBuf::from("/run/crab"))
@@ -60,7 +63,10 @@ pub fn unique_id(prefix: &str) -> String {
 /// `ctr` with the address and namespace set.
 pub fn ctr() -> Command {
     let mut c = Command::new("ctr");
-    c.arg("--address").arg(address()).arg("--namespace").arg(namespace());
+    c.arg("--address")
+        .arg(address())
+        .arg("--namespace")
+        .arg(namespace());
     c
 }
 
@@ -168,15 +174,31 @@ impl Guard {
     pub fn exec_ok(&self, args: &[&str]) -> String {
         let out = self.exec(args);
         let (o, e) = text(&out);
-        assert!(out.status.success(), "exec {args:?}: {:?} {o}{e}", out.status);
+        assert!(
+            out.status.success(),
+            "exec {args:?}: {:?} {o}{e}",
+            out.status
+        );
         o
     }
 
     /// Kills, deletes the task and the container; waits until gone.
     pub fn remove(&self) {
-        let _ = ctr_run(&["task", "kill", "-s", "KILL", &self.id], None, Duration::from_secs(10));
-        let _ = ctr_run(&["task", "rm", "-f", &self.id], None, Duration::from_secs(20));
-        let _ = ctr_run(&["container", "rm", &self.id], None, Duration::from_secs(20));
+        let _ = ctr_run(
+            &["task", "kill", "-s", "KILL", &self.id],
+            None,
+            Duration::from_secs(10),
+        );
+        let _ = ctr_run(
+            &["task", "rm", "-f", &self.id],
+            None,
+            Duration::from_secs(20),
+        );
+        let _ = ctr_run(
+            &["container", "rm", &self.id],
+            None,
+            Duration::from_secs(20),
+        );
     }
 }
 
@@ -235,13 +257,19 @@ impl Events {
             .unwrap()
             .iter()
             .filter(|l| l.contains(needle))
-            .filter_map(|l| l.split_whitespace().find(|w| w.starts_with('/')).map(String::from))
+            .filter_map(|l| {
+                l.split_whitespace()
+                    .find(|w| w.starts_with('/'))
+                    .map(String::from)
+            })
             .collect()
     }
 
     /// Waits until an event with `topic` mentioning `needle` arrives.
     pub fn wait_for(&self, topic: &str, needle: &str, timeout: Duration) -> bool {
-        wait_until(timeout, || self.topics_for(needle).iter().any(|t| t == topic))
+        wait_until(timeout, || {
+            self.topics_for(needle).iter().any(|t| t == topic)
+        })
     }
 }
 
@@ -268,7 +296,9 @@ pub fn cgroup_dirs_named(id: &str) -> Vec<PathBuf> {
         if depth > 6 {
             return;
         }
-        let Ok(entries) = std::fs::read_dir(dir) else { return };
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
         for e in entries.flatten() {
             let p = e.path();
             if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
@@ -289,7 +319,9 @@ pub fn files_mentioning(dir: &Path, needle: &str) -> Vec<PathBuf> {
     let mut out = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&d) else { continue };
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
         for e in entries.flatten() {
             let p = e.path();
             if p.to_string_lossy().contains(needle) {
@@ -308,8 +340,12 @@ pub fn files_mentioning(dir: &Path, needle: &str) -> Vec<PathBuf> {
 pub fn shim_pids(id: &str) -> Vec<i32> {
     let mut out = Vec::new();
     for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
-        let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else { continue };
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            continue;
+        };
         let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
         if cmd.contains("containerd-shim-crab-v2") && cmd.contains(&format!("-id {id} ")) {
             out.push(pid);

@@ -64,7 +64,11 @@ fn stdin_is_piped_to_the_container_and_closed_at_eof() {
 
 #[test]
 fn large_output_arrives_complete() {
-    let out = run_rm(&[], &["sh", "-c", "dd if=/dev/zero bs=1024 count=4096 2>/dev/null"], None);
+    let out = run_rm(
+        &[],
+        &["sh", "-c", "dd if=/dev/zero bs=1024 count=4096 2>/dev/null"],
+        None,
+    );
     assert!(out.status.success());
     assert_eq!(out.stdout.len(), 4096 * 1024);
 }
@@ -89,11 +93,18 @@ fn sigkill_of_init_gives_137() {
     ctr_ok(&["task", "kill", "-s", "KILL", &g.id]);
     assert!(ev.wait_for("/tasks/exit", &g.id, T));
     let out = ctr_ok(&["task", "ls"]);
-    assert!(out.lines().any(|l| l.starts_with(&g.id) && l.contains("STOPPED")), "{out}");
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with(&g.id) && l.contains("STOPPED")),
+        "{out}"
+    );
     let del = ctr_run(&["task", "rm", &g.id], None, T);
     let (o, e) = text(&del);
     assert!(del.status.success(), "{o}{e}");
-    assert!(e.contains("137") || o.contains("137"), "exit status 137 expected: {o}{e}");
+    assert!(
+        e.contains("137") || o.contains("137"),
+        "exit status 137 expected: {o}{e}"
+    );
 }
 
 #[test]
@@ -104,7 +115,11 @@ fn init_with_a_term_handler_exits_on_sigterm() {
         CRAB,
         BUSYBOX,
         &[],
-        &["sh", "-c", "trap 'exit 143' TERM; while true; do sleep 0.1; done"],
+        &[
+            "sh",
+            "-c",
+            "trap 'exit 143' TERM; while true; do sleep 0.1; done",
+        ],
     );
     let ev = Events::subscribe();
     ctr_ok(&["task", "kill", &g.id]);
@@ -127,11 +142,22 @@ fn exec_killed_by_sigterm_gives_143() {
     let g = Guard::run_detached(CRAB, BUSYBOX, &[], &["sleep", "1000"]);
     let exec_id = unique_id("x");
     let mut child = ctr()
-        .args(["task", "exec", "--exec-id", &exec_id, &g.id, "sleep", "1000"])
+        .args([
+            "task",
+            "exec",
+            "--exec-id",
+            &exec_id,
+            &g.id,
+            "sleep",
+            "1000",
+        ])
         .stdin(std::process::Stdio::null())
         .spawn()
         .expect("exec");
-    assert!(wait_until(T, || ctr_ok(&["task", "ps", &g.id]).lines().count() >= 3));
+    assert!(wait_until(T, || ctr_ok(&["task", "ps", &g.id])
+        .lines()
+        .count()
+        >= 3));
     ctr_ok(&["task", "kill", "--exec-id", &exec_id, &g.id]);
     let status = child.wait().expect("wait exec");
     assert_eq!(status.code(), Some(143));
@@ -142,7 +168,16 @@ fn exec_with_stdin_and_terminal() {
     let g = Guard::run_detached(CRAB, BUSYBOX, &[], &["sleep", "1000"]);
     let exec_id = unique_id("x");
     let out = ctr_run(
-        &["task", "exec", "--exec-id", &exec_id, &g.id, "sh", "-c", "cat; echo end"],
+        &[
+            "task",
+            "exec",
+            "--exec-id",
+            &exec_id,
+            &g.id,
+            "sh",
+            "-c",
+            "cat; echo end",
+        ],
         Some(b"abc\n"),
         T,
     );
@@ -166,10 +201,18 @@ fn pause_freezes_every_process_and_resume_thaws() {
         CRAB,
         BUSYBOX,
         &["--mount", &mount],
-        &["sh", "-c", "i=0; while true; do i=$((i+1)); echo $i > /data/n; usleep 20000; done"],
+        &[
+            "sh",
+            "-c",
+            "i=0; while true; do i=$((i+1)); echo $i > /data/n; usleep 20000; done",
+        ],
     );
     let counter = || std::fs::read_to_string(dir.join("n")).unwrap_or_default();
-    assert!(wait_until(T, || counter().trim().parse::<u32>().unwrap_or(0) > 2));
+    assert!(wait_until(T, || counter()
+        .trim()
+        .parse::<u32>()
+        .unwrap_or(0)
+        > 2));
     ctr_ok(&["task", "pause", &g.id]);
     assert_eq!(g.status().as_deref(), Some("PAUSED"));
     let frozen = counter();
@@ -177,21 +220,37 @@ fn pause_freezes_every_process_and_resume_thaws() {
     assert_eq!(counter(), frozen, "the counter moved while paused");
     ctr_ok(&["task", "resume", &g.id]);
     assert_eq!(g.status().as_deref(), Some("RUNNING"));
-    assert!(wait_until(T, || counter() != frozen), "the counter did not move after resume");
+    assert!(
+        wait_until(T, || counter() != frozen),
+        "the counter did not move after resume"
+    );
     let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]
 fn ps_lists_every_process_of_the_container() {
-    let g = Guard::run_detached(CRAB, BUSYBOX, &[], &["sh", "-c", "sleep 1000 & sleep 1000 & wait"]);
-    assert!(wait_until(T, || ctr_ok(&["task", "ps", &g.id]).lines().count() == 4));
+    let g = Guard::run_detached(
+        CRAB,
+        BUSYBOX,
+        &[],
+        &["sh", "-c", "sleep 1000 & sleep 1000 & wait"],
+    );
+    assert!(wait_until(T, || ctr_ok(&["task", "ps", &g.id])
+        .lines()
+        .count()
+        == 4));
     let ps = ctr_ok(&["task", "ps", &g.id]);
     assert!(ps.contains(&g.pid().to_string()), "{ps}");
 }
 
 #[test]
 fn metrics_report_memory_and_pids() {
-    let g = Guard::run_detached(CRAB, BUSYBOX, &["--memory-limit", "67108864"], &["sleep", "1000"]);
+    let g = Guard::run_detached(
+        CRAB,
+        BUSYBOX,
+        &["--memory-limit", "67108864"],
+        &["sleep", "1000"],
+    );
     let m = ctr_ok(&["task", "metrics", &g.id]);
     let value = |key: &str| -> u64 {
         m.lines()
@@ -224,8 +283,14 @@ fn events_arrive_in_lifecycle_order() {
     };
     assert!(pos("/tasks/create") < pos("/tasks/start"), "{topics:?}");
     assert!(pos("/tasks/start") < pos("/tasks/exec-added"), "{topics:?}");
-    assert!(pos("/tasks/exec-added") < pos("/tasks/exec-started"), "{topics:?}");
-    assert!(pos("/tasks/exec-started") < pos("/tasks/delete"), "{topics:?}");
+    assert!(
+        pos("/tasks/exec-added") < pos("/tasks/exec-started"),
+        "{topics:?}"
+    );
+    assert!(
+        pos("/tasks/exec-started") < pos("/tasks/delete"),
+        "{topics:?}"
+    );
     let last_exit = topics.iter().rposition(|x| x == "/tasks/exit").unwrap();
     assert!(last_exit < pos("/tasks/delete"), "{topics:?}");
 }

@@ -53,6 +53,19 @@ pub enum LogLevel {
     Trace,
 }
 
+impl LogLevel {
+    /// The level's name, as `tracing` filters spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogLevel::Error => "error",
+            LogLevel::Warn => "warn",
+            LogLevel::Info => "info",
+            LogLevel::Debug => "debug",
+            LogLevel::Trace => "trace",
+        }
+    }
+}
+
 /// Storage backend settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -205,9 +218,10 @@ impl Config {
             ));
         }
         let default = Path::new(DEFAULT_CONFIG_PATH);
-        let chosen = path.filter(|p| !p.as_os_str().is_empty()).or(env).or(default
-            .exists()
-            .then_some(default));
+        let chosen = path
+            .filter(|p| !p.as_os_str().is_empty())
+            .or(env)
+            .or(default.exists().then_some(default));
         match chosen {
             Some(file) => {
                 let text = std::fs::read_to_string(file).map_err(|e| Error::Config {
@@ -243,7 +257,10 @@ impl Config {
             ("checkpoint.store", &self.checkpoint.store),
         ] {
             if !path.is_absolute() {
-                return Err(bad(key, format!("{} is not an absolute path", path.display())));
+                return Err(bad(
+                    key,
+                    format!("{} is not an absolute path", path.display()),
+                ));
             }
         }
         if self.checkpoint.keep_last == 0 {
@@ -252,8 +269,7 @@ impl Config {
         if self.storage.pool.trim().is_empty() {
             return Err(bad("storage.pool", "must not be empty".into()));
         }
-        parse_size(&self.storage.pool_size)
-            .map_err(|m| bad("storage.pool_size", m))?;
+        parse_size(&self.storage.pool_size).map_err(|m| bad("storage.pool_size", m))?;
         Ok(())
     }
 
@@ -359,8 +375,7 @@ fail_closed = false
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("c.toml");
         std::fs::write(&file, "state_dir = \"/from/file\"").unwrap();
-        let (c, s) =
-            Config::load(Some("state_dir = \"/from/body\""), Some(&file), None).unwrap();
+        let (c, s) = Config::load(Some("state_dir = \"/from/body\""), Some(&file), None).unwrap();
         assert_eq!(c.state_dir, PathBuf::from("/from/body"));
         assert!(matches!(s, Source::Body(_)));
         let (c, _) = Config::load(None, Some(&file), None).unwrap();

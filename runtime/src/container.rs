@@ -72,7 +72,11 @@ impl Container {
                 bundle: opts.bundle.clone(),
                 message: format!(
                     "process.terminal is {terminal} but the client {} a terminal",
-                    if terminal { "did not ask for" } else { "asked for" }
+                    if terminal {
+                        "did not ask for"
+                    } else {
+                        "asked for"
+                    }
                 ),
             });
         }
@@ -177,7 +181,8 @@ impl Container {
     /// libcontainer's view of the container's status (refreshed from /proc).
     pub fn status(&self) -> Result<ContainerStatus> {
         let mut c = self.lc()?;
-        c.refresh_status().map_err(Error::libcontainer("refresh status"))?;
+        c.refresh_status()
+            .map_err(Error::libcontainer("refresh status"))?;
         Ok(c.status())
     }
 
@@ -255,7 +260,9 @@ impl Container {
     /// The container's cgroup path (relative to each hierarchy's root).
     pub fn cgroup_path(&self) -> Result<PathBuf> {
         let c = self.lc()?;
-        Ok(c.spec().map_err(Error::libcontainer("load config"))?.cgroup_path)
+        Ok(c.spec()
+            .map_err(Error::libcontainer("load config"))?
+            .cgroup_path)
     }
 
     /// cgroup statistics (cpu, memory, pids, ...).
@@ -334,11 +341,16 @@ fn check_rootfs(bundle: &Path, spec: &Spec) -> Result<()> {
     if !path.is_dir() {
         return Err(Error::MissingRootfs(path));
     }
-    if spec.process().is_none() {
-        return Err(Error::InvalidSpec {
-            bundle: bundle.to_path_buf(),
-            message: "spec has no process".into(),
-        });
+    let invalid = |message: &str| Error::InvalidSpec {
+        bundle: bundle.to_path_buf(),
+        message: message.into(),
+    };
+    let process = spec
+        .process()
+        .as_ref()
+        .ok_or_else(|| invalid("spec has no process"))?;
+    match process.args() {
+        Some(args) if !args.is_empty() && !args[0].is_empty() => Ok(()),
+        _ => Err(invalid("process.args must not be empty")),
     }
-    Ok(())
 }

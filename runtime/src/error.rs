@@ -56,9 +56,9 @@ pub enum Error {
     Libcontainer {
         /// What was attempted.
         operation: &'static str,
-        /// The underlying error.
+        /// The underlying error (boxed: it is large, and errors travel by value).
         #[source]
-        source: libcontainer::error::LibcontainerError,
+        source: Box<libcontainer::error::LibcontainerError>,
     },
     /// A cgroup operation failed.
     #[error("cgroup {operation}: {message}")]
@@ -105,6 +105,9 @@ impl Error {
     pub fn libcontainer(
         operation: &'static str,
     ) -> impl FnOnce(libcontainer::error::LibcontainerError) -> Error {
-        move |source| Error::Libcontainer { operation, source }
+        move |source| Error::Libcontainer {
+            operation,
+            source: Box::new(source),
+        }
     }
 }

@@ -125,7 +125,10 @@ pub fn run(make: Box<RequestFn>, stdio: ChildStdio) -> Result<i32> {
     let operation = request.operation();
     let fds: Vec<RawFd> = {
         let s = request.stdio();
-        [s.stdin, s.stdout, s.stderr].into_iter().flatten().collect()
+        [s.stdin, s.stdout, s.stderr]
+            .into_iter()
+            .flatten()
+            .collect()
     };
     let exe = std::env::current_exe().map_err(Error::io("find the shim's own binary"))?;
     let json = serde_json::to_string(&request).expect("request serializes");
@@ -162,7 +165,10 @@ pub fn run(make: Box<RequestFn>, stdio: ChildStdio) -> Result<i32> {
     // The shim's reaper may have collected the helper already (ECHILD): the reply on
     // stdout is what counts, not the exit status.
     let _ = child.wait();
-    match out.lines().find_map(|l| serde_json::from_str::<Reply>(l).ok()) {
+    match out
+        .lines()
+        .find_map(|l| serde_json::from_str::<Reply>(l).ok())
+    {
         Some(reply) => Ok(reply.pid),
         None => Err(Error::Helper {
             operation,
@@ -253,7 +259,12 @@ fn serve(request: Request) -> Result<i32> {
             console_socket,
             tracking,
             ..
-        } => (id.clone(), root.clone(), console_socket.clone(), tracking.clone()),
+        } => (
+            id.clone(),
+            root.clone(),
+            console_socket.clone(),
+            tracking.clone(),
+        ),
     };
     TrackingCgroup::at(tracking).add(std::process::id() as i32)?;
 

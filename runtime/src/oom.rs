@@ -33,13 +33,16 @@ impl OomWatch {
     pub fn register(cgroup_path: &Path) -> Result<OomWatch> {
         let rel = cgroup_path.strip_prefix("/").unwrap_or(cgroup_path);
         let dir = Path::new(MEMORY_V1_ROOT).join(rel);
-        let control = std::fs::File::open(dir.join("memory.oom_control"))
-            .map_err(Error::io(format!("open {}/memory.oom_control", dir.display())))?;
+        let control = std::fs::File::open(dir.join("memory.oom_control")).map_err(Error::io(
+            format!("open {}/memory.oom_control", dir.display()),
+        ))?;
         let efd = EventFd::from_flags(EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)
             .map_err(Error::sys("eventfd"))?;
         let line = format!("{} {}", efd.as_fd().as_raw_fd(), control.as_raw_fd());
-        std::fs::write(dir.join("cgroup.event_control"), line)
-            .map_err(Error::io(format!("register OOM event in {}", dir.display())))?;
+        std::fs::write(dir.join("cgroup.event_control"), line).map_err(Error::io(format!(
+            "register OOM event in {}",
+            dir.display()
+        )))?;
         Ok(OomWatch {
             event: efd.into(),
             dir,

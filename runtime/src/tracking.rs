@@ -38,23 +38,28 @@ impl TrackingCgroup {
 
     /// Creates the directory (and parents); returns its cgroup id.
     pub fn create(&self) -> Result<u64> {
-        std::fs::create_dir_all(&self.path)
-            .map_err(Error::io(format!("create tracking cgroup {}", self.path.display())))?;
+        std::fs::create_dir_all(&self.path).map_err(Error::io(format!(
+            "create tracking cgroup {}",
+            self.path.display()
+        )))?;
         self.id()
     }
 
     /// The cgroup id: the directory's inode number.
     pub fn id(&self) -> Result<u64> {
-        let md = std::fs::metadata(&self.path)
-            .map_err(Error::io(format!("stat tracking cgroup {}", self.path.display())))?;
+        let md = std::fs::metadata(&self.path).map_err(Error::io(format!(
+            "stat tracking cgroup {}",
+            self.path.display()
+        )))?;
         Ok(md.ino())
     }
 
     /// Moves a process into it.
     pub fn add(&self, pid: i32) -> Result<()> {
-        std::fs::write(self.path.join("cgroup.procs"), pid.to_string()).map_err(Error::io(
-            format!("move pid {pid} into {}", self.path.display()),
-        ))
+        std::fs::write(self.path.join("cgroup.procs"), pid.to_string()).map_err(Error::io(format!(
+            "move pid {pid} into {}",
+            self.path.display()
+        )))
     }
 
     /// The pids of the processes in it (all of the container's processes).
@@ -63,7 +68,10 @@ impl TrackingCgroup {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
             Err(e) => {
-                return Err(Error::io(format!("read {}/cgroup.procs", self.path.display()))(e))
+                return Err(Error::io(format!(
+                    "read {}/cgroup.procs",
+                    self.path.display()
+                ))(e))
             }
         };
         Ok(text.lines().filter_map(|l| l.trim().parse().ok()).collect())
@@ -89,8 +97,9 @@ impl TrackingCgroup {
             }
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
-        Err(Error::io(format!("remove tracking cgroup {}", self.path.display()))(
-            last.expect("retried at least once"),
-        ))
+        Err(Error::io(format!(
+            "remove tracking cgroup {}",
+            self.path.display()
+        ))(last.expect("retried at least once")))
     }
 }

@@ -31,8 +31,9 @@ impl ConsoleSocket {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let path = dir.join(format!("pty-{}-{n}.sock", std::process::id()));
         let _ = std::fs::remove_file(&path);
-        let listener = UnixListener::bind(&path)
-            .map_err(|e| ShimError::Other(format!("bind console socket {}: {e}", path.display())))?;
+        let listener = UnixListener::bind(&path).map_err(|e| {
+            ShimError::Other(format!("bind console socket {}: {e}", path.display()))
+        })?;
         Ok(ConsoleSocket { path, listener })
     }
 

@@ -68,8 +68,14 @@ mod tests {
     fn test_runtime_errors_map_to_containerd_codes() {
         let cases = [
             (RuntimeError::NotFound("x".into()), Code::NOT_FOUND),
-            (RuntimeError::AlreadyExists("x".into()), Code::ALREADY_EXISTS),
-            (RuntimeError::MissingRootfs(PathBuf::from("/r")), Code::INVALID_ARGUMENT),
+            (
+                RuntimeError::AlreadyExists("x".into()),
+                Code::ALREADY_EXISTS,
+            ),
+            (
+                RuntimeError::MissingRootfs(PathBuf::from("/r")),
+                Code::INVALID_ARGUMENT,
+            ),
             (
                 RuntimeError::InvalidSpec {
                     bundle: PathBuf::from("/b"),
@@ -85,10 +91,8 @@ mod tests {
 
     #[test]
     fn test_status_message_keeps_the_cause() {
-        let e: ttrpc::Error = ShimError::from(RuntimeError::MissingRootfs(PathBuf::from(
-            "/nowhere",
-        )))
-        .into();
+        let e: ttrpc::Error =
+            ShimError::from(RuntimeError::MissingRootfs(PathBuf::from("/nowhere"))).into();
         match e {
             ttrpc::Error::RpcStatus(s) => {
                 assert_eq!(s.code(), Code::INVALID_ARGUMENT);

@@ -50,9 +50,9 @@ impl Instance {
             return Ok(&mut self.init);
         }
         let id = self.container.id().to_string();
-        self.execs
-            .get_mut(exec_id)
-            .ok_or_else(|| ShimError::NotFound(format!("exec {exec_id} not found in container {id}")))
+        self.execs.get_mut(exec_id).ok_or_else(|| {
+            ShimError::NotFound(format!("exec {exec_id} not found in container {id}"))
+        })
     }
 
     /// Fails unless the init is running (not created, paused or stopped).

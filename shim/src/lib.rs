@@ -35,7 +35,9 @@ pub fn main() {
         .enable_all()
         .build()
         .expect("tokio runtime");
-    runtime.block_on(containerd_shim::asynchronous::run::<service::Service>(RUNTIME_ID, None));
+    runtime.block_on(containerd_shim::asynchronous::run::<service::Service>(
+        RUNTIME_ID, None,
+    ));
     // Do not wait for blocking threads that may still sit in a syscall (such as a fifo
     // open no client will complete): the shim's work is done.
     runtime.shutdown_timeout(std::time::Duration::from_millis(200));

@@ -7,9 +7,13 @@ use std::sync::Mutex;
 
 use tracing_subscriber::EnvFilter;
 
-/// Installs the global subscriber. `RUST_LOG` overrides the level.
+/// Installs the global subscriber. The level is `RUST_LOG` if set, else `debug` when
+/// containerd runs with debug logging, else the host configuration's `log_level`.
 pub fn init(serving: bool, debug: bool) {
-    let default = if debug { "debug" } else { "info" };
+    let configured = crab_runtime::config::Config::load_with_env(None, None)
+        .map(|(c, _)| c.log_level.as_str())
+        .unwrap_or("info");
+    let default = if debug { "debug" } else { configured };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -27,7 +27,9 @@ pub fn watch(container: &Container, events: Events) -> Option<JoinHandle<()>> {
             return;
         };
         loop {
-            let Ok(mut guard) = fd.readable().await else { return };
+            let Ok(mut guard) = fd.readable().await else {
+                return;
+            };
             let count = guard.get_inner().drain();
             guard.clear_ready();
             if count == 0 {

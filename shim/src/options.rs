@@ -78,7 +78,11 @@ mod tests {
 
     #[test]
     fn test_decodes_path_and_body() {
-        let any = encode("runtimeoptions.v1.Options", "/etc/x.toml", "state_dir = \"/r\"");
+        let any = encode(
+            "runtimeoptions.v1.Options",
+            "/etc/x.toml",
+            "state_dir = \"/r\"",
+        );
         let o = RuntimeOptions::from_any(Some(&any)).unwrap();
         assert_eq!(o.config_path.as_deref(), Some("/etc/x.toml"));
         assert_eq!(o.config_body.as_deref(), Some("state_dir = \"/r\""));
@@ -87,8 +91,14 @@ mod tests {
     #[test]
     fn test_other_option_types_are_ignored() {
         let any = encode("containerd.runc.v1.Options", "/x", "y");
-        assert_eq!(RuntimeOptions::from_any(Some(&any)).unwrap(), RuntimeOptions::default());
-        assert_eq!(RuntimeOptions::from_any(None).unwrap(), RuntimeOptions::default());
+        assert_eq!(
+            RuntimeOptions::from_any(Some(&any)).unwrap(),
+            RuntimeOptions::default()
+        );
+        assert_eq!(
+            RuntimeOptions::from_any(None).unwrap(),
+            RuntimeOptions::default()
+        );
     }
 
     #[test]

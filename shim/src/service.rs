@@ -48,9 +48,8 @@ impl Shim for Service {
     async fn start_shim(&mut self, opts: StartOpts) -> containerd_shim::Result<String> {
         let grouping = sandbox_group(&self.bundle).unwrap_or_else(|| opts.id.clone());
         let address = spawn(opts, &grouping, Vec::new()).await?;
-        std::fs::write(self.bundle.join("address"), &address).map_err(|e| {
-            containerd_shim::Error::Other(format!("write address file: {e}"))
-        })?;
+        std::fs::write(self.bundle.join("address"), &address)
+            .map_err(|e| containerd_shim::Error::Other(format!("write address file: {e}")))?;
         Ok(address)
     }
 
@@ -59,17 +58,18 @@ impl Shim for Service {
     async fn delete_shim(&mut self) -> containerd_shim::Result<DeleteResponse> {
         let config = bundle_config(&self.bundle);
         let (ns, id) = (self.namespace.clone(), self.id.clone());
-        let deleted = tokio::task::spawn_blocking(move || {
-            match Container::load(&config, &ns, &id) {
+        let deleted =
+            tokio::task::spawn_blocking(move || match Container::load(&config, &ns, &id) {
                 Ok(c) => c.delete(),
                 Err(crab_runtime::Error::NotFound(_)) => Ok(()),
                 Err(e) => Err(e),
-            }
-        })
-        .await;
+            })
+            .await;
         match deleted {
             Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::warn!(id = %self.id, error = %e, "cleanup of a dead shim's container"),
+            Ok(Err(e)) => {
+                tracing::warn!(id = %self.id, error = %e, "cleanup of a dead shim's container")
+            }
             Err(e) => tracing::warn!(error = %e, "cleanup task"),
         }
         crate::rootfs::unmount(&self.bundle.join("rootfs")).await;

@@ -89,8 +89,8 @@ impl TaskService {
                 "restore from a checkpoint is not supported yet".into(),
             ));
         }
-        let opts = RuntimeOptions::from_any(req.options.as_ref())
-            .map_err(ShimError::InvalidArgument)?;
+        let opts =
+            RuntimeOptions::from_any(req.options.as_ref()).map_err(ShimError::InvalidArgument)?;
         let (config, source) = Config::load_with_env(
             opts.config_body.as_deref(),
             opts.config_path.as_deref().map(Path::new),
@@ -248,7 +248,9 @@ impl TaskService {
             .ok_or_else(|| not_found(&req.id))?;
         inst.require_running("exec")?;
         if req.exec_id.is_empty() {
-            return Err(ShimError::InvalidArgument("exec id must not be empty".into()));
+            return Err(ShimError::InvalidArgument(
+                "exec id must not be empty".into(),
+            ));
         }
         if inst.execs.contains_key(&req.exec_id) {
             return Err(ShimError::AlreadyExists(format!(
@@ -256,11 +258,10 @@ impl TaskService {
                 req.exec_id, req.id
             )));
         }
-        let spec = req
-            .spec
-            .as_ref()
-            .map(|a| a.value.clone())
-            .ok_or_else(|| ShimError::InvalidArgument("exec request has no process spec".into()))?;
+        let spec =
+            req.spec.as_ref().map(|a| a.value.clone()).ok_or_else(|| {
+                ShimError::InvalidArgument("exec request has no process spec".into())
+            })?;
         let parsed: oci_spec::runtime::Process = serde_json::from_slice(&spec)
             .map_err(|e| ShimError::InvalidArgument(format!("invalid exec process spec: {e}")))?;
         if parsed.terminal().unwrap_or(false) != req.terminal {
@@ -601,7 +602,11 @@ impl TaskService {
             self.events
                 .publish(TaskExit {
                     container_id: id.clone(),
-                    id: if exec_id.is_empty() { id.clone() } else { exec_id },
+                    id: if exec_id.is_empty() {
+                        id.clone()
+                    } else {
+                        exec_id
+                    },
                     pid: pid as u32,
                     exit_status: code as u32,
                     exited_at: MessageField::some(exit.timestamp()),

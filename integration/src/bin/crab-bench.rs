@@ -73,7 +73,15 @@ fn start_latency(n: usize) -> (Stats, Stats) {
     for _ in 0..n {
         for (rt, acc) in [(CRAB, &mut crab), (RUNC, &mut runc)] {
             let id = unique_id("bench");
-            acc.push(time_ok(&["run", "--rm", "--runtime", rt, BUSYBOX, &id, "true"]));
+            acc.push(time_ok(&[
+                "run",
+                "--rm",
+                "--runtime",
+                rt,
+                BUSYBOX,
+                &id,
+                "true",
+            ]));
         }
     }
     (stats(crab), stats(runc))
@@ -105,8 +113,12 @@ fn rss_kib(pid: i32) -> u64 {
 fn runc_shim_pids(id: &str) -> Vec<i32> {
     let mut out = Vec::new();
     for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
-        let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else { continue };
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            continue;
+        };
         let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
         if cmd.contains("containerd-shim-runc-v2") && cmd.contains(&format!("-id {id} ")) {
             out.push(pid);
@@ -157,6 +169,8 @@ fn main() {
     println!(
         "\n{} iterations per figure, runtimes alternated; {} cores.",
         a.iterations,
-        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(0)
     );
 }
