@@ -126,12 +126,17 @@ build_images() {
     "$ROOT/hack/build-images.sh"
 }
 
+storage_pools() {
+    "$ROOT/hack/pool.sh"
+}
+
 need_root
 apt_sources
 install_packages
 install_containerd
 install_criu
 mount_kernel_fs
+storage_pools
 build_shim
 build_images
 log "done"

@@ -68,6 +68,57 @@ pub enum Error {
         /// The underlying error text.
         message: String,
     },
+    /// A name (snapshot, container key) is not allowed.
+    #[error("invalid {what} {name:?}: use letters, digits, '_', '-' and '.', not first '.' or '-', at most 128")]
+    BadName {
+        /// What the name is for.
+        what: &'static str,
+        /// The name.
+        name: String,
+    },
+    /// No such snapshot.
+    #[error("container {container} has no snapshot {name:?}")]
+    SnapshotNotFound {
+        /// The container.
+        container: String,
+        /// The snapshot name.
+        name: String,
+    },
+    /// A snapshot of that name exists already.
+    #[error("container {container} already has a snapshot {name:?}")]
+    SnapshotExists {
+        /// The container.
+        container: String,
+        /// The snapshot name.
+        name: String,
+    },
+    /// The container has no tree in the store.
+    #[error("container {0} has no root file system in the store")]
+    NoTree(String),
+    /// The storage pool has no space left.
+    #[error("storage pool is full: {command}: {message}")]
+    PoolFull {
+        /// The command that failed.
+        command: String,
+        /// Its error output.
+        message: String,
+    },
+    /// A storage tool failed.
+    #[error("{command}: {message}")]
+    Command {
+        /// The command line.
+        command: String,
+        /// Its error output.
+        message: String,
+    },
+    /// A storage operation failed.
+    #[error("storage {operation}: {message}")]
+    Storage {
+        /// What was attempted.
+        operation: &'static str,
+        /// Why it failed.
+        message: String,
+    },
     /// A file-system or other I/O call failed.
     #[error("{context}: {source}")]
     Io {
@@ -90,9 +141,19 @@ pub enum Error {
 
 impl Error {
     /// Wraps an I/O error with what was being done.
+    /// A full file system becomes [`Error::PoolFull`].
     pub fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
         let context = context.into();
-        move |source| Error::Io { context, source }
+        move |source| {
+            if source.raw_os_error() == Some(libc::ENOSPC) {
+                Error::PoolFull {
+                    command: context,
+                    message: source.to_string(),
+                }
+            } else {
+                Error::Io { context, source }
+            }
+        }
     }
 
     /// Wraps an errno with what was being done.

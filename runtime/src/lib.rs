@@ -7,6 +7,7 @@
 //!   the multithreaded shim never forks without exec.
 //! - [`tracking`]: the per-container cgroup2 directory that identifies its tasks to eBPF.
 //! - [`metrics`]: cgroup statistics of a container.
+//! - [`storage`]: snapshot-capable root file systems (btrfs, zfs, overlay).
 
 pub mod config;
 pub mod container;
@@ -14,6 +15,7 @@ pub mod error;
 pub mod helper;
 pub mod metrics;
 pub mod oom;
+pub mod storage;
 pub mod tracking;
 
 pub use error::{Error, Result};

@@ -1,0 +1,423 @@
+//! The btrfs store: subvolumes and snapshots on a mounted btrfs file system.
+//!
+//! ```text
+//! <pool>/images/<key>                       read-only copy of an image
+//! <pool>/containers/<ns>/<id>               the container's writable tree (its rootfs)
+//! <pool>/containers/<ns>/<id>.rollback      marker: a rollback to the named snapshot runs
+//! <pool>/snapshots/<ns>/<id>/<name>         read-only snapshots
+//! <pool>/tmp/<pid>.<n>.<what>               in-flight work of process <pid>
+//! ```
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::{
+    btrfs_ioctl as ioctl, cmd, names, tree, ContainerKey, ImageSource, ReconcileReport,
+    SnapshotInfo, Store,
+};
+use crate::config::Backend;
+use crate::{Error, Result};
+
+const BTRFS_SUPER_MAGIC: i64 = 0x9123_683E;
+
+/// A btrfs pool.
+#[derive(Debug)]
+pub struct BtrfsStore {
+    root: PathBuf,
+}
+
+static NONCE: AtomicU64 = AtomicU64::new(0);
+
+fn mkdirs(p: &Path) -> Result<()> {
+    std::fs::create_dir_all(p).map_err(Error::io(format!("create {}", p.display())))
+}
+
+impl BtrfsStore {
+    /// Opens the pool mounted at `root` (which must be a btrfs file system).
+    pub fn open(root: impl AsRef<Path>) -> Result<BtrfsStore> {
+        let root = root.as_ref().to_path_buf();
+        let fs = nix::sys::statfs::statfs(&root)
+            .map_err(Error::sys(format!("statfs {}", root.display())))?;
+        if fs.filesystem_type().0 != BTRFS_SUPER_MAGIC {
+            return Err(Error::Storage {
+                operation: "open btrfs pool",
+                message: format!("{} is not a btrfs file system", root.display()),
+            });
+        }
+        for d in ["images", "containers", "snapshots", "tmp"] {
+            mkdirs(&root.join(d))?;
+        }
+        Ok(BtrfsStore { root })
+    }
+
+    fn live(&self, key: &ContainerKey) -> PathBuf {
+        self.root
+            .join("containers")
+            .join(key.namespace())
+            .join(key.id())
+    }
+
+    fn marker(&self, key: &ContainerKey) -> PathBuf {
+        self.root
+            .join("containers")
+            .join(key.namespace())
+            .join(format!("{}.rollback", key.id()))
+    }
+
+    fn snapshots_dir(&self, key: &ContainerKey) -> PathBuf {
+        self.root
+            .join("snapshots")
+            .join(key.namespace())
+            .join(key.id())
+    }
+
+    fn snapshot_path(&self, key: &ContainerKey, name: &str) -> Result<PathBuf> {
+        names::check_snapshot_name(name)?;
+        Ok(self.snapshots_dir(key).join(name))
+    }
+
+    fn existing_snapshot(&self, key: &ContainerKey, name: &str) -> Result<PathBuf> {
+        let p = self.snapshot_path(key, name)?;
+        if !is_snapshot(&p) {
+            return Err(Error::SnapshotNotFound {
+                container: key.to_string(),
+                name: name.to_string(),
+            });
+        }
+        Ok(p)
+    }
+
+    fn tmp(&self, what: &str) -> PathBuf {
+        let n = NONCE.fetch_add(1, Ordering::Relaxed);
+        self.root
+            .join("tmp")
+            .join(format!("{}.{n}.{what}", std::process::id()))
+    }
+
+    /// The read-only copy of `image`, made on first use.
+    fn image(&self, image: &ImageSource) -> Result<PathBuf> {
+        let dst = self.root.join("images").join(&image.key);
+        if ioctl::is_subvolume(&dst) {
+            return Ok(dst);
+        }
+        let work = self.tmp(&format!("image-{}", image.key));
+        let mnt = self.tmp("mnt");
+        mkdirs(&mnt)?;
+        let result = (|| {
+            ioctl::create(&work)?;
+            {
+                let _mounted = image.mount_readonly(&mnt)?;
+                tree::copy(&mnt, &work)?;
+            }
+            // A read-only snapshot under the final name publishes the copy atomically
+            // (a read-only subvolume itself cannot be renamed).
+            let published = ioctl::snapshot(&work, &dst, true);
+            ioctl::delete(&work)?;
+            match published {
+                Ok(()) => Ok(()),
+                // Another shim copied the same image meanwhile: use theirs.
+                Err(_) if ioctl::is_subvolume(&dst) => Ok(()),
+                Err(e) => Err(e),
+            }
+        })();
+        let _ = std::fs::remove_dir(&mnt);
+        if result.is_err() && ioctl::is_subvolume(&work) {
+            let _ = ioctl::delete(&work);
+        }
+        result.map(|()| dst)
+    }
+
+    /// Names of every subvolume in the container's snapshots dir (complete or not).
+    fn snapshot_names(&self, key: &ContainerKey) -> Result<Vec<String>> {
+        let dir = self.snapshots_dir(key);
+        Ok(std::fs::read_dir(&dir)
+            .map_err(Error::io(format!("read {}", dir.display())))?
+            .flatten()
+            .filter(|e| ioctl::is_subvolume(&e.path()))
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect())
+    }
+
+    fn info(&self, key: &ContainerKey, name: &str) -> Result<SnapshotInfo> {
+        let p = self.existing_snapshot(key, name)?;
+        Ok(SnapshotInfo {
+            name: name.to_string(),
+            created: ioctl::created(&p)?,
+        })
+    }
+}
+
+impl Store for BtrfsStore {
+    fn backend(&self) -> Backend {
+        Backend::Btrfs
+    }
+
+    fn prepare(&self, key: &ContainerKey, image: &ImageSource) -> Result<PathBuf> {
+        let live = self.live(key);
+        if live.exists() {
+            return Err(Error::AlreadyExists(format!("{key} (its tree in the store)")));
+        }
+        let base = self.image(image)?;
+        mkdirs(live.parent().expect("has a parent"))?;
+        ioctl::snapshot(&base, &live, false)?;
+        Ok(live)
+    }
+
+    fn rootfs(&self, key: &ContainerKey) -> Result<PathBuf> {
+        let live = self.live(key);
+        if ioctl::is_subvolume(&live) {
+            Ok(live)
+        } else {
+            Err(Error::NoTree(key.to_string()))
+        }
+    }
+
+    fn snapshot(&self, key: &ContainerKey, name: &str) -> Result<SnapshotInfo> {
+        let dst = self.snapshot_path(key, name)?;
+        let live = self.rootfs(key)?;
+        if dst.exists() {
+            return Err(Error::SnapshotExists {
+                container: key.to_string(),
+                name: name.to_string(),
+            });
+        }
+        mkdirs(&self.snapshots_dir(key))?;
+        ioctl::snapshot(&live, &dst, true)?;
+        self.info(key, name)
+    }
+
+    fn list(&self, key: &ContainerKey) -> Result<Vec<SnapshotInfo>> {
+        let dir = self.snapshots_dir(key);
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(Error::io(format!("read {}", dir.display()))(e)),
+        };
+        let mut out = Vec::new();
+        for e in entries {
+            let e = e.map_err(Error::io(format!("read {}", dir.display())))?;
+            let name = e.file_name().to_string_lossy().into_owned();
+            if names::check_snapshot_name(&name).is_ok() && is_snapshot(&e.path()) {
+                out.push(self.info(key, &name)?);
+            }
+        }
+        out.sort_by(|a, b| a.created.cmp(&b.created).then(a.name.cmp(&b.name)));
+        Ok(out)
+    }
+
+    fn rollback(&self, key: &ContainerKey, name: &str) -> Result<()> {
+        let snap = self.existing_snapshot(key, name)?;
+        let live = self.live(key);
+        if !ioctl::is_subvolume(&live) {
+            mkdirs(live.parent().expect("has a parent"))?;
+            return ioctl::snapshot(&snap, &live, false);
+        }
+        let marker = self.marker(key);
+        write_durably(&marker, name.as_bytes())?;
+        tree::mirror(&snap, &live)?;
+        std::fs::remove_file(&marker).map_err(Error::io(format!("remove {}", marker.display())))
+    }
+
+    fn clone_snapshot(
+        &self,
+        key: &ContainerKey,
+        name: &str,
+        new_key: &ContainerKey,
+    ) -> Result<PathBuf> {
+        let snap = self.existing_snapshot(key, name)?;
+        let live = self.live(new_key);
+        if live.exists() {
+            return Err(Error::AlreadyExists(format!("{new_key} (its tree in the store)")));
+        }
+        mkdirs(live.parent().expect("has a parent"))?;
+        ioctl::snapshot(&snap, &live, false)?;
+        Ok(live)
+    }
+
+    fn delete_snapshot(&self, key: &ContainerKey, name: &str) -> Result<()> {
+        let p = self.existing_snapshot(key, name)?;
+        ioctl::delete(&p)
+    }
+
+    fn destroy(&self, key: &ContainerKey) -> Result<()> {
+        let dir = self.snapshots_dir(key);
+        if let Ok(entries) = std::fs::read_dir(&dir) {
+            for e in entries.flatten() {
+                if ioctl::is_subvolume(&e.path()) {
+                    ioctl::delete(&e.path())?;
+                }
+            }
+            let _ = std::fs::remove_dir(&dir);
+        }
+        let live = self.live(key);
+        if ioctl::is_subvolume(&live) {
+            ioctl::delete(&live)?;
+        }
+        let _ = std::fs::remove_file(self.marker(key));
+        Ok(())
+    }
+
+    fn space_used(&self, key: &ContainerKey) -> Result<u64> {
+        // Exact exclusive figures need btrfs quotas, which cost on every write; the
+        // data the live tree references is what `btrfs filesystem du` gives cheaply.
+        let live = self.rootfs(key)?.display().to_string();
+        let out = cmd::run("btrfs", &["filesystem", "du", "-s", "--raw", &live])?;
+        // Columns: Total, Exclusive, Set shared, Filename.
+        out.lines()
+            .nth(1)
+            .and_then(|l| l.split_whitespace().next()?.parse().ok())
+            .ok_or_else(|| Error::Storage {
+                operation: "space used",
+                message: format!("unexpected `btrfs filesystem du` output: {out}"),
+            })
+    }
+
+    fn export(
+        &self,
+        key: &ContainerKey,
+        name: &str,
+        parent: Option<&str>,
+        out: &mut dyn Write,
+    ) -> Result<()> {
+        let snap = self.existing_snapshot(key, name)?.display().to_string();
+        let parent = parent
+            .map(|p| self.existing_snapshot(key, p).map(|p| p.display().to_string()))
+            .transpose()?;
+        let mut args = vec!["send", "-q"];
+        if let Some(p) = &parent {
+            args.extend(["-p", p.as_str()]);
+        }
+        args.push(&snap);
+        cmd::run_with_output("btrfs", &args, out)
+    }
+
+    fn import(&self, key: &ContainerKey, input: &mut dyn Read) -> Result<SnapshotInfo> {
+        // `btrfs receive` must create the snapshot where it stays: a received
+        // (read-only) subvolume cannot be renamed, and a copy of it would lose the
+        // received UUID that later incremental streams look their parent up by. It
+        // makes the subvolume read-only as its last step, so a writable subvolume in a
+        // snapshots directory is an interrupted receive; the marker says whose.
+        let dir = self.snapshots_dir(key);
+        mkdirs(&dir)?;
+        let before = self.snapshot_names(key)?;
+        let marker = dir.join(format!(".receiving-{}", std::process::id()));
+        write_durably(&marker, b"")?;
+        let d = dir.display().to_string();
+        let received = cmd::run_with_input("btrfs", &["receive", "-q", &d], input);
+        let _ = std::fs::remove_file(&marker);
+        let after = self.snapshot_names(key)?;
+        let new: Vec<&String> = after.iter().filter(|n| !before.contains(n)).collect();
+        if let Err(e) = received {
+            for n in new {
+                let _ = ioctl::delete(&dir.join(n));
+            }
+            return Err(e);
+        }
+        match new.as_slice() {
+            [name] => self.info(key, name),
+            _ => Err(Error::Storage {
+                operation: "import",
+                message: format!("expected one new snapshot, found {new:?}"),
+            }),
+        }
+    }
+
+    fn reconcile(&self) -> Result<ReconcileReport> {
+        let mut report = ReconcileReport::default();
+        let tmp = self.root.join("tmp");
+        for e in std::fs::read_dir(&tmp)
+            .map_err(Error::io(format!("read {}", tmp.display())))?
+            .flatten()
+        {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let owner: Option<i32> = name.split('.').next().and_then(|p| p.parse().ok());
+            if owner.is_some_and(|pid| Path::new(&format!("/proc/{pid}")).exists()) {
+                continue; // still being worked on
+            }
+            remove_work(&e.path())?;
+            report.removed.push(e.path().display().to_string());
+        }
+        // Writable subvolumes among snapshots are receives that died (see `import`).
+        let snapshots = self.root.join("snapshots");
+        for ns in std::fs::read_dir(&snapshots).into_iter().flatten().flatten() {
+            for c in std::fs::read_dir(ns.path()).into_iter().flatten().flatten() {
+                let busy = std::fs::read_dir(c.path()).into_iter().flatten().flatten().any(|e| {
+                    let n = e.file_name().to_string_lossy().into_owned();
+                    n.strip_prefix(".receiving-")
+                        .and_then(|p| p.parse::<i32>().ok())
+                        .is_some_and(|pid| Path::new(&format!("/proc/{pid}")).exists())
+                });
+                if busy {
+                    continue;
+                }
+                for e in std::fs::read_dir(c.path()).into_iter().flatten().flatten() {
+                    let p = e.path();
+                    if ioctl::is_subvolume(&p) && !is_snapshot(&p) {
+                        ioctl::delete(&p)?;
+                        report.removed.push(p.display().to_string());
+                    } else if e.file_name().to_string_lossy().starts_with(".receiving-") {
+                        let _ = std::fs::remove_file(&p);
+                    }
+                }
+            }
+        }
+        let containers = self.root.join("containers");
+        for ns in std::fs::read_dir(&containers).into_iter().flatten().flatten() {
+            for e in std::fs::read_dir(ns.path()).into_iter().flatten().flatten() {
+                let file = e.file_name().to_string_lossy().into_owned();
+                let Some(id) = file.strip_suffix(".rollback") else { continue };
+                let key = ContainerKey::new(&ns.file_name().to_string_lossy(), id)?;
+                let snap = std::fs::read_to_string(e.path())
+                    .map_err(Error::io(format!("read {}", e.path().display())))?;
+                self.rollback(&key, snap.trim())?;
+                report
+                    .completed
+                    .push(format!("rollback of {key} to {}", snap.trim()));
+            }
+        }
+        Ok(report)
+    }
+}
+
+/// A complete snapshot: a read-only subvolume.
+fn is_snapshot(p: &Path) -> bool {
+    ioctl::is_subvolume(p) && ioctl::is_readonly(p).unwrap_or(false)
+}
+
+/// Removes in-flight work: a subvolume, a mount point, or a directory of either.
+fn remove_work(p: &Path) -> Result<()> {
+    let _ = nix::mount::umount2(p, nix::mount::MntFlags::MNT_DETACH);
+    if ioctl::is_subvolume(p) {
+        return ioctl::delete(p);
+    }
+    if let Ok(entries) = std::fs::read_dir(p) {
+        for e in entries.flatten() {
+            if ioctl::is_subvolume(&e.path()) {
+                ioctl::delete(&e.path())?;
+            }
+        }
+    }
+    let md = std::fs::symlink_metadata(p);
+    match md {
+        Ok(m) if m.is_dir() => std::fs::remove_dir_all(p),
+        Ok(_) => std::fs::remove_file(p),
+        Err(_) => Ok(()),
+    }
+    .map_err(Error::io(format!("remove {}", p.display())))
+}
+
+/// Writes `data` to `path` and makes it durable (file and directory entry).
+pub(crate) fn write_durably(path: &Path, data: &[u8]) -> Result<()> {
+    use std::io::Write as _;
+    let ctx = || format!("write {}", path.display());
+    let mut f = std::fs::File::create(path).map_err(Error::io(ctx()))?;
+    f.write_all(data).map_err(Error::io(ctx()))?;
+    f.sync_all().map_err(Error::io(ctx()))?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(Error::io(ctx()))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,75 @@
+//! Running the storage tools (`btrfs`, `zfs`, `zpool`) with errors that say what failed.
+
+use std::io::{Read, Write};
+use std::process::{Command, Stdio};
+
+use crate::{Error, Result};
+
+/// Runs `program args`; returns stdout. A failure carries the command and its stderr,
+/// and is [`Error::PoolFull`] when the tool reports that the pool has no space.
+pub fn run(program: &str, args: &[&str]) -> Result<String> {
+    let out = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(Error::io(format!("run {program}")))?;
+    if out.status.success() {
+        return Ok(String::from_utf8_lossy(&out.stdout).into_owned());
+    }
+    Err(failure(program, args, &String::from_utf8_lossy(&out.stderr)))
+}
+
+/// Runs `program args` with `input` copied to its stdin.
+pub fn run_with_input(program: &str, args: &[&str], input: &mut dyn Read) -> Result<String> {
+    let mut child = Command::new(program)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(Error::io(format!("run {program}")))?;
+    let mut stdin = child.stdin.take().expect("piped");
+    let copied = std::io::copy(input, &mut stdin);
+    drop(stdin);
+    let out = child
+        .wait_with_output()
+        .map_err(Error::io(format!("wait for {program}")))?;
+    if !out.status.success() {
+        return Err(failure(program, args, &String::from_utf8_lossy(&out.stderr)));
+    }
+    copied.map_err(Error::io(format!("write to {program}")))?;
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Runs `program args` with its stdout copied to `output`.
+pub fn run_with_output(program: &str, args: &[&str], output: &mut dyn Write) -> Result<()> {
+    let mut child = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(Error::io(format!("run {program}")))?;
+    let mut stdout = child.stdout.take().expect("piped");
+    let copied = std::io::copy(&mut stdout, output);
+    drop(stdout);
+    let out = child
+        .wait_with_output()
+        .map_err(Error::io(format!("wait for {program}")))?;
+    if !out.status.success() {
+        return Err(failure(program, args, &String::from_utf8_lossy(&out.stderr)));
+    }
+    copied.map_err(Error::io(format!("read from {program}")))?;
+    Ok(())
+}
+
+fn failure(program: &str, args: &[&str], stderr: &str) -> Error {
+    let command = format!("{program} {}", args.join(" "));
+    let message = stderr.trim().to_string();
+    let lower = message.to_ascii_lowercase();
+    if lower.contains("no space left") || lower.contains("out of space") {
+        Error::PoolFull { command, message }
+    } else {
+        Error::Command { command, message }
+    }
+}

@@ -1,0 +1,201 @@
+//! The image a container starts from, as containerd's snapshotter mounts it.
+//!
+//! containerd hands the shim the mounts of the container's active snapshot: usually one
+//! overlay whose `lowerdir`s are the image's committed layers and whose `upperdir` is
+//! the (empty) writable layer. The image is identified by its lower layers; the store
+//! copies it once per key and ignores containerd's writable layer.
+
+use std::path::{Path, PathBuf};
+
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use sha2::{Digest, Sha256};
+
+use crate::{Error, Result};
+
+/// One mount as containerd describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MountSpec {
+    /// File-system type (`overlay`, `bind`, ...).
+    pub kind: String,
+    /// Source.
+    pub source: String,
+    /// Options (`lowerdir=...`, `ro`, `rbind`, ...).
+    pub options: Vec<String>,
+}
+
+/// The read-only image layers a container starts from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImageSource {
+    /// Identifies the layer chain: the same layers give the same key.
+    pub key: String,
+    /// The layer directories, top first (overlay's `lowerdir` order).
+    pub layers: Vec<PathBuf>,
+}
+
+impl ImageSource {
+    /// Reads the image layers out of containerd's rootfs mounts.
+    pub fn from_mounts(mounts: &[MountSpec]) -> Result<ImageSource> {
+        let [m] = mounts else {
+            return Err(unsupported(format!(
+                "expected one rootfs mount, got {}",
+                mounts.len()
+            )));
+        };
+        let layers: Vec<PathBuf> = match m.kind.as_str() {
+            "overlay" => m
+                .options
+                .iter()
+                .find_map(|o| o.strip_prefix("lowerdir="))
+                .map(|l| l.split(':').map(PathBuf::from).collect())
+                .unwrap_or_default(),
+            // A single-layer view (a committed snapshot, or `--rootfs` directories).
+            "bind" | "rbind" | "none" if m.options.iter().any(|o| o == "ro") => {
+                vec![PathBuf::from(&m.source)]
+            }
+            // A writable bind of an active snapshot with no parent: an empty image.
+            "bind" | "rbind" | "none" => Vec::new(),
+            other => return Err(unsupported(format!("rootfs mount type {other}"))),
+        };
+        Ok(ImageSource::from_layers(layers))
+    }
+
+    /// An image made of these layer directories (top first).
+    pub fn from_layers(layers: Vec<PathBuf>) -> ImageSource {
+        let mut h = Sha256::new();
+        for l in &layers {
+            h.update(l.as_os_str().as_encoded_bytes());
+            h.update([0]);
+        }
+        let key = h
+            .finalize()
+            .iter()
+            .take(16)
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        ImageSource { key, layers }
+    }
+
+    /// Mounts the image read-only at `target` (an empty directory) and returns a guard
+    /// that unmounts it. An image without layers mounts nothing.
+    pub fn mount_readonly(&self, target: &Path) -> Result<MountGuard> {
+        let sys = |what: String| Error::sys(what);
+        match self.layers.as_slice() {
+            [] => Ok(MountGuard { target: None }),
+            [one] => {
+                mount(
+                    Some(one.as_path()),
+                    target,
+                    None::<&str>,
+                    MsFlags::MS_BIND | MsFlags::MS_REC,
+                    None::<&str>,
+                )
+                .map_err(sys(format!("bind {} on {}", one.display(), target.display())))?;
+                let guard = MountGuard {
+                    target: Some(target.to_path_buf()),
+                };
+                mount(
+                    None::<&str>,
+                    target,
+                    None::<&str>,
+                    MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY,
+                    None::<&str>,
+                )
+                .map_err(sys(format!("remount {} read-only", target.display())))?;
+                Ok(guard)
+            }
+            many => {
+                let lower: Vec<String> = many.iter().map(|p| p.display().to_string()).collect();
+                let data = format!("lowerdir={}", lower.join(":"));
+                mount(
+                    Some("overlay"),
+                    target,
+                    Some("overlay"),
+                    MsFlags::MS_RDONLY,
+                    Some(data.as_str()),
+                )
+                .map_err(sys(format!("mount image overlay on {}", target.display())))?;
+                Ok(MountGuard {
+                    target: Some(target.to_path_buf()),
+                })
+            }
+        }
+    }
+}
+
+fn unsupported(message: String) -> Error {
+    Error::Storage {
+        operation: "read image layers",
+        message,
+    }
+}
+
+/// Unmounts on drop.
+#[derive(Debug)]
+pub struct MountGuard {
+    target: Option<PathBuf>,
+}
+
+impl Drop for MountGuard {
+    fn drop(&mut self) {
+        if let Some(t) = &self.target {
+            let _ = umount2(t.as_path(), MntFlags::MNT_DETACH);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn overlay(lower: &str) -> MountSpec {
+        MountSpec {
+            kind: "overlay".into(),
+            source: "overlay".into(),
+            options: vec![
+                "index=off".into(),
+                format!("lowerdir={lower}"),
+                "upperdir=/u".into(),
+                "workdir=/w".into(),
+            ],
+        }
+    }
+
+    #[test]
+    fn test_overlay_layers_are_read_in_order() {
+        let img = ImageSource::from_mounts(&[overlay("/l/2:/l/1")]).unwrap();
+        assert_eq!(img.layers, [PathBuf::from("/l/2"), PathBuf::from("/l/1")]);
+    }
+
+    #[test]
+    fn test_key_depends_on_layers_not_on_the_writable_layer() {
+        let a = ImageSource::from_mounts(&[overlay("/l/2:/l/1")]).unwrap();
+        let mut other_upper = overlay("/l/2:/l/1");
+        other_upper.options[2] = "upperdir=/elsewhere".into();
+        let b = ImageSource::from_mounts(&[other_upper]).unwrap();
+        let c = ImageSource::from_mounts(&[overlay("/l/1:/l/2")]).unwrap();
+        assert_eq!(a.key, b.key);
+        assert_ne!(a.key, c.key);
+        assert_eq!(a.key.len(), 32);
+    }
+
+    #[test]
+    fn test_writable_bind_is_an_empty_image() {
+        let m = MountSpec {
+            kind: "bind".into(),
+            source: "/s".into(),
+            options: vec!["rbind".into(), "rw".into()],
+        };
+        assert!(ImageSource::from_mounts(&[m]).unwrap().layers.is_empty());
+    }
+
+    #[test]
+    fn test_unknown_mount_type_is_an_error() {
+        let m = MountSpec {
+            kind: "nfs".into(),
+            source: "x".into(),
+            options: vec![],
+        };
+        assert!(ImageSource::from_mounts(&[m]).is_err());
+        assert!(ImageSource::from_mounts(&[]).is_err());
+    }
+}

@@ -1,0 +1,126 @@
+//! Snapshot-capable root file systems.
+//!
+//! Every container gets its root file system from a [`Store`]: a pool (a btrfs file
+//! system, a ZFS pool, or a plain directory for overlay) holding
+//! - one read-only copy of each image, keyed by its layer chain ([`ImageSource::key`]);
+//! - one writable tree per container, made from the image copy in O(1) (a btrfs snapshot,
+//!   a `zfs clone`) and bind-mounted as the container's rootfs;
+//! - the container's named, read-only snapshots.
+//!
+//! Snapshots, rollbacks and clones cost milliseconds whatever the container holds. A
+//! rollback changes the tree the container's running processes see (the container is
+//! frozen around it). Export/import move a snapshot to another host as a byte stream.
+//!
+//! Every multi-step operation works under a temporary name and finishes with an atomic
+//! rename, or leaves a marker it removes when done; [`Store::reconcile`] finishes or
+//! undoes what a crash interrupted. What exists in the pool is the record: there is no
+//! second bookkeeping that could disagree with it.
+
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::time::SystemTime;
+
+use crate::config::{Backend, Config};
+use crate::{Error, Result};
+
+pub mod btrfs;
+mod btrfs_ioctl;
+pub mod cmd;
+pub mod layers;
+pub mod names;
+pub mod tree;
+
+pub use layers::ImageSource;
+pub use names::ContainerKey;
+
+/// A named, read-only snapshot of a container's tree.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotInfo {
+    /// Its name, unique per container.
+    pub name: String,
+    /// When it was taken.
+    pub created: SystemTime,
+}
+
+/// What a reconciliation found and fixed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReconcileReport {
+    /// Leftovers of interrupted operations that were removed.
+    pub removed: Vec<String>,
+    /// Interrupted operations that were completed.
+    pub completed: Vec<String>,
+}
+
+/// A pool of snapshot-capable container trees. All calls block; they are safe to make
+/// from several processes at once (each container's tree is changed by its own shim).
+pub trait Store: Send + Sync {
+    /// Which backend this is.
+    fn backend(&self) -> Backend;
+
+    /// Makes the writable tree of container `key` from `image` (copying the image into
+    /// the pool the first time it is seen) and returns its path, to be bind-mounted as
+    /// the rootfs. Fails if the container already has a tree.
+    fn prepare(&self, key: &ContainerKey, image: &ImageSource) -> Result<PathBuf>;
+
+    /// The path of the container's writable tree (it must exist).
+    fn rootfs(&self, key: &ContainerKey) -> Result<PathBuf>;
+
+    /// Takes a read-only snapshot named `name` of the container's tree.
+    fn snapshot(&self, key: &ContainerKey, name: &str) -> Result<SnapshotInfo>;
+
+    /// The container's snapshots, oldest first.
+    fn list(&self, key: &ContainerKey) -> Result<Vec<SnapshotInfo>>;
+
+    /// Makes the container's tree equal to snapshot `name`, in place: processes that
+    /// have the tree open see the rolled-back content. The caller freezes or stops the
+    /// container around it. Creates the tree when the container has none (after import).
+    fn rollback(&self, key: &ContainerKey, name: &str) -> Result<()>;
+
+    /// Makes a new container `new_key` whose tree starts as snapshot `name` of `key`.
+    fn clone_snapshot(&self, key: &ContainerKey, name: &str, new_key: &ContainerKey)
+        -> Result<PathBuf>;
+
+    /// Deletes one snapshot.
+    fn delete_snapshot(&self, key: &ContainerKey, name: &str) -> Result<()>;
+
+    /// Deletes the container's tree and all its snapshots. Absent is not an error.
+    fn destroy(&self, key: &ContainerKey) -> Result<()>;
+
+    /// Bytes of data the container's writable tree references (extents it shares with
+    /// the image and its snapshots included), as cheaply as the backend can tell.
+    fn space_used(&self, key: &ContainerKey) -> Result<u64>;
+
+    /// Writes snapshot `name` as a byte stream; with `parent`, only the difference from
+    /// that earlier snapshot (which the receiving side must already have).
+    fn export(
+        &self,
+        key: &ContainerKey,
+        name: &str,
+        parent: Option<&str>,
+        out: &mut dyn Write,
+    ) -> Result<()>;
+
+    /// Reads a stream written by [`Store::export`] into a snapshot of container `key`
+    /// (an incremental stream needs its parent imported first). Returns its info; use
+    /// [`Store::rollback`] or [`Store::clone_snapshot`] to get a tree from it.
+    fn import(&self, key: &ContainerKey, input: &mut dyn Read) -> Result<SnapshotInfo>;
+
+    /// Finishes or undoes operations a crash interrupted.
+    fn reconcile(&self) -> Result<ReconcileReport>;
+}
+
+/// Opens the store the configuration selects (`None` for `passthrough`: containers
+/// use the rootfs containerd mounted, without snapshots).
+pub fn open(config: &Config, backend: Backend) -> Result<Option<Box<dyn Store>>> {
+    match backend {
+        Backend::Passthrough => Ok(None),
+        Backend::Btrfs => Ok(Some(Box::new(btrfs::BtrfsStore::open(&config.storage.pool)?))),
+        other => Err(Error::Storage {
+            operation: "open",
+            message: format!("backend {other:?} is not available yet"),
+        }),
+    }
+}
+
+/// The OCI annotation that picks a container's backend, overriding the host default.
+pub const BACKEND_ANNOTATION: &str = "io.crab.storage.backend";
