@@ -138,7 +138,7 @@ impl Default for Config {
 impl Default for Storage {
     fn default() -> Self {
         Storage {
-            backend: Backend::Passthrough,
+            backend: Backend::Btrfs,
             pool: "/var/lib/crab/pool".into(),
             pool_size: "8G".into(),
         }

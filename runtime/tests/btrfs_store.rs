@@ -30,7 +30,9 @@ fn a_gigabyte_file_survives_snapshot_and_rollback() {
     let s = store();
     let image = temp_dir("img");
     let k = ContainerKey::new("conformance", &unique("big")).unwrap();
-    let live = s.prepare(&k, &ImageSource::from_layers(vec![image.clone()])).unwrap();
+    let live = s
+        .prepare(&k, &ImageSource::from_layers(vec![image.clone()]))
+        .unwrap();
     let big = live.join("big.bin");
     {
         use std::io::Write;
@@ -60,7 +62,9 @@ fn reconcile_finishes_an_interrupted_rollback_and_removes_dead_work() {
     let image = temp_dir("img");
     populate_image(&image);
     let k = ContainerKey::new("conformance", &unique("crash")).unwrap();
-    let live = s.prepare(&k, &ImageSource::from_layers(vec![image.clone()])).unwrap();
+    let live = s
+        .prepare(&k, &ImageSource::from_layers(vec![image.clone()]))
+        .unwrap();
     turn_one(&live);
     let want = fingerprint(&live);
     s.snapshot(&k, "s").unwrap();
@@ -75,8 +79,14 @@ fn reconcile_finishes_an_interrupted_rollback_and_removes_dead_work() {
     let dead = Path::new(POOL).join("tmp/999999999.0.image-dead");
     std::fs::create_dir_all(&dead).unwrap();
     let report = s.reconcile().unwrap();
-    assert!(report.completed.iter().any(|c| c.contains(k.id())), "{report:?}");
-    assert!(report.removed.iter().any(|r| r.contains("999999999")), "{report:?}");
+    assert!(
+        report.completed.iter().any(|c| c.contains(k.id())),
+        "{report:?}"
+    );
+    assert!(
+        report.removed.iter().any(|r| r.contains("999999999")),
+        "{report:?}"
+    );
     assert!(!marker.exists() && !dead.exists());
     assert_same("after reconcile", &fingerprint(&live), &want);
     s.destroy(&k).unwrap();

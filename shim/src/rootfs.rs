@@ -1,10 +1,116 @@
-//! Mounting the root file system containerd's snapshotter prepared.
+//! The container's root file system: from the configured store (a btrfs subvolume, a
+//! ZFS dataset, ...) bind-mounted on `bundle/rootfs`, or, with the `passthrough`
+//! backend, the mounts containerd's snapshotter prepared.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use containerd_shim::protos::api::Mount;
+use crab_runtime::config::{Backend, Config};
+use crab_runtime::storage::layers::MountSpec;
+use crab_runtime::storage::{self, ContainerKey, ImageSource};
+use nix::mount::{mount, MsFlags};
 
 use crate::error::{ShimError, ShimResult};
+
+/// The backend a container uses: the OCI annotation `io.crab.storage.backend` if the
+/// spec has one, else the configuration's.
+pub fn backend_for(config: &Config, bundle: &Path) -> ShimResult<Backend> {
+    let spec = crab_runtime::container::load_spec(bundle)?;
+    let Some(name) = spec
+        .annotations()
+        .as_ref()
+        .and_then(|a| a.get(storage::BACKEND_ANNOTATION))
+    else {
+        return Ok(config.storage.backend);
+    };
+    let quoted = format!("\"{name}\"");
+    serde_json::from_str::<Backend>(&quoted).map_err(|_| {
+        ShimError::InvalidArgument(format!(
+            "annotation {}: unknown storage backend {name:?} (passthrough, overlay, btrfs, zfs)",
+            storage::BACKEND_ANNOTATION
+        ))
+    })
+}
+
+/// Makes `target` the container's root file system. Returns whether the shim mounted
+/// something there (and must unmount it).
+pub async fn prepare(
+    config: &Config,
+    key: &ContainerKey,
+    mounts: &[Mount],
+    target: &Path,
+) -> ShimResult<bool> {
+    // No mounts: the spec names a rootfs directory of its own (`ctr run --rootfs`);
+    // it is used as it is.
+    if config.storage.backend == Backend::Passthrough || mounts.is_empty() {
+        return mount_all(mounts, target).await;
+    }
+    let specs: Vec<MountSpec> = mounts
+        .iter()
+        .map(|m| MountSpec {
+            kind: m.type_.clone(),
+            source: m.source.clone(),
+            options: m.options.clone(),
+        })
+        .collect();
+    let (config, key, target) = (config.clone(), key.clone(), target.to_path_buf());
+    tokio::task::spawn_blocking(move || -> crab_runtime::Result<bool> {
+        let image = ImageSource::from_mounts(&specs)?;
+        let store = storage::open(&config, config.storage.backend)?.expect("not passthrough");
+        let live = store.prepare(&key, &image)?;
+        std::fs::create_dir_all(&target).map_err(crab_runtime::Error::io(format!(
+            "create {}",
+            target.display()
+        )))?;
+        let bound = bind(&live, &target);
+        if bound.is_err() {
+            let _ = store.destroy(&key);
+        }
+        bound.map(|()| true)
+    })
+    .await
+    .map_err(|e| ShimError::Other(format!("rootfs task: {e}")))?
+    .map_err(ShimError::from)
+}
+
+fn bind(src: &PathBuf, target: &Path) -> crab_runtime::Result<()> {
+    mount(
+        Some(src.as_path()),
+        target,
+        None::<&str>,
+        MsFlags::MS_BIND | MsFlags::MS_REC,
+        None::<&str>,
+    )
+    .map_err(crab_runtime::Error::sys(format!(
+        "bind {} on {}",
+        src.display(),
+        target.display()
+    )))
+}
+
+/// Unmounts the rootfs and, for a store-backed container, deletes its tree and
+/// snapshots. Errors are logged: this runs on cleanup paths that must go on.
+pub async fn release(config: &Config, key: &ContainerKey, target: &Path, mounted: bool) {
+    if mounted {
+        unmount(target).await;
+    }
+    if config.storage.backend == Backend::Passthrough {
+        return;
+    }
+    let (config, key) = (config.clone(), key.clone());
+    let r = tokio::task::spawn_blocking(move || -> crab_runtime::Result<()> {
+        match storage::open(&config, config.storage.backend)? {
+            Some(store) => store.destroy(&key),
+            None => Ok(()),
+        }
+    })
+    .await;
+    match r {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!(error = %e, "delete the container's tree"),
+        Err(e) => tracing::warn!(error = %e, "delete task"),
+    }
+}
 
 /// Mounts `mounts` (in order) on `target`. Returns whether anything was mounted; on
 /// failure, whatever was mounted is unmounted again.
@@ -37,8 +143,7 @@ pub async fn mount_all(mounts: &[Mount], target: &Path) -> ShimResult<bool> {
     Ok(true)
 }
 
-/// Unmounts everything at or below `target`; errors are logged, not returned, because
-/// this runs on cleanup paths that must go on.
+/// Unmounts everything at or below `target`.
 pub async fn unmount(target: &Path) {
     let t = target.display().to_string();
     let r = tokio::task::spawn_blocking(move || {

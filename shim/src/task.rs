@@ -16,6 +16,7 @@ use containerd_shim::protos::protobuf::MessageField;
 use containerd_shim::ExitSignal;
 use crab_runtime::config::Config;
 use crab_runtime::container::{Container, CreateOpts};
+use crab_runtime::storage::ContainerKey;
 use nix::sys::signal::Signal;
 use tokio::sync::Mutex;
 
@@ -91,16 +92,21 @@ impl TaskService {
         }
         let opts =
             RuntimeOptions::from_any(req.options.as_ref()).map_err(ShimError::InvalidArgument)?;
-        let (config, source) = Config::load_with_env(
+        let (mut config, source) = Config::load_with_env(
             opts.config_body.as_deref(),
             opts.config_path.as_deref().map(Path::new),
         )?;
-        tracing::info!(id = %req.id, ?source, "create");
         let bundle = PathBuf::from(&req.bundle);
+        config.storage.backend = rootfs::backend_for(&config, &bundle)?;
+        tracing::info!(id = %req.id, ?source, backend = ?config.storage.backend, "create");
+        let key = ContainerKey::new(&self.namespace, &req.id)?;
+        // Written before anything is made, so that `delete` after a shim crash knows
+        // the state dir and the store to clean.
         std::fs::write(bundle.join(BUNDLE_CONFIG), config.to_toml())
             .map_err(|e| ShimError::Other(format!("write {BUNDLE_CONFIG}: {e}")))?;
 
-        let rootfs_mounted = rootfs::mount_all(&req.rootfs, &bundle.join("rootfs")).await?;
+        let rootfs_mounted =
+            rootfs::prepare(&config, &key, &req.rootfs, &bundle.join("rootfs")).await?;
         let stdio = StdioPaths {
             stdin: req.stdin.clone(),
             stdout: req.stdout.clone(),
@@ -120,9 +126,7 @@ impl TaskService {
         let ((container, pid), io) = match created {
             Ok(v) => v,
             Err(e) => {
-                if rootfs_mounted {
-                    rootfs::unmount(&bundle.join("rootfs")).await;
-                }
+                rootfs::release(&config, &key, &bundle.join("rootfs"), rootfs_mounted).await;
                 return Err(e);
             }
         };
@@ -379,8 +383,9 @@ impl TaskService {
         }
         let c = inst.container.clone();
         let deleted = blocking(move || c.delete()).await;
-        if inst.rootfs_mounted {
-            rootfs::unmount(&inst.bundle.join("rootfs")).await;
+        if let Ok(key) = ContainerKey::new(&self.namespace, &req.id) {
+            let target = inst.bundle.join("rootfs");
+            rootfs::release(&inst.config, &key, &target, inst.rootfs_mounted).await;
         }
         deleted?;
         let exit = inst.init.exit();

@@ -156,7 +156,9 @@ impl Store for BtrfsStore {
     fn prepare(&self, key: &ContainerKey, image: &ImageSource) -> Result<PathBuf> {
         let live = self.live(key);
         if live.exists() {
-            return Err(Error::AlreadyExists(format!("{key} (its tree in the store)")));
+            return Err(Error::AlreadyExists(format!(
+                "{key} (its tree in the store)"
+            )));
         }
         let base = self.image(image)?;
         mkdirs(live.parent().expect("has a parent"))?;
@@ -228,7 +230,9 @@ impl Store for BtrfsStore {
         let snap = self.existing_snapshot(key, name)?;
         let live = self.live(new_key);
         if live.exists() {
-            return Err(Error::AlreadyExists(format!("{new_key} (its tree in the store)")));
+            return Err(Error::AlreadyExists(format!(
+                "{new_key} (its tree in the store)"
+            )));
         }
         mkdirs(live.parent().expect("has a parent"))?;
         ioctl::snapshot(&snap, &live, false)?;
@@ -282,7 +286,10 @@ impl Store for BtrfsStore {
     ) -> Result<()> {
         let snap = self.existing_snapshot(key, name)?.display().to_string();
         let parent = parent
-            .map(|p| self.existing_snapshot(key, p).map(|p| p.display().to_string()))
+            .map(|p| {
+                self.existing_snapshot(key, p)
+                    .map(|p| p.display().to_string())
+            })
             .transpose()?;
         let mut args = vec!["send", "-q"];
         if let Some(p) = &parent {
@@ -340,14 +347,22 @@ impl Store for BtrfsStore {
         }
         // Writable subvolumes among snapshots are receives that died (see `import`).
         let snapshots = self.root.join("snapshots");
-        for ns in std::fs::read_dir(&snapshots).into_iter().flatten().flatten() {
+        for ns in std::fs::read_dir(&snapshots)
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
             for c in std::fs::read_dir(ns.path()).into_iter().flatten().flatten() {
-                let busy = std::fs::read_dir(c.path()).into_iter().flatten().flatten().any(|e| {
-                    let n = e.file_name().to_string_lossy().into_owned();
-                    n.strip_prefix(".receiving-")
-                        .and_then(|p| p.parse::<i32>().ok())
-                        .is_some_and(|pid| Path::new(&format!("/proc/{pid}")).exists())
-                });
+                let busy = std::fs::read_dir(c.path())
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .any(|e| {
+                        let n = e.file_name().to_string_lossy().into_owned();
+                        n.strip_prefix(".receiving-")
+                            .and_then(|p| p.parse::<i32>().ok())
+                            .is_some_and(|pid| Path::new(&format!("/proc/{pid}")).exists())
+                    });
                 if busy {
                     continue;
                 }
@@ -363,10 +378,16 @@ impl Store for BtrfsStore {
             }
         }
         let containers = self.root.join("containers");
-        for ns in std::fs::read_dir(&containers).into_iter().flatten().flatten() {
+        for ns in std::fs::read_dir(&containers)
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
             for e in std::fs::read_dir(ns.path()).into_iter().flatten().flatten() {
                 let file = e.file_name().to_string_lossy().into_owned();
-                let Some(id) = file.strip_suffix(".rollback") else { continue };
+                let Some(id) = file.strip_suffix(".rollback") else {
+                    continue;
+                };
                 let key = ContainerKey::new(&ns.file_name().to_string_lossy(), id)?;
                 let snap = std::fs::read_to_string(e.path())
                     .map_err(Error::io(format!("read {}", e.path().display())))?;

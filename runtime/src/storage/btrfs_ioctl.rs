@@ -155,8 +155,7 @@ pub fn created(path: &Path) -> Result<SystemTime> {
     unsafe { get_subvol_info(dir.as_raw_fd(), &mut info) }
         .map_err(Error::sys(format!("subvolume info of {}", path.display())))?;
     let _ = CStr::from_bytes_until_nul(&info.name);
-    Ok(SystemTime::UNIX_EPOCH
-        + Duration::new(info.otime.sec, info.otime.nsec.min(999_999_999)))
+    Ok(SystemTime::UNIX_EPOCH + Duration::new(info.otime.sec, info.otime.nsec.min(999_999_999)))
 }
 
 /// Whether `path` is the root of a subvolume (btrfs gives those inode 256).

@@ -16,7 +16,11 @@ pub fn run(program: &str, args: &[&str]) -> Result<String> {
     if out.status.success() {
         return Ok(String::from_utf8_lossy(&out.stdout).into_owned());
     }
-    Err(failure(program, args, &String::from_utf8_lossy(&out.stderr)))
+    Err(failure(
+        program,
+        args,
+        &String::from_utf8_lossy(&out.stderr),
+    ))
 }
 
 /// Runs `program args` with `input` copied to its stdin.
@@ -35,7 +39,11 @@ pub fn run_with_input(program: &str, args: &[&str], input: &mut dyn Read) -> Res
         .wait_with_output()
         .map_err(Error::io(format!("wait for {program}")))?;
     if !out.status.success() {
-        return Err(failure(program, args, &String::from_utf8_lossy(&out.stderr)));
+        return Err(failure(
+            program,
+            args,
+            &String::from_utf8_lossy(&out.stderr),
+        ));
     }
     copied.map_err(Error::io(format!("write to {program}")))?;
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
@@ -57,7 +65,11 @@ pub fn run_with_output(program: &str, args: &[&str], output: &mut dyn Write) -> 
         .wait_with_output()
         .map_err(Error::io(format!("wait for {program}")))?;
     if !out.status.success() {
-        return Err(failure(program, args, &String::from_utf8_lossy(&out.stderr)));
+        return Err(failure(
+            program,
+            args,
+            &String::from_utf8_lossy(&out.stderr),
+        ));
     }
     copied.map_err(Error::io(format!("read from {program}")))?;
     Ok(())

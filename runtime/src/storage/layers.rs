@@ -89,7 +89,11 @@ impl ImageSource {
                     MsFlags::MS_BIND | MsFlags::MS_REC,
                     None::<&str>,
                 )
-                .map_err(sys(format!("bind {} on {}", one.display(), target.display())))?;
+                .map_err(sys(format!(
+                    "bind {} on {}",
+                    one.display(),
+                    target.display()
+                )))?;
                 let guard = MountGuard {
                     target: Some(target.to_path_buf()),
                 };

@@ -77,8 +77,12 @@ pub trait Store: Send + Sync {
     fn rollback(&self, key: &ContainerKey, name: &str) -> Result<()>;
 
     /// Makes a new container `new_key` whose tree starts as snapshot `name` of `key`.
-    fn clone_snapshot(&self, key: &ContainerKey, name: &str, new_key: &ContainerKey)
-        -> Result<PathBuf>;
+    fn clone_snapshot(
+        &self,
+        key: &ContainerKey,
+        name: &str,
+        new_key: &ContainerKey,
+    ) -> Result<PathBuf>;
 
     /// Deletes one snapshot.
     fn delete_snapshot(&self, key: &ContainerKey, name: &str) -> Result<()>;
@@ -114,7 +118,9 @@ pub trait Store: Send + Sync {
 pub fn open(config: &Config, backend: Backend) -> Result<Option<Box<dyn Store>>> {
     match backend {
         Backend::Passthrough => Ok(None),
-        Backend::Btrfs => Ok(Some(Box::new(btrfs::BtrfsStore::open(&config.storage.pool)?))),
+        Backend::Btrfs => Ok(Some(Box::new(btrfs::BtrfsStore::open(
+            &config.storage.pool,
+        )?))),
         other => Err(Error::Storage {
             operation: "open",
             message: format!("backend {other:?} is not available yet"),

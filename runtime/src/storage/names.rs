@@ -79,7 +79,16 @@ mod tests {
 
     #[test]
     fn test_bad_names_are_rejected_with_the_name() {
-        for n in ["", ".hidden", "-x", "a/b", "..", "a b", "x@y", &"n".repeat(129)] {
+        for n in [
+            "",
+            ".hidden",
+            "-x",
+            "a/b",
+            "..",
+            "a b",
+            "x@y",
+            &"n".repeat(129),
+        ] {
             let e = check_snapshot_name(n).unwrap_err().to_string();
             assert!(e.contains("snapshot name"), "{n}: {e}");
         }

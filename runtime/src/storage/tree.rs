@@ -65,7 +65,10 @@ fn lstat(p: &Path) -> Result<Metadata> {
 fn names(dir: &Path) -> Result<HashSet<OsString>> {
     let mut out = HashSet::new();
     for e in fs::read_dir(dir).map_err(Error::io(format!("read dir {}", dir.display())))? {
-        out.insert(e.map_err(Error::io(format!("read dir {}", dir.display())))?.file_name());
+        out.insert(
+            e.map_err(Error::io(format!("read dir {}", dir.display())))?
+                .file_name(),
+        );
     }
     Ok(out)
 }
@@ -167,8 +170,13 @@ impl Mirror {
             copy_file(src, dst, s.len())?;
         } else {
             let kind = SFlag::from_bits_truncate(s.mode() & libc::S_IFMT);
-            mknod(dst, kind, Mode::from_bits_truncate(s.mode() & 0o7777), s.rdev())
-                .map_err(Error::sys(format!("mknod {}", dst.display())))?;
+            mknod(
+                dst,
+                kind,
+                Mode::from_bits_truncate(s.mode() & 0o7777),
+                s.rdev(),
+            )
+            .map_err(Error::sys(format!("mknod {}", dst.display())))?;
         }
         apply_metadata(dst, s, !ft.is_symlink())?;
         sync_xattrs(src, dst)?;
@@ -233,7 +241,14 @@ fn copy_range(from: &File, to: &File, start: i64, end: i64) -> io::Result<()> {
     while off_in < end {
         // SAFETY: the offsets point at live locals; the fds are owned files.
         let n = unsafe {
-            libc::copy_file_range(fi, &mut off_in, fo, &mut off_out, (end - off_in) as usize, 0)
+            libc::copy_file_range(
+                fi,
+                &mut off_in,
+                fo,
+                &mut off_out,
+                (end - off_in) as usize,
+                0,
+            )
         };
         if n > 0 {
             continue;
@@ -243,9 +258,10 @@ fn copy_range(from: &File, to: &File, start: i64, end: i64) -> io::Result<()> {
         }
         let e = io::Error::last_os_error();
         match e.raw_os_error() {
-            Some(libc::EXDEV) | Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) | Some(libc::EINVAL) => {
-                break
-            }
+            Some(libc::EXDEV)
+            | Some(libc::EOPNOTSUPP)
+            | Some(libc::ENOSYS)
+            | Some(libc::EINVAL) => break,
             _ => return Err(e),
         }
     }

@@ -37,7 +37,10 @@ pub fn run(store: &dyn Store) {
         allocated(&live.join("home/crab/sparse.img")) < 8 << 20,
         "a sparse file became dense"
     );
-    assert!(matches!(store.prepare(&a, &image), Err(Error::AlreadyExists(_))));
+    assert!(matches!(
+        store.prepare(&a, &image),
+        Err(Error::AlreadyExists(_))
+    ));
 
     turn_one(&live);
     let fp1 = fingerprint(&live);
@@ -49,7 +52,12 @@ pub fn run(store: &dyn Store) {
     let fp3 = fingerprint(&live);
     assert_ne!(fp3, fp2);
 
-    let names: Vec<String> = store.list(&a).unwrap().into_iter().map(|s| s.name).collect();
+    let names: Vec<String> = store
+        .list(&a)
+        .unwrap()
+        .into_iter()
+        .map(|s| s.name)
+        .collect();
     assert_eq!(names, ["s1", "s2"]);
 
     // A process that has the tree open (here: a directory handle, as a process's cwd
@@ -62,7 +70,9 @@ pub fn run(store: &dyn Store) {
     store.rollback(&a, "s1").expect("rollback to s1 (older)");
     assert_same("rolled back to s1", &fingerprint(&live), &fp1);
     assert!(listing_through(&through).contains(&"new-file.link".to_string()));
-    assert!(!listing_through(&through).iter().any(|n| n.starts_with("junk-")));
+    assert!(!listing_through(&through)
+        .iter()
+        .any(|n| n.starts_with("junk-")));
     store.rollback(&a, "s2").expect("rollback to s2 (latest)");
     assert_same("rolled back to s2", &fingerprint(&live), &fp2);
     assert_eq!(
@@ -87,21 +97,52 @@ pub fn run(store: &dyn Store) {
     let mut full = Vec::new();
     store.export(&a, "s1", None, &mut full).expect("export s1");
     let mut incr = Vec::new();
-    store.export(&a, "s2", Some("s1"), &mut incr).expect("export s2 from s1");
+    store
+        .export(&a, "s2", Some("s1"), &mut incr)
+        .expect("export s2 from s1");
     assert!(!full.is_empty() && !incr.is_empty());
-    assert_eq!(store.import(&c, &mut full.as_slice()).expect("import full").name, "s1");
-    assert_eq!(store.import(&c, &mut incr.as_slice()).expect("import incr").name, "s2");
+    assert_eq!(
+        store
+            .import(&c, &mut full.as_slice())
+            .expect("import full")
+            .name,
+        "s1"
+    );
+    assert_eq!(
+        store
+            .import(&c, &mut incr.as_slice())
+            .expect("import incr")
+            .name,
+        "s2"
+    );
     assert!(matches!(store.rootfs(&c), Err(Error::NoTree(_))));
     store.rollback(&c, "s2").expect("tree from imported s2");
-    assert_same("imported s2", &fingerprint(&store.rootfs(&c).unwrap()), &fp2);
+    assert_same(
+        "imported s2",
+        &fingerprint(&store.rootfs(&c).unwrap()),
+        &fp2,
+    );
     store.rollback(&c, "s1").expect("rollback imported");
-    assert_same("imported s1", &fingerprint(&store.rootfs(&c).unwrap()), &fp1);
+    assert_same(
+        "imported s1",
+        &fingerprint(&store.rootfs(&c).unwrap()),
+        &fp1,
+    );
 
     // Bad input: clear errors, nothing destroyed.
     let before = fingerprint(&live);
-    assert!(matches!(store.snapshot(&a, "../x"), Err(Error::BadName { .. })));
-    assert!(matches!(store.snapshot(&a, ".tmp"), Err(Error::BadName { .. })));
-    assert!(matches!(store.snapshot(&a, "s1"), Err(Error::SnapshotExists { .. })));
+    assert!(matches!(
+        store.snapshot(&a, "../x"),
+        Err(Error::BadName { .. })
+    ));
+    assert!(matches!(
+        store.snapshot(&a, ".tmp"),
+        Err(Error::BadName { .. })
+    ));
+    assert!(matches!(
+        store.snapshot(&a, "s1"),
+        Err(Error::SnapshotExists { .. })
+    ));
     assert!(matches!(
         store.rollback(&a, "nope"),
         Err(Error::SnapshotNotFound { .. })
@@ -115,7 +156,12 @@ pub fn run(store: &dyn Store) {
 
     assert!(store.space_used(&a).unwrap() > 0);
     store.delete_snapshot(&a, "s2").expect("delete s2");
-    let names: Vec<String> = store.list(&a).unwrap().into_iter().map(|s| s.name).collect();
+    let names: Vec<String> = store
+        .list(&a)
+        .unwrap()
+        .into_iter()
+        .map(|s| s.name)
+        .collect();
     assert_eq!(names, ["s1"]);
 
     for k in [&b, &c, &a] {

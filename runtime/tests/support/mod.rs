@@ -62,11 +62,7 @@ pub fn fingerprint(root: &Path) -> Fingerprint {
 
 fn walk(root: &Path, p: &Path, out: &mut Fingerprint, inodes: &mut BTreeMap<u64, Vec<String>>) {
     let md = fs::symlink_metadata(p).unwrap();
-    let rel = p
-        .strip_prefix(root)
-        .unwrap()
-        .to_string_lossy()
-        .into_owned();
+    let rel = p.strip_prefix(root).unwrap().to_string_lossy().into_owned();
     let rel = if rel.is_empty() { ".".to_string() } else { rel };
     let ft = md.file_type();
     let (kind, content) = if ft.is_dir() {
@@ -76,7 +72,10 @@ fn walk(root: &Path, p: &Path, out: &mut Fingerprint, inodes: &mut BTreeMap<u64,
     } else if ft.is_file() {
         ("file", hash_file(p))
     } else {
-        ("special", format!("{:o}/{}", md.mode() & libc::S_IFMT, md.rdev()))
+        (
+            "special",
+            format!("{:o}/{}", md.mode() & libc::S_IFMT, md.rdev()),
+        )
     };
     let mut xattrs: Vec<(String, Vec<u8>)> = xattr::list(p)
         .map(|l| {
@@ -150,7 +149,11 @@ pub fn temp_dir(tag: &str) -> PathBuf {
 /// A unique name for keys.
 pub fn unique(tag: &str) -> String {
     static N: AtomicU32 = AtomicU32::new(0);
-    format!("{tag}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
+    format!(
+        "{tag}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 fn write(p: &Path, data: &[u8]) {
@@ -173,14 +176,22 @@ pub fn populate_image(root: &Path) {
     std::os::unix::fs::symlink("../etc/hostname", root.join("bin/hostname-link")).unwrap();
     fs::hard_link(root.join("etc/config"), root.join("etc/config.hard")).unwrap();
     xattr::set(root.join("etc/config"), "user.crab.origin", b"image").unwrap();
-    nix::unistd::mkfifo(&root.join("bin/fifo"), nix::sys::stat::Mode::from_bits_truncate(0o644))
-        .unwrap();
+    nix::unistd::mkfifo(
+        &root.join("bin/fifo"),
+        nix::sys::stat::Mode::from_bits_truncate(0o644),
+    )
+    .unwrap();
     sparse(&root.join("home/crab/sparse.img"), 16 << 20, b"tail");
 }
 
 /// A file of `len` bytes with `data` at its end and a hole before it.
 pub fn sparse(p: &Path, len: u64, data: &[u8]) {
-    let mut f = OpenOptions::new().create(true).truncate(true).write(true).open(p).unwrap();
+    let mut f = OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .open(p)
+        .unwrap();
     f.seek(SeekFrom::Start(len - data.len() as u64)).unwrap();
     f.write_all(data).unwrap();
 }
@@ -193,7 +204,11 @@ pub fn allocated(p: &Path) -> u64 {
 /// The first turn's changes.
 pub fn turn_one(root: &Path) {
     write(&root.join("etc/hostname"), b"changed\n");
-    fs::rename(root.join("home/crab/notes.txt"), root.join("home/crab/notes.md")).unwrap();
+    fs::rename(
+        root.join("home/crab/notes.txt"),
+        root.join("home/crab/notes.md"),
+    )
+    .unwrap();
     fs::remove_file(root.join("bin/tool")).unwrap();
     write(&root.join("new-file"), b"created in turn one\n");
     fs::set_permissions(root.join("etc/config"), fs::Permissions::from_mode(0o600)).unwrap();
