@@ -2,7 +2,7 @@
 //! ZFS dataset, ...) bind-mounted on `bundle/rootfs`, or, with the `passthrough`
 //! backend, the mounts containerd's snapshotter prepared.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use containerd_shim::protos::api::Mount;
 use crab_runtime::config::{Backend, Config};
@@ -62,18 +62,14 @@ pub async fn prepare(
             "create {}",
             target.display()
         )))?;
-        let bound = bind(&live, &target);
-        if bound.is_err() {
-            let _ = store.destroy(&key);
-        }
-        bound.map(|()| true)
+        bind(&live, &target).map(|()| true)
     })
     .await
     .map_err(|e| ShimError::Other(format!("rootfs task: {e}")))?
     .map_err(ShimError::from)
 }
 
-fn bind(src: &PathBuf, target: &Path) -> crab_runtime::Result<()> {
+fn bind(src: &Path, target: &Path) -> crab_runtime::Result<()> {
     mount(
         Some(src.as_path()),
         target,
@@ -88,28 +84,32 @@ fn bind(src: &PathBuf, target: &Path) -> crab_runtime::Result<()> {
     )))
 }
 
-/// Unmounts the rootfs and, for a store-backed container, deletes its tree and
-/// snapshots. Errors are logged: this runs on cleanup paths that must go on.
-pub async fn release(config: &Config, key: &ContainerKey, target: &Path, mounted: bool) {
+/// Unmounts the rootfs. A store-backed tree stays in the store, with its writes and
+/// snapshots, as long as containerd's container exists: a later task of the same
+/// container gets it back. [`collect`] removes the trees of removed containers.
+pub async fn release(target: &Path, mounted: bool) {
     if mounted {
         unmount(target).await;
     }
+}
+
+/// Destroys, in the background, the trees of containers containerd has removed.
+pub fn collect(config: &Config) {
     if config.storage.backend == Backend::Passthrough {
         return;
     }
-    let (config, key) = (config.clone(), key.clone());
-    let r = tokio::task::spawn_blocking(move || -> crab_runtime::Result<()> {
-        match storage::open(&config, config.storage.backend)? {
-            Some(store) => store.destroy(&key),
-            None => Ok(()),
+    let config = config.clone();
+    tokio::task::spawn_blocking(move || {
+        let collected = storage::open(&config, config.storage.backend)
+            .and_then(|s| s.map(|s| s.collect()).transpose());
+        match collected {
+            Ok(Some(keys)) if !keys.is_empty() => {
+                tracing::info!(?keys, "removed the trees of removed containers")
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "collect removed containers' trees"),
         }
-    })
-    .await;
-    match r {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => tracing::warn!(error = %e, "delete the container's tree"),
-        Err(e) => tracing::warn!(error = %e, "delete task"),
-    }
+    });
 }
 
 /// Mounts `mounts` (in order) on `target`. Returns whether anything was mounted; on

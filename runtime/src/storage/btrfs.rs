@@ -65,6 +65,14 @@ impl BtrfsStore {
             .join(format!("{}.rollback", key.id()))
     }
 
+    /// Records which containerd writable layer the tree belongs to.
+    fn owner_file(&self, key: &ContainerKey) -> PathBuf {
+        self.root
+            .join("containers")
+            .join(key.namespace())
+            .join(format!("{}.owner", key.id()))
+    }
+
     fn snapshots_dir(&self, key: &ContainerKey) -> PathBuf {
         self.root
             .join("snapshots")
@@ -156,12 +164,23 @@ impl Store for BtrfsStore {
     fn prepare(&self, key: &ContainerKey, image: &ImageSource) -> Result<PathBuf> {
         let live = self.live(key);
         if live.exists() {
-            return Err(Error::AlreadyExists(format!(
-                "{key} (its tree in the store)"
-            )));
+            let recorded = std::fs::read_to_string(self.owner_file(key)).ok();
+            let recorded = recorded.as_deref().map(Path::new);
+            match (recorded, image.owner.as_deref()) {
+                (Some(r), Some(o)) if r == o => return Ok(live),
+                (Some(r), _) if !r.exists() => self.destroy(key)?,
+                _ => {
+                    return Err(Error::AlreadyExists(format!(
+                        "{key} (its tree in the store)"
+                    )))
+                }
+            }
         }
         let base = self.image(image)?;
         mkdirs(live.parent().expect("has a parent"))?;
+        if let Some(owner) = &image.owner {
+            write_durably(&self.owner_file(key), owner.as_os_str().as_encoded_bytes())?;
+        }
         ioctl::snapshot(&base, &live, false)?;
         Ok(live)
     }
@@ -259,6 +278,7 @@ impl Store for BtrfsStore {
             ioctl::delete(&live)?;
         }
         let _ = std::fs::remove_file(self.marker(key));
+        let _ = std::fs::remove_file(self.owner_file(key));
         Ok(())
     }
 
@@ -328,6 +348,33 @@ impl Store for BtrfsStore {
                 message: format!("expected one new snapshot, found {new:?}"),
             }),
         }
+    }
+
+    fn collect(&self) -> Result<Vec<ContainerKey>> {
+        let mut gone = Vec::new();
+        let containers = self.root.join("containers");
+        for ns in std::fs::read_dir(&containers)
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            for e in std::fs::read_dir(ns.path()).into_iter().flatten().flatten() {
+                let file = e.file_name().to_string_lossy().into_owned();
+                let Some(id) = file.strip_suffix(".owner") else {
+                    continue;
+                };
+                let Ok(owner) = std::fs::read_to_string(e.path()) else {
+                    continue;
+                };
+                if owner.is_empty() || Path::new(&owner).exists() {
+                    continue;
+                }
+                let key = ContainerKey::new(&ns.file_name().to_string_lossy(), id)?;
+                self.destroy(&key)?;
+                gone.push(key);
+            }
+        }
+        Ok(gone)
     }
 
     fn reconcile(&self) -> Result<ReconcileReport> {

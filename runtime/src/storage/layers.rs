@@ -30,6 +30,10 @@ pub struct ImageSource {
     pub key: String,
     /// The layer directories, top first (overlay's `lowerdir` order).
     pub layers: Vec<PathBuf>,
+    /// containerd's writable layer for this container. It lives as long as the
+    /// containerd container does (across tasks), so the store keeps the container's
+    /// tree exactly that long: same owner, same tree; owner gone, tree collected.
+    pub owner: Option<PathBuf>,
 }
 
 impl ImageSource {
@@ -56,7 +60,19 @@ impl ImageSource {
             "bind" | "rbind" | "none" => Vec::new(),
             other => return Err(unsupported(format!("rootfs mount type {other}"))),
         };
-        Ok(ImageSource::from_layers(layers))
+        let owner = match m.kind.as_str() {
+            "overlay" => m
+                .options
+                .iter()
+                .find_map(|o| o.strip_prefix("upperdir="))
+                .map(PathBuf::from),
+            _ if !m.options.iter().any(|o| o == "ro") => Some(PathBuf::from(&m.source)),
+            _ => None,
+        };
+        Ok(ImageSource {
+            owner,
+            ..ImageSource::from_layers(layers)
+        })
     }
 
     /// An image made of these layer directories (top first).
@@ -72,7 +88,11 @@ impl ImageSource {
             .take(16)
             .map(|b| format!("{b:02x}"))
             .collect();
-        ImageSource { key, layers }
+        ImageSource {
+            key,
+            layers,
+            owner: None,
+        }
     }
 
     /// Mounts the image read-only at `target` (an empty directory) and returns a guard
@@ -180,6 +200,13 @@ mod tests {
         assert_eq!(a.key, b.key);
         assert_ne!(a.key, c.key);
         assert_eq!(a.key.len(), 32);
+    }
+
+    #[test]
+    fn test_owner_is_containerds_writable_layer() {
+        let img = ImageSource::from_mounts(&[overlay("/l/2:/l/1")]).unwrap();
+        assert_eq!(img.owner, Some(PathBuf::from("/u")));
+        assert_eq!(ImageSource::from_layers(vec![]).owner, None);
     }
 
     #[test]

@@ -59,7 +59,9 @@ pub trait Store: Send + Sync {
 
     /// Makes the writable tree of container `key` from `image` (copying the image into
     /// the pool the first time it is seen) and returns its path, to be bind-mounted as
-    /// the rootfs. Fails if the container already has a tree.
+    /// the rootfs. A tree made earlier for the same owner (a new task of the same
+    /// containerd container) is returned as it is, with the writes it holds; a tree
+    /// whose owner is gone is replaced; any other existing tree is an error.
     fn prepare(&self, key: &ContainerKey, image: &ImageSource) -> Result<PathBuf>;
 
     /// The path of the container's writable tree (it must exist).
@@ -111,6 +113,12 @@ pub trait Store: Send + Sync {
 
     /// Finishes or undoes operations a crash interrupted.
     fn reconcile(&self) -> Result<ReconcileReport>;
+
+    /// Destroys the trees (and snapshots) of containers whose owner no longer exists:
+    /// containerd removed the container. Returns their keys.
+    fn collect(&self) -> Result<Vec<ContainerKey>> {
+        Ok(Vec::new())
+    }
 }
 
 /// Opens the store the configuration selects (`None` for `passthrough`: containers

@@ -1,0 +1,131 @@
+//! Every container's rootfs comes from the store (the btrfs pool by default): writes
+//! land in the pool, survive new tasks and a killed shim, and the tree of a removed
+//! container is collected.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crab_integration::*;
+
+const POOL: &str = "/var/lib/crab/pool";
+const T: Duration = Duration::from_secs(60);
+
+fn tree(id: &str) -> PathBuf {
+    PathBuf::from(POOL)
+        .join("containers")
+        .join(namespace())
+        .join(id)
+}
+
+fn is_subvolume(p: &std::path::Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(p)
+        .map(|m| m.ino() == 256)
+        .unwrap_or(false)
+}
+
+fn start_again(g: &Guard) {
+    let _ = ctr_run(&["task", "rm", "-f", &g.id], None, T);
+    ctr_ok(&["task", "start", "-d", &g.id]);
+    assert!(wait_until(T, || g.status().as_deref() == Some("RUNNING")));
+}
+
+#[test]
+fn container_rootfs_is_a_subvolume_in_the_pool() {
+    let g = Guard::run_detached(
+        CRAB,
+        BUSYBOX,
+        &[],
+        &["sh", "-c", "echo written-inside > /data.txt; sleep 1000"],
+    );
+    assert!(
+        is_subvolume(&tree(&g.id)),
+        "{} is not a subvolume",
+        tree(&g.id).display()
+    );
+    let file = tree(&g.id).join("data.txt");
+    assert!(wait_until(T, || file.exists()));
+    assert_eq!(std::fs::read_to_string(file).unwrap(), "written-inside\n");
+}
+
+#[test]
+fn writes_survive_a_new_task_of_the_same_container() {
+    let g = Guard::run_detached(CRAB, BUSYBOX, &[], &["sleep", "1000"]);
+    g.exec_ok(&["sh", "-c", "echo kept > /root/state; rm /bin/ls"]);
+    ctr_ok(&["task", "kill", "-s", "KILL", &g.id]);
+    assert!(wait_until(T, || g.status().as_deref() == Some("STOPPED")));
+    start_again(&g);
+    assert_eq!(g.exec_ok(&["cat", "/root/state"]), "kept\n");
+    assert!(
+        !g.exec(&["ls", "/"]).status.success(),
+        "a deleted file came back"
+    );
+}
+
+#[test]
+fn writes_survive_a_killed_shim() {
+    let g = Guard::run_detached(CRAB, BUSYBOX, &[], &["sleep", "1000"]);
+    g.exec_ok(&["sh", "-c", "echo survived > /root/state"]);
+    let shims = shim_pids(&g.id);
+    assert_eq!(shims.len(), 1);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(shims[0]),
+        nix::sys::signal::SIGKILL,
+    )
+    .unwrap();
+    assert!(wait_until(T, || g.status().as_deref() != Some("RUNNING")));
+    start_again(&g);
+    assert_eq!(g.exec_ok(&["cat", "/root/state"]), "survived\n");
+}
+
+#[test]
+fn a_removed_containers_tree_is_collected_at_the_next_create() {
+    let id = unique_id("gone");
+    {
+        let _g = Guard::new(&id);
+        ctr_ok(&["run", "--rm", "--runtime", CRAB, BUSYBOX, &id, "true"]);
+    }
+    // The next container the host creates collects it.
+    let _other = Guard::run_detached(CRAB, BUSYBOX, &[], &["sleep", "1000"]);
+    assert!(
+        wait_until(Duration::from_secs(20), || !tree(&id).exists()),
+        "{} still exists",
+        tree(&id).display()
+    );
+}
+
+#[test]
+fn the_backend_annotation_selects_passthrough_and_rejects_unknown_names() {
+    let g = Guard::run_detached(
+        CRAB,
+        BUSYBOX,
+        &["--annotation", "io.crab.storage.backend=passthrough"],
+        &["sleep", "1000"],
+    );
+    g.exec_ok(&["true"]);
+    assert!(!tree(&g.id).exists(), "a passthrough container got a tree");
+
+    let id = unique_id("bad");
+    let _b = Guard::new(&id);
+    let out = ctr_run(
+        &[
+            "run",
+            "--rm",
+            "--runtime",
+            CRAB,
+            "--annotation",
+            "io.crab.storage.backend=ext9",
+            BUSYBOX,
+            &id,
+            "true",
+        ],
+        None,
+        T,
+    );
+    let (o, e) = text(&out);
+    assert!(!out.status.success());
+    assert!(
+        e.contains("ext9") && e.contains("io.crab.storage.backend"),
+        "{o}{e}"
+    );
+}
