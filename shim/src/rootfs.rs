@@ -71,7 +71,7 @@ pub async fn prepare(
 
 fn bind(src: &Path, target: &Path) -> crab_runtime::Result<()> {
     mount(
-        Some(src.as_path()),
+        Some(src),
         target,
         None::<&str>,
         MsFlags::MS_BIND | MsFlags::MS_REC,
