@@ -1,11 +1,13 @@
-//! `crabctl`: inspect Crab's configuration and containers on this host.
+//! `crabctl`: Crab's command-line client for this host.
+
+mod fs;
+mod inspect;
 
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use crab_runtime::config::Config;
-use crab_runtime::container::Container;
 
 #[derive(Parser)]
 #[command(
@@ -16,6 +18,9 @@ struct Cli {
     /// Configuration file (default: $CRAB_CONFIG, then /etc/crab/config.toml).
     #[arg(long, global = true)]
     config: Option<PathBuf>,
+    /// containerd namespace of the container.
+    #[arg(long, short = 'n', global = true, default_value = "default")]
+    namespace: String,
     #[command(subcommand)]
     command: Command,
 }
@@ -26,12 +31,12 @@ enum Command {
     Config,
     /// Print what Crab records about a running container (cgroup id, bundle, ...).
     Inspect {
-        /// containerd namespace.
-        #[arg(long, short = 'n', default_value = "default")]
-        namespace: String,
         /// Container id.
         id: String,
     },
+    /// Snapshots of containers' root file systems.
+    #[command(subcommand)]
+    Fs(fs::FsCommand),
 }
 
 fn main() -> Result<()> {
@@ -42,23 +47,9 @@ fn main() -> Result<()> {
         Command::Config => {
             println!("# from {source:?}");
             print!("{}", config.to_toml());
+            Ok(())
         }
-        Command::Inspect { namespace, id } => {
-            let c = Container::load(&config, &namespace, &id)
-                .with_context(|| format!("inspect {namespace}/{id}"))?;
-            let status = c
-                .status()
-                .map(|s| s.to_string())
-                .unwrap_or_else(|e| format!("unknown ({e})"));
-            let s = c.state();
-            println!("id:              {}", s.id);
-            println!("namespace:       {}", s.namespace);
-            println!("status:          {status}");
-            println!("bundle:          {}", s.bundle.display());
-            println!("tracking cgroup: {}", s.tracking_cgroup.display());
-            println!("cgroup id:       {}", s.cgroup_id);
-            println!("pids:            {:?}", c.tracking().pids()?);
-        }
+        Command::Inspect { id } => inspect::run(&config, &cli.namespace, &id),
+        Command::Fs(cmd) => fs::run(&config, &cli.namespace, cmd),
     }
-    Ok(())
 }

@@ -353,3 +353,24 @@ pub fn shim_pids(id: &str) -> Vec<i32> {
     }
     out
 }
+
+/// Runs `crabctl -n <namespace> ARGS` with extra environment variables.
+pub fn crabctl(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new("crabctl");
+    cmd.arg("-n")
+        .arg(namespace())
+        .args(args)
+        .stdin(Stdio::null());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("run crabctl")
+}
+
+/// `crabctl ARGS`, which must succeed; returns stdout.
+pub fn crabctl_ok(args: &[&str]) -> String {
+    let out = crabctl(args, &[]);
+    let (o, e) = text(&out);
+    assert!(out.status.success(), "crabctl {args:?}: {o}{e}");
+    o
+}

@@ -186,6 +186,11 @@ impl Container {
         Ok(c.status())
     }
 
+    /// Whether the container's init is running (so there are processes to freeze).
+    pub fn is_running(&self) -> bool {
+        matches!(self.status(), Ok(ContainerStatus::Running))
+    }
+
     /// Lets the created init run the container's process.
     pub fn start(&self) -> Result<()> {
         let mut c = self.lc()?;

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::{
-    btrfs_ioctl as ioctl, cmd, names, tree, ContainerKey, ImageSource, ReconcileReport,
+    btrfs_ioctl as ioctl, cmd, fault, names, tree, ContainerKey, ImageSource, ReconcileReport,
     SnapshotInfo, Store,
 };
 use crate::config::Backend;
@@ -118,6 +118,7 @@ impl BtrfsStore {
                 let _mounted = image.mount_readonly(&mnt)?;
                 tree::copy(&mnt, &work)?;
             }
+            fault::point("btrfs.image.copied");
             // A read-only snapshot under the final name publishes the copy atomically
             // (a read-only subvolume itself cannot be renamed).
             let published = ioctl::snapshot(&work, &dst, true);
@@ -236,7 +237,8 @@ impl Store for BtrfsStore {
         }
         let marker = self.marker(key);
         write_durably(&marker, name.as_bytes())?;
-        tree::mirror(&snap, &live)?;
+        fault::point("btrfs.rollback.marked");
+        tree::mirror_with_fault(&snap, &live, "btrfs.rollback.mid")?;
         std::fs::remove_file(&marker).map_err(Error::io(format!("remove {}", marker.display())))
     }
 
@@ -331,6 +333,7 @@ impl Store for BtrfsStore {
         let marker = dir.join(format!(".receiving-{}", std::process::id()));
         write_durably(&marker, b"")?;
         let d = dir.display().to_string();
+        fault::point("btrfs.import.marked");
         let received = cmd::run_with_input("btrfs", &["receive", "-q", &d], input);
         let _ = std::fs::remove_file(&marker);
         let after = self.snapshot_names(key)?;

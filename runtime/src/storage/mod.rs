@@ -26,9 +26,11 @@ use crate::{Error, Result};
 pub mod btrfs;
 mod btrfs_ioctl;
 pub mod cmd;
+pub mod fault;
 pub mod layers;
 pub mod names;
 pub mod tree;
+pub mod zfs;
 
 pub use layers::ImageSource;
 pub use names::ContainerKey;

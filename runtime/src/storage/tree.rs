@@ -40,9 +40,15 @@ pub fn copy(src: &Path, dst: &Path) -> Result<Stats> {
 
 /// Makes `dst` equal to `src` in place (both are directories).
 pub fn mirror(src: &Path, dst: &Path) -> Result<Stats> {
+    mirror_with_fault(src, dst, "")
+}
+
+/// [`mirror`], dying at fault point `fault` (see [`super::fault`]) half-way through.
+pub fn mirror_with_fault(src: &Path, dst: &Path, fault: &str) -> Result<Stats> {
     let mut m = Mirror {
         links: HashMap::new(),
         stats: Stats::default(),
+        fault: fault.to_string(),
     };
     let src_meta = lstat(src)?;
     m.dir(src, dst)?;
@@ -56,6 +62,7 @@ struct Mirror {
     /// Source inode → destination path, for hard links made in this run.
     links: HashMap<(u64, u64), PathBuf>,
     stats: Stats,
+    fault: String,
 }
 
 fn lstat(p: &Path) -> Result<Metadata> {
@@ -153,6 +160,9 @@ impl Mirror {
         }
         self.create(src, dst, &s)?;
         self.stats.copied += 1;
+        if self.stats.copied == 3 && !self.fault.is_empty() {
+            super::fault::point(&self.fault);
+        }
         Ok(())
     }
 

@@ -3,67 +3,71 @@
 //!
 //! ```text
 //! <root>/images/<key>@base               read-only copy of an image (never mounted)
-//! <root>/containers/<ns>/<id>            the container's writable tree (its rootfs): a
-//!                                        clone of an image's @base, of a snapshot, or
-//!                                        a received stream
+//! <root>/containers/<ns>/<id>            the container's dataset: its writable tree (the
+//!                                        rootfs), a clone of an image's @base or of a
+//!                                        snapshot, or a received stream
 //! <root>/containers/<ns>/<id>@<name>     its snapshots
-//! <root>/containers/<ns>/<id>@.deleted.* deleted snapshots that clones still use;
-//!                                        ZFS destroys them with their last clone
-//! <root>/tmp/<pid>.<n>.<what>            in-flight work of process <pid> (datasets,
-//!                                        and plain directories used as mount points)
+//! <root>/containers/<ns>/<id>@.deleted.* deleted snapshots that clones still use; ZFS
+//!                                        destroys them with their last clone
+//! <root>/tmp/<pid>.<n>.<what>            in-flight work of process <pid> (datasets, and
+//!                                        plain directories used as mount points)
 //! <root>/retired/<pid>.<n>               destroyed containers whose snapshots clones
 //!                                        still use; removed once the clones are gone
-//! crab:rollback=<pid>:<name>             property of a container: a rollback to
-//!                                        snapshot <name> runs (or was interrupted)
+//!
+//! user properties of a container's dataset:
+//! crab:owner=<path>                      containerd's writable layer the tree belongs to
+//! crab:tree=none                         it holds imported snapshots but no tree yet
+//! crab:rollback=<pid>:<name>             a rollback to <name> runs (or was interrupted)
 //! ```
 //!
-//! `<root>` is the dataset the configuration names (`[storage] pool`, e.g. `crab/crab`);
-//! it must have a mount point, and every dataset below inherits its mount point from it.
-//! `images/`, `containers/`, `tmp/` and `retired/` are made with `atime=off`, so that
-//! reading a tree does not count as changing it (an incremental `zfs receive` refuses a
-//! tree changed since its last snapshot).
+//! `<root>` is the dataset the configuration names (`[storage] pool`, e.g. `crab/crab`,
+//! which `hack/zfs.sh` makes); it must have a mount point, which every dataset below
+//! inherits. `images/`, `containers/`, `tmp/` and `retired/` are made with `atime=off`:
+//! reading a tree then does not count as changing it (an incremental `zfs receive`
+//! refuses a dataset changed since its last snapshot). Properties are set with the
+//! dataset they describe (`zfs clone -o`) or before it is renamed into place, and a
+//! `zfs set` is on disk when it returns: they are the markers crash recovery reads.
 //!
 //! Rollback keeps every snapshot (never `zfs rollback -r`). To the latest snapshot it is
 //! the native `zfs rollback`, atomic and online: open files and working directories see
-//! the snapshot's content. To an older snapshot it mirrors the snapshot into the live
-//! tree in place ([`tree::mirror`]) from a readable view of it: `.zfs/snapshot/<name>`
-//! where ZFS serves it (kernel OpenZFS), otherwise a temporary read-only clone. The
-//! `crab:rollback` property marks the mirror (a `zfs set` is durable when it returns);
-//! [`Store::reconcile`] redoes marked rollbacks.
+//! the snapshot's content. To an older one it mirrors the snapshot into the live tree in
+//! place ([`tree::mirror`]) from a readable view of it: `.zfs/snapshot/<name>` where
+//! ZFS serves it (kernel OpenZFS), otherwise a temporary read-only clone. The
+//! `crab:rollback` property marks the mirror; [`Store::reconcile`] redoes it.
 //!
-//! Clones hold their origin snapshot: ZFS cannot destroy a snapshot that a clone (a
-//! container made by [`Store::clone_snapshot`]) still uses. `delete_snapshot` of such a
-//! snapshot renames it to a hidden `.deleted.*` name (freeing the name, removing it from
-//! [`Store::list`]) and marks it for deferred destruction (`zfs destroy -d`): ZFS
-//! destroys it when the last clone goes. `destroy` of such a container renames it under
-//! `retired/` (freeing the key at once) and destroys what no clone uses; the rest goes
-//! when the clones go (`destroy` and `reconcile` collect it). No operation promotes a
-//! clone: `zfs promote` would move the origin's snapshots into the clone's list.
+//! A clone holds its origin snapshot: ZFS cannot destroy a snapshot that a container
+//! made by [`Store::clone_snapshot`] still uses. [`Store::delete_snapshot`] of such a
+//! snapshot renames it to a hidden `.deleted.*` name (freeing the name and removing it
+//! from [`Store::list`]) and asks for its deferred destruction (`zfs destroy -d`): ZFS
+//! destroys it when the last clone goes. [`Store::destroy`] of such a container renames
+//! it under `retired/` (freeing the key at once) and destroys what no clone uses; the
+//! rest goes when the clones go (`destroy` and `reconcile` collect it). Nothing is ever
+//! promoted: `zfs promote` would move the origin's snapshots into the clone's list.
 //!
-//! Import: a full stream is received under a temporary name and renamed into place, so
-//! the container's name never holds a half-received tree; it makes the container's tree
-//! (equal to the received snapshot), so the container must have none. An incremental
-//! stream is received into the container's dataset (ZFS makes the new snapshot appear
-//! atomically); it needs the parent to be the container's latest snapshot and the tree
-//! unchanged since. The stream's first record is read before `zfs receive` runs, to
-//! give clear errors (and because zfs-fuse receives an incremental stream aimed at a
-//! dataset that does not exist into the stream's source dataset, if that is in the
-//! pool).
+//! Import: a full stream is received under a temporary name, marked `crab:tree=none` and
+//! renamed into place, so the container's name never holds a half-received dataset; the
+//! container must not have a dataset yet. [`Store::rollback`] then makes the tree. An
+//! incremental stream is received into the container's dataset (ZFS makes the new
+//! snapshot appear atomically); its parent must be the container's latest snapshot and
+//! the tree unchanged since. The stream's first record is read before `zfs receive`
+//! runs, for clear errors, and because zfs-fuse receives an incremental stream aimed at
+//! a dataset that does not exist into the stream's source dataset if that is in the
+//! pool.
 //!
-//! zfs-fuse differences handled here (all with standard commands):
-//! - `zfs rename` / `zfs destroy` of a mounted dataset fail with "dataset is busy": the
-//!   command unmounts, but the daemon still holds the mount. Datasets are unmounted
-//!   with `zfs unmount` first (harmless on kernel ZFS).
+//! zfs-fuse differences, all handled with standard commands:
+//! - `zfs rename` / `zfs destroy` of a mounted dataset fail with "dataset is busy" (the
+//!   command unmounts, but the daemon still holds the mount for a moment): datasets are
+//!   unmounted with `zfs unmount` first, which kernel ZFS does not mind.
 //! - no `.zfs` directory: older snapshots are read through a temporary clone.
-//! - timestamps have whole-second resolution, which [`tree::mirror`]'s "same inode,
-//!   ctime, mtime, size: unchanged" test cannot rely on for files changed in the second
-//!   the snapshot was taken: before mirroring, files whose ctime is not older than the
-//!   snapshot are removed from the live tree, so the mirror copies them again.
-//! - `zfs list -p` is missing (numbers come from `zfs get -Hp`), as are the `clones`
-//!   and `createtxg` properties (dependent clones come from `origin`; `zfs get -r` lists
-//!   snapshots in creation order).
+//! - timestamps have whole seconds only, so [`tree::mirror`]'s "same inode, ctime,
+//!   mtime and size: unchanged" test misses a file changed in the second its snapshot
+//!   was taken: before mirroring, files whose ctime is not older than the snapshot are
+//!   removed from the live tree (the mirror copies them again).
+//! - `zfs list -p` is missing (numbers come from `zfs get -Hp`), as are the `clones`,
+//!   `createtxg` and `written` properties (clones are found by their `origin`; `zfs get
+//!   -r` lists snapshots in creation order).
 //! - `zfs rollback` drops the host's page cache (`/proc/sys/vm/drop_caches`) so that the
-//!   kernel's FUSE caches forget the old content: 0.1 to 1 s depending on the host.
+//!   kernel's FUSE caches forget the old content: 0.1 to 1 s, depending on the host.
 //! - extended attributes need the daemon started with `--enable-xattr`.
 
 use std::collections::{HashMap, HashSet};
@@ -71,28 +75,44 @@ use std::io::{Read, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, UNIX_EPOCH};
 
-use super::{cmd, names, tree, ContainerKey, ImageSource, ReconcileReport, SnapshotInfo, Store};
+use super::{
+    cmd, fault, names, tree, ContainerKey, ImageSource, ReconcileReport, SnapshotInfo, Store,
+};
 use crate::config::Backend;
 use crate::{Error, Result};
 
 /// Longest dataset or snapshot name ZFS accepts.
 const MAX_NAME: usize = 255;
-/// The property that marks a running rollback.
-const ROLLBACK_PROPERTY: &str = "crab:rollback";
+/// Marks a running rollback: `<pid>:<snapshot>`.
+const ROLLBACK: &str = "crab:rollback";
+/// `none` on a dataset that holds imported snapshots but no tree.
+const TREE: &str = "crab:tree";
+/// containerd's writable layer that owns the tree.
+const OWNER: &str = "crab:owner";
 /// Prefix of deleted snapshots that clones still depend on.
 const DELETED: &str = ".deleted.";
 /// The snapshot of an image that containers are cloned from.
 const BASE: &str = "base";
 
-/// A ZFS pool (more precisely: a dataset in one, holding everything Crab stores).
+/// A ZFS pool (more precisely: the dataset in one that holds everything Crab stores).
 #[derive(Debug)]
 pub struct ZfsStore {
     root: String,
     pool: String,
     /// Where `<root>/tmp` is mounted.
     tmp_dir: PathBuf,
+}
+
+/// What `zfs get` says about a container's dataset.
+#[derive(Debug)]
+struct DsState {
+    mountpoint: String,
+    mounted: bool,
+    /// False while it holds imported snapshots only.
+    tree: bool,
+    owner: Option<PathBuf>,
 }
 
 static NONCE: AtomicU64 = AtomicU64::new(0);
@@ -120,7 +140,7 @@ fn pid_alive(pid: i32) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
 }
 
-/// The owner of a `<pid>.<n>.<what>` name, if it is still running.
+/// Whether the process named by a `<pid>.<n>.<what>` name still runs.
 fn owner_alive(name: &str) -> bool {
     name.split('.')
         .next()
@@ -128,12 +148,24 @@ fn owner_alive(name: &str) -> bool {
         .is_some_and(pid_alive)
 }
 
+/// `<pid>.<n>`, unique among this host's processes.
 fn unique() -> String {
     format!(
         "{}.{}",
         std::process::id(),
         NONCE.fetch_add(1, Ordering::Relaxed)
     )
+}
+
+fn already_exists(key: &ContainerKey) -> Error {
+    Error::AlreadyExists(format!("{key} (its tree in the store)"))
+}
+
+fn not_found(key: &ContainerKey, name: &str) -> Error {
+    Error::SnapshotNotFound {
+        container: key.to_string(),
+        name: name.to_string(),
+    }
 }
 
 impl ZfsStore {
@@ -144,27 +176,25 @@ impl ZfsStore {
             operation: "open zfs pool",
             message,
         };
-        if root.is_empty() || root.starts_with('/') || root.contains('@') || root.ends_with('/')
-        {
+        if root.is_empty() || root.starts_with('/') || root.contains('@') || root.ends_with('/') {
             return Err(bad(format!(
                 "{root:?} is not a ZFS dataset name (like \"crab/crab\")"
             )));
         }
         check_len(root)?;
-        let pool = root.split('/').next().unwrap_or(root).to_string();
         match zfs(&["get", "-H", "-o", "value", "type", root]) {
             Ok(t) if t.trim() == "filesystem" => {}
             Ok(t) => return Err(bad(format!("{root} is a {}, not a file system", t.trim()))),
             Err(e) if is_missing(&e) => {
                 return Err(bad(format!(
-                    "dataset {root} does not exist (is the pool imported?)"
+                    "dataset {root} does not exist (is its pool imported?)"
                 )))
             }
             Err(e) => return Err(e),
         }
         let mut store = ZfsStore {
             root: root.to_string(),
-            pool,
+            pool: root.split('/').next().unwrap_or(root).to_string(),
             tmp_dir: PathBuf::new(),
         };
         store.mountpoint(root)?;
@@ -182,6 +212,18 @@ impl ZfsStore {
         Ok(store)
     }
 
+    /// The dataset the store keeps everything in.
+    pub fn root(&self) -> &str {
+        &self.root
+    }
+
+    /// The container's dataset name.
+    pub fn dataset(&self, key: &ContainerKey) -> Result<String> {
+        let ds = format!("{}/containers/{}/{}", self.root, key.namespace(), key.id());
+        check_len(&ds)?;
+        Ok(ds)
+    }
+
     /// Creates a file system; one that another process created meanwhile is fine.
     fn create_fs(&self, ds: &str, options: &[&str]) -> Result<()> {
         let mut args = vec!["create"];
@@ -189,39 +231,23 @@ impl ZfsStore {
         args.push(ds);
         match zfs(&args) {
             Ok(_) => Ok(()),
-            Err(e) if self.exists(ds)? => {
-                let _ = e;
-                Ok(())
-            }
+            Err(_) if self.exists(ds)? => Ok(()),
             Err(e) => Err(e),
         }
     }
 
-    fn live(&self, key: &ContainerKey) -> Result<String> {
-        let ds = format!("{}/containers/{}/{}", self.root, key.namespace(), key.id());
-        check_len(&ds)?;
-        Ok(ds)
-    }
-
     fn snapshot_name(&self, key: &ContainerKey, name: &str) -> Result<String> {
         names::check_snapshot_name(name)?;
-        let snap = format!("{}@{name}", self.live(key)?);
+        let snap = format!("{}@{name}", self.dataset(key)?);
         check_len(&snap)?;
         Ok(snap)
-    }
-
-    fn not_found(key: &ContainerKey, name: &str) -> Error {
-        Error::SnapshotNotFound {
-            container: key.to_string(),
-            name: name.to_string(),
-        }
     }
 
     /// The full name of an existing snapshot.
     fn existing_snapshot(&self, key: &ContainerKey, name: &str) -> Result<String> {
         let snap = self.snapshot_name(key, name)?;
         if !self.exists(&snap)? {
-            return Err(Self::not_found(key, name));
+            return Err(not_found(key, name));
         }
         Ok(snap)
     }
@@ -235,35 +261,56 @@ impl ZfsStore {
         }
     }
 
-    /// Where `ds` is mounted; mounts it if it is not.
-    fn mountpoint(&self, ds: &str) -> Result<PathBuf> {
-        let out = zfs(&["get", "-H", "-o", "property,value", "mountpoint,mounted", ds])?;
-        let mut mountpoint = None;
-        let mut mounted = false;
+    /// The state of a file system, `None` if it does not exist.
+    fn state(&self, ds: &str) -> Result<Option<DsState>> {
+        let props = format!("mountpoint,mounted,{TREE},{OWNER}");
+        let out = match zfs(&["get", "-H", "-o", "property,value", &props, ds]) {
+            Ok(out) => out,
+            Err(e) if is_missing(&e) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let mut st = DsState {
+            mountpoint: String::new(),
+            mounted: false,
+            tree: true,
+            owner: None,
+        };
         for line in out.lines() {
             match line.split_once('\t') {
-                Some(("mountpoint", v)) => mountpoint = Some(v.to_string()),
-                Some(("mounted", v)) => mounted = v == "yes",
+                Some(("mountpoint", v)) => st.mountpoint = v.to_string(),
+                Some(("mounted", v)) => st.mounted = v == "yes",
+                Some((TREE, v)) => st.tree = v != "none",
+                Some((OWNER, v)) if v.starts_with('/') => st.owner = Some(PathBuf::from(v)),
                 _ => {}
             }
         }
-        let mountpoint = match mountpoint {
-            Some(m) if m.starts_with('/') => PathBuf::from(m),
-            other => {
-                return Err(Error::Storage {
-                    operation: "find a dataset's mount point",
-                    message: format!(
-                        "{ds} has mount point {}: it needs a path (set one on {})",
-                        other.as_deref().unwrap_or("-"),
-                        self.root
-                    ),
-                })
-            }
-        };
-        if !mounted {
+        Ok(Some(st))
+    }
+
+    /// Mounts `ds` if it is not mounted; returns where it is.
+    fn mount(&self, ds: &str, st: &DsState) -> Result<PathBuf> {
+        if !st.mountpoint.starts_with('/') {
+            return Err(Error::Storage {
+                operation: "mount a dataset",
+                message: format!(
+                    "{ds} has mount point {:?}: it needs a path (inherited from {})",
+                    st.mountpoint, self.root
+                ),
+            });
+        }
+        if !st.mounted {
             zfs(&["mount", ds])?;
         }
-        Ok(mountpoint)
+        Ok(PathBuf::from(&st.mountpoint))
+    }
+
+    /// Where the file system `ds` is mounted; mounts it if it is not.
+    fn mountpoint(&self, ds: &str) -> Result<PathBuf> {
+        let st = self.state(ds)?.ok_or_else(|| Error::Storage {
+            operation: "mount a dataset",
+            message: format!("{ds} does not exist"),
+        })?;
+        self.mount(ds, &st)
     }
 
     /// Unmounts `ds` if it is mounted (zfs-fuse cannot rename or destroy it otherwise).
@@ -275,7 +322,7 @@ impl ZfsStore {
         Ok(())
     }
 
-    /// Unmounts and destroys a file system with its snapshots (never its clones).
+    /// Unmounts and destroys a file system with its snapshots (never with clones).
     fn destroy_fs(&self, ds: &str) -> Result<()> {
         self.unmount(ds)?;
         zfs(&["destroy", "-r", ds]).map(drop)
@@ -285,7 +332,16 @@ impl ZfsStore {
     /// times, oldest first; `None` if `ds` does not exist.
     fn snapshots(&self, ds: &str) -> Result<Option<Vec<(String, i64)>>> {
         let out = match zfs(&[
-            "get", "-H", "-p", "-r", "-d", "1", "-o", "name,value", "creation", ds,
+            "get",
+            "-H",
+            "-p",
+            "-r",
+            "-d",
+            "1",
+            "-o",
+            "name,value",
+            "creation",
+            ds,
         ]) {
             Ok(out) => out,
             Err(e) if is_missing(&e) => return Ok(None),
@@ -294,15 +350,20 @@ impl ZfsStore {
         let prefix = format!("{ds}@");
         let mut snaps = Vec::new();
         for line in out.lines() {
-            let Some((name, value)) = line.split_once('\t') else { continue };
-            let Some(short) = name.strip_prefix(&prefix) else { continue };
+            let Some((name, value)) = line.split_once('\t') else {
+                continue;
+            };
+            let Some(short) = name.strip_prefix(&prefix) else {
+                continue;
+            };
             let created = value.trim().parse::<i64>().map_err(|_| Error::Storage {
                 operation: "list snapshots",
                 message: format!("creation time of {name} is {value:?}"),
             })?;
             snaps.push((short.to_string(), created));
         }
-        // `zfs get -r` lists snapshots in creation order; the stable sort only guards.
+        // `zfs get -r` lists a dataset's snapshots in creation order (by transaction,
+        // finer than the creation time's seconds); the stable sort only guards it.
         snaps.sort_by_key(|s| s.1);
         Ok(Some(snaps))
     }
@@ -310,13 +371,22 @@ impl ZfsStore {
     /// Snapshots that clones depend on → those clones (in the whole pool).
     fn dependents(&self) -> Result<HashMap<String, Vec<String>>> {
         let out = zfs(&[
-            "list", "-H", "-o", "name,origin", "-t", "filesystem", "-r", &self.pool,
+            "list",
+            "-H",
+            "-o",
+            "name,origin",
+            "-t",
+            "filesystem",
+            "-r",
+            &self.pool,
         ])?;
         let mut deps: HashMap<String, Vec<String>> = HashMap::new();
         for line in out.lines() {
             if let Some((name, origin)) = line.split_once('\t') {
                 if origin != "-" {
-                    deps.entry(origin.to_string()).or_default().push(name.to_string());
+                    deps.entry(origin.to_string())
+                        .or_default()
+                        .push(name.to_string());
                 }
             }
         }
@@ -327,7 +397,7 @@ impl ZfsStore {
         let snap = self.snapshot_name(key, name)?;
         let created = match zfs(&["get", "-H", "-p", "-o", "value", "creation", &snap]) {
             Ok(v) => v,
-            Err(e) if is_missing(&e) => return Err(Self::not_found(key, name)),
+            Err(e) if is_missing(&e) => return Err(not_found(key, name)),
             Err(e) => return Err(e),
         };
         let secs = created.trim().parse::<u64>().map_err(|_| Error::Storage {
@@ -360,13 +430,14 @@ impl ZfsStore {
         let mnt = self.tmp_dir.join(format!("{}.mnt", unique()));
         std::fs::create_dir_all(&mnt).map_err(Error::io(format!("create {}", mnt.display())))?;
         let result = (|| {
-            // Never mounted again once copied: containers are clones of @base.
+            // Never mounted once copied: containers are clones of @base.
             zfs(&["create", "-o", "canmount=noauto", &work])?;
-            let tree_dir = self.mountpoint(&work)?;
+            let copy = self.mountpoint(&work)?;
             {
                 let _mounted = image.mount_readonly(&mnt)?;
-                tree::copy(&mnt, &tree_dir)?;
+                tree::copy(&mnt, &copy)?;
             }
+            fault::point("zfs.image.copied");
             zfs(&["snapshot", &format!("{work}@{BASE}")])?;
             self.unmount(&work)?;
             match zfs(&["rename", &work, &dst]) {
@@ -383,18 +454,28 @@ impl ZfsStore {
         result.map(|()| base)
     }
 
-    /// Clones `origin` as container `key`'s tree and returns where it is mounted.
-    fn clone_into(&self, origin: &str, key: &ContainerKey) -> Result<PathBuf> {
-        let ds = self.live(key)?;
-        let exists = || Error::AlreadyExists(format!("{key} (its tree in the store)"));
+    /// Clones `origin` as container `key`'s dataset; returns where its tree is.
+    fn clone_into(
+        &self,
+        origin: &str,
+        key: &ContainerKey,
+        owner: Option<&Path>,
+    ) -> Result<PathBuf> {
+        let ds = self.dataset(key)?;
         if self.exists(&ds)? {
-            return Err(exists());
+            return Err(already_exists(key));
         }
         self.ensure_parent(key)?;
-        match zfs(&["clone", origin, &ds]) {
+        let owner = owner.map(|o| format!("{OWNER}={}", o.display()));
+        let mut args = vec!["clone"];
+        if let Some(o) = &owner {
+            args.extend(["-o", o.as_str()]);
+        }
+        args.extend([origin, ds.as_str()]);
+        match zfs(&args) {
             Ok(_) => {}
             Err(e) if !matches!(e, Error::PoolFull { .. }) && self.exists(&ds)? => {
-                return Err(exists())
+                return Err(already_exists(key))
             }
             Err(e) => return Err(e),
         }
@@ -404,29 +485,43 @@ impl ZfsStore {
     /// Makes the tree of `key` equal to its snapshot `name`, keeping every snapshot.
     fn rollback_to(&self, key: &ContainerKey, name: &str) -> Result<()> {
         let snap = self.snapshot_name(key, name)?;
-        let ds = self.live(key)?;
-        let snaps = self
-            .snapshots(&ds)?
-            .ok_or_else(|| Self::not_found(key, name))?;
+        let ds = self.dataset(key)?;
+        let st = self.state(&ds)?.ok_or_else(|| not_found(key, name))?;
+        let snaps = self.snapshots(&ds)?.ok_or_else(|| not_found(key, name))?;
         let Some(pos) = snaps.iter().position(|s| s.0 == name) else {
-            return Err(Self::not_found(key, name));
+            return Err(not_found(key, name));
         };
+        let live = self.mount(&ds, &st)?;
+        let mut done = false;
         if pos + 1 == snaps.len() {
             match zfs(&["rollback", &snap]) {
-                Ok(_) => return Ok(()),
+                Ok(_) => done = true,
                 // A snapshot was taken meanwhile: mirror instead.
                 Err(Error::Command { message, .. }) if message.contains("more recent") => {}
                 Err(e) => return Err(e),
             }
         }
-        self.mirror_rollback(&ds, &snap, name, snaps[pos].1)
+        if done {
+            // A mark left by an interrupted mirror must not outlive this rollback.
+            self.clear_rollback_mark(&ds)?;
+        } else {
+            self.mirror_rollback(&ds, &live, &snap, name, snaps[pos].1)?;
+        }
+        if !st.tree {
+            zfs(&["inherit", TREE, &ds])?;
+        }
+        Ok(())
     }
 
     /// Rolls back to an older snapshot by mirroring it into the live tree.
-    fn mirror_rollback(&self, ds: &str, snap: &str, name: &str, created: i64) -> Result<()> {
-        let live = self.mountpoint(ds)?;
-        let marker = format!("{ROLLBACK_PROPERTY}={}:{name}", std::process::id());
-        zfs(&["set", &marker, ds])?;
+    fn mirror_rollback(
+        &self,
+        ds: &str,
+        live: &Path,
+        snap: &str,
+        name: &str,
+        created: i64,
+    ) -> Result<()> {
         let served = live.join(".zfs").join("snapshot").join(name);
         let (view, clone) = if served.is_dir() {
             (served, None)
@@ -442,10 +537,14 @@ impl ZfsStore {
             }
         };
         let result = (|| {
-            if coarse_times(&live)? {
-                drop_changed_since(&live, created)?;
+            // From here on the live tree changes: mark it first.
+            let mark = format!("{ROLLBACK}={}:{name}", std::process::id());
+            zfs(&["set", &mark, ds])?;
+            fault::point("zfs.rollback.marked");
+            if coarse_times(live)? {
+                drop_changed_since(live, created)?;
             }
-            tree::mirror(&view, &live).map(drop)
+            tree::mirror_with_fault(&view, live, "zfs.rollback.mid").map(drop)
         })();
         let cleaned = match &clone {
             Some(c) => self.destroy_fs(c),
@@ -453,14 +552,34 @@ impl ZfsStore {
         };
         result?;
         cleaned?;
-        zfs(&["inherit", ROLLBACK_PROPERTY, ds]).map(drop)
+        zfs(&["inherit", ROLLBACK, ds]).map(drop)
+    }
+
+    /// Removes a rollback mark from `ds` if it has one.
+    fn clear_rollback_mark(&self, ds: &str) -> Result<()> {
+        let v = zfs(&["get", "-H", "-s", "local", "-o", "value", ROLLBACK, ds])?;
+        if !v.trim().is_empty() && v.trim() != "-" {
+            zfs(&["inherit", ROLLBACK, ds])?;
+        }
+        Ok(())
     }
 
     /// Destroys what retired containers hold that no clone uses any more. Returns the
     /// names of what it destroyed.
     fn collect_retired(&self) -> Result<Vec<String>> {
         let retired = format!("{}/retired", self.root);
-        let list = zfs(&["list", "-H", "-o", "name", "-t", "filesystem", "-d", "1", "-r", &retired])?;
+        let list = zfs(&[
+            "list",
+            "-H",
+            "-o",
+            "name",
+            "-t",
+            "filesystem",
+            "-d",
+            "1",
+            "-r",
+            &retired,
+        ])?;
         let datasets: Vec<&str> = list.lines().filter(|l| *l != retired).collect();
         let mut removed = Vec::new();
         if datasets.is_empty() {
@@ -485,19 +604,48 @@ impl ZfsStore {
         }
         Ok(removed)
     }
+
+    /// Container datasets with a local value of `property` → that value.
+    fn marked(&self, property: &str) -> Result<Vec<(String, String)>> {
+        let containers = format!("{}/containers", self.root);
+        let out = zfs(&[
+            "get",
+            "-H",
+            "-r",
+            "-s",
+            "local",
+            "-o",
+            "name,value",
+            property,
+            &containers,
+        ])?;
+        Ok(out
+            .lines()
+            .filter_map(|l| l.split_once('\t'))
+            .filter(|(ds, _)| !ds.contains('@'))
+            .map(|(ds, v)| (ds.to_string(), v.to_string()))
+            .collect())
+    }
+
+    /// The key of a container dataset name.
+    fn key_of(&self, ds: &str) -> Option<ContainerKey> {
+        let rest = ds.strip_prefix(&format!("{}/containers/", self.root))?;
+        let (ns, id) = rest.split_once('/')?;
+        ContainerKey::new(ns, id).ok()
+    }
 }
 
-/// Whether the file system only keeps whole seconds (zfs-fuse): its root's ctime and
-/// mtime have no fraction. (On a nanosecond file system this misjudges one in 10^18
-/// trees, which then only costs a slower mirror.)
+/// Whether the file system only keeps whole seconds (zfs-fuse): the root's ctime and
+/// mtime have no fraction. (On a nanosecond file system this misjudges about one tree
+/// in 10^18, which then only costs a slower rollback.)
 fn coarse_times(p: &Path) -> Result<bool> {
     let m = std::fs::symlink_metadata(p).map_err(Error::io(format!("lstat {}", p.display())))?;
     Ok(m.ctime_nsec() == 0 && m.mtime_nsec() == 0)
 }
 
-/// Removes every non-directory below `dir` (on its file system) whose ctime is not
-/// older than `since` (seconds): with whole-second timestamps, such a file may have
-/// changed after a snapshot taken at `since` without its times showing it.
+/// Removes every non-directory below `dir` (on its file system) whose ctime is not older
+/// than `since` (seconds): with whole-second timestamps, such a file may have changed
+/// after a snapshot taken at `since` without its times showing it.
 fn drop_changed_since(dir: &Path, since: i64) -> Result<()> {
     let dev = std::fs::symlink_metadata(dir)
         .map_err(Error::io(format!("lstat {}", dir.display())))?
@@ -543,12 +691,12 @@ struct StreamHead {
 /// The size of `dmu_replay_record`, whose first instance is the `DRR_BEGIN` record.
 const STREAM_HEAD_LEN: usize = 312;
 /// `DMU_BACKUP_MAGIC`.
-const STREAM_MAGIC: u64 = 0x2F5B_ACBAC;
+const STREAM_MAGIC: u64 = 0x2_F5BA_CBAC;
 
 /// Parses the `DRR_BEGIN` record: u32 type (0), u32 payload length, u64 magic, u64
 /// version info, u64 creation time, u32 objset type, u32 flags, u64 to-guid, u64
 /// from-guid (0 for a full stream), char[256] to-name (`pool/fs@snap`), in the sending
-/// host's byte order (the magic tells which).
+/// host's byte order (the magic tells which). This layout is the same in every ZFS.
 fn parse_stream_head(b: &[u8; STREAM_HEAD_LEN]) -> Result<StreamHead> {
     let bad = |message: &str| Error::Storage {
         operation: "import",
@@ -569,10 +717,11 @@ fn parse_stream_head(b: &[u8; STREAM_HEAD_LEN]) -> Result<StreamHead> {
     } else {
         return Err(bad("the input is not a ZFS send stream"));
     };
+    let t: [u8; 4] = b[0..4].try_into().expect("4 bytes");
     let drr_type = if le {
-        u32::from_le_bytes(b[0..4].try_into().expect("4 bytes"))
+        u32::from_le_bytes(t)
     } else {
-        u32::from_be_bytes(b[0..4].try_into().expect("4 bytes"))
+        u32::from_be_bytes(t)
     };
     if drr_type != 0 {
         return Err(bad("the ZFS stream does not start with a BEGIN record"));
@@ -582,7 +731,9 @@ fn parse_stream_head(b: &[u8; STREAM_HEAD_LEN]) -> Result<StreamHead> {
     let end = raw.iter().position(|&c| c == 0).unwrap_or(raw.len());
     let toname = String::from_utf8_lossy(&raw[..end]);
     let Some((_, name)) = toname.split_once('@') else {
-        return Err(bad("the ZFS stream names no snapshot (a replication stream?)"));
+        return Err(bad(
+            "the ZFS stream names no snapshot (a replication stream?)",
+        ));
     };
     Ok(StreamHead {
         name: name.to_string(),
@@ -606,43 +757,36 @@ fn read_stream_head(input: &mut dyn Read) -> Result<[u8; STREAM_HEAD_LEN]> {
     Ok(b)
 }
 
-/// Adds what an error means for an import, keeping pool-full errors as they are.
-fn import_error(e: Error, hint: String) -> Error {
-    match e {
-        Error::Command { command, message } => Error::Storage {
-            operation: "import",
-            message: format!("{hint} ({command}: {message})"),
-        },
-        other => other,
-    }
-}
-
 impl Store for ZfsStore {
     fn backend(&self) -> Backend {
         Backend::Zfs
     }
 
     fn prepare(&self, key: &ContainerKey, image: &ImageSource) -> Result<PathBuf> {
-        let ds = self.live(key)?;
-        if self.exists(&ds)? {
-            return Err(Error::AlreadyExists(format!("{key} (its tree in the store)")));
+        let ds = self.dataset(key)?;
+        if let Some(st) = self.state(&ds)? {
+            match (st.owner.as_deref(), image.owner.as_deref()) {
+                (Some(r), Some(o)) if r == o && st.tree => return self.mount(&ds, &st),
+                (Some(r), _) if !r.exists() => self.destroy(key)?,
+                _ => return Err(already_exists(key)),
+            }
         }
         let base = self.image(image)?;
-        self.clone_into(&base, key)
+        self.clone_into(&base, key, image.owner.as_deref())
     }
 
     fn rootfs(&self, key: &ContainerKey) -> Result<PathBuf> {
-        let ds = self.live(key)?;
-        if !self.exists(&ds)? {
-            return Err(Error::NoTree(key.to_string()));
+        let ds = self.dataset(key)?;
+        match self.state(&ds)? {
+            Some(st) if st.tree => self.mount(&ds, &st),
+            _ => Err(Error::NoTree(key.to_string())),
         }
-        self.mountpoint(&ds)
     }
 
     fn snapshot(&self, key: &ContainerKey, name: &str) -> Result<SnapshotInfo> {
         let snap = self.snapshot_name(key, name)?;
-        let ds = self.live(key)?;
-        if !self.exists(&ds)? {
+        let ds = self.dataset(key)?;
+        if !self.state(&ds)?.is_some_and(|st| st.tree) {
             return Err(Error::NoTree(key.to_string()));
         }
         let taken = || Error::SnapshotExists {
@@ -654,7 +798,7 @@ impl Store for ZfsStore {
         }
         match zfs(&["snapshot", &snap]) {
             Ok(_) => {}
-            Err(Error::Command { message, .. }) if message.contains("already exists") => {
+            Err(Error::Command { message, .. }) if message.contains("exists") => {
                 return Err(taken())
             }
             Err(e) => return Err(e),
@@ -663,7 +807,7 @@ impl Store for ZfsStore {
     }
 
     fn list(&self, key: &ContainerKey) -> Result<Vec<SnapshotInfo>> {
-        let ds = self.live(key)?;
+        let ds = self.dataset(key)?;
         Ok(self
             .snapshots(&ds)?
             .unwrap_or_default()
@@ -687,7 +831,7 @@ impl Store for ZfsStore {
         new_key: &ContainerKey,
     ) -> Result<PathBuf> {
         let snap = self.existing_snapshot(key, name)?;
-        self.clone_into(&snap, new_key)
+        self.clone_into(&snap, new_key, None)
     }
 
     fn delete_snapshot(&self, key: &ContainerKey, name: &str) -> Result<()> {
@@ -696,13 +840,14 @@ impl Store for ZfsStore {
             return zfs(&["destroy", &snap]).map(drop);
         }
         // Clones use it: free the name now, let ZFS destroy it with the last clone.
-        let hidden = format!("{}@{DELETED}{}", self.live(key)?, unique());
+        let hidden = format!("{}@{DELETED}{}", self.dataset(key)?, unique());
         zfs(&["rename", &snap, &hidden])?;
+        fault::point("zfs.delete.renamed");
         zfs(&["destroy", "-d", &hidden]).map(drop)
     }
 
     fn destroy(&self, key: &ContainerKey) -> Result<()> {
-        let ds = self.live(key)?;
+        let ds = self.dataset(key)?;
         if let Some(snaps) = self.snapshots(&ds)? {
             let deps = self.dependents()?;
             let held = snaps
@@ -714,6 +859,7 @@ impl Store for ZfsStore {
                 let retired = format!("{}/retired/{}", self.root, unique());
                 self.unmount(&ds)?;
                 zfs(&["rename", &ds, &retired])?;
+                fault::point("zfs.destroy.retired");
                 let _ = zfs(&["set", "canmount=noauto", &retired]);
             } else {
                 self.destroy_fs(&ds)?;
@@ -724,12 +870,11 @@ impl Store for ZfsStore {
     }
 
     fn space_used(&self, key: &ContainerKey) -> Result<u64> {
-        let ds = self.live(key)?;
-        let out = match zfs(&["get", "-H", "-p", "-o", "value", "used", &ds]) {
-            Ok(out) => out,
-            Err(e) if is_missing(&e) => return Err(Error::NoTree(key.to_string())),
-            Err(e) => return Err(e),
-        };
+        let ds = self.dataset(key)?;
+        if !self.state(&ds)?.is_some_and(|st| st.tree) {
+            return Err(Error::NoTree(key.to_string()));
+        }
+        let out = zfs(&["get", "-H", "-p", "-o", "value", "referenced", &ds])?;
         out.trim().parse::<u64>().map_err(|_| Error::Storage {
             operation: "read space used",
             message: format!("{ds}: {out:?}"),
@@ -744,9 +889,7 @@ impl Store for ZfsStore {
         out: &mut dyn Write,
     ) -> Result<()> {
         let snap = self.existing_snapshot(key, name)?;
-        let parent = parent
-            .map(|p| self.existing_snapshot(key, p))
-            .transpose()?;
+        let parent = parent.map(|p| self.existing_snapshot(key, p)).transpose()?;
         let mut args = vec!["send"];
         if let Some(p) = &parent {
             args.extend(["-i", p.as_str()]);
@@ -756,21 +899,22 @@ impl Store for ZfsStore {
     }
 
     fn import(&self, key: &ContainerKey, input: &mut dyn Read) -> Result<SnapshotInfo> {
-        let ds = self.live(key)?;
+        let ds = self.dataset(key)?;
         let head_bytes = read_stream_head(input)?;
         let head = parse_stream_head(&head_bytes)?;
         let snap = self.snapshot_name(key, &head.name)?;
         let mut stream = (&head_bytes[..]).chain(input);
         let exists = self.exists(&ds)?;
+        let refuse = |message: String| Error::Storage {
+            operation: "import",
+            message,
+        };
         if head.incremental {
             if !exists {
-                return Err(Error::Storage {
-                    operation: "import",
-                    message: format!(
-                        "{} is an incremental stream: import its parent into {key} first",
-                        head.name
-                    ),
-                });
+                return Err(refuse(format!(
+                    "{} is an incremental stream: import its parent into {key} first",
+                    head.name
+                )));
             }
             if self.exists(&snap)? {
                 return Err(Error::SnapshotExists {
@@ -778,41 +922,38 @@ impl Store for ZfsStore {
                     name: head.name,
                 });
             }
-            cmd::run_with_input("zfs", &["receive", &ds], &mut stream).map_err(|e| {
-                import_error(
-                    e,
-                    format!(
-                        "{} applies only to {key}'s latest snapshot being its parent, and \
-                         to a tree unchanged since",
-                        head.name
-                    ),
-                )
-            })?;
-            return self.info(key, &head.name);
+            return match cmd::run_with_input("zfs", &["receive", &ds], &mut stream) {
+                Ok(_) => self.info(key, &head.name),
+                Err(Error::Command { command, message }) => Err(refuse(format!(
+                    "{} applies only when its parent is {key}'s latest snapshot and the \
+                     tree is unchanged since ({command}: {message})",
+                    head.name
+                ))),
+                Err(e) => Err(e),
+            };
         }
         if exists {
-            return Err(Error::Storage {
-                operation: "import",
-                message: format!(
-                    "{} is a full stream, which makes the container's tree: {key} has one \
-                     already (destroy it, or import into a new container)",
-                    head.name
-                ),
-            });
+            return Err(refuse(format!(
+                "{} is a full stream, which makes the container's dataset, and {key} has \
+                 one (destroy it, or import into another container)",
+                head.name
+            )));
         }
         let work = format!("{}/tmp/{}.receive", self.root, unique());
         let result = (|| {
             cmd::run_with_input("zfs", &["receive", &work], &mut stream)?;
+            // It holds a snapshot; the tree is made by a rollback to it.
+            zfs(&["set", &format!("{TREE}=none"), &work])?;
+            fault::point("zfs.import.received");
             self.ensure_parent(key)?;
             self.unmount(&work)?;
             match zfs(&["rename", &work, &ds]) {
                 Ok(_) => {}
                 Err(e) if !matches!(e, Error::PoolFull { .. }) && self.exists(&ds)? => {
-                    return Err(Error::AlreadyExists(format!("{key} (its tree in the store)")))
+                    return Err(already_exists(key))
                 }
                 Err(e) => return Err(e),
             }
-            self.mountpoint(&ds)?;
             self.info(key, &head.name)
         })();
         if result.is_err() && self.exists(&work).unwrap_or(false) {
@@ -824,9 +965,20 @@ impl Store for ZfsStore {
     fn reconcile(&self) -> Result<ReconcileReport> {
         let mut report = ReconcileReport::default();
         // Work of dead processes: datasets first (their mount points go with them),
-        // then plain directories (mount points of image copies).
+        // then plain directories (the mount points of image copies).
         let tmp = format!("{}/tmp", self.root);
-        let list = zfs(&["list", "-H", "-o", "name", "-t", "filesystem", "-d", "1", "-r", &tmp])?;
+        let list = zfs(&[
+            "list",
+            "-H",
+            "-o",
+            "name",
+            "-t",
+            "filesystem",
+            "-d",
+            "1",
+            "-r",
+            &tmp,
+        ])?;
         for ds in list.lines().filter(|l| *l != tmp) {
             let short = ds.rsplit('/').next().unwrap_or(ds);
             if owner_alive(short) {
@@ -843,8 +995,8 @@ impl Store for ZfsStore {
                 }
                 let p = e.path();
                 let _ = nix::mount::umount2(&p, nix::mount::MntFlags::MNT_DETACH);
-                // Only ever an empty mount point: never remove a directory's content
-                // (it could be an image layer still mounted there).
+                // Only ever an empty mount point: never remove what is in it (an image
+                // layer could still be mounted there).
                 match std::fs::remove_dir(&p) {
                     Ok(()) => report.removed.push(p.display().to_string()),
                     Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
@@ -853,58 +1005,69 @@ impl Store for ZfsStore {
             }
         }
         // Interrupted rollbacks.
-        let containers = format!("{}/containers/", self.root);
-        let marked = zfs(&[
-            "get", "-H", "-r", "-s", "local", "-o", "name,value", ROLLBACK_PROPERTY,
-            containers.trim_end_matches('/'),
-        ])?;
-        for line in marked.lines() {
-            let Some((ds, value)) = line.split_once('\t') else { continue };
-            if ds.contains('@') {
-                continue;
-            }
+        for (ds, value) in self.marked(ROLLBACK)? {
             let (owner, name) = match value.split_once(':') {
-                Some((pid, name)) => (pid.parse::<i32>().ok(), name),
-                None => (None, value),
+                Some((pid, name)) => (pid.parse::<i32>().ok(), name.to_string()),
+                None => (None, value.clone()),
             };
             if owner.is_some_and(pid_alive) {
                 continue; // still running
             }
-            let Some((ns, id)) = ds
-                .strip_prefix(&containers)
-                .and_then(|rest| rest.split_once('/'))
-            else {
+            let Some(key) = self.key_of(&ds) else {
                 continue;
             };
-            let key = ContainerKey::new(ns, id)?;
-            let snap = format!("{ds}@{name}");
-            if names::check_snapshot_name(name).is_err() || !self.exists(&snap)? {
-                zfs(&["inherit", ROLLBACK_PROPERTY, ds])?;
+            if names::check_snapshot_name(&name).is_err()
+                || !self.exists(&format!("{ds}@{name}"))?
+            {
+                zfs(&["inherit", ROLLBACK, &ds])?;
                 report
                     .removed
                     .push(format!("rollback mark of {key} (snapshot {name} is gone)"));
                 continue;
             }
-            self.rollback_to(&key, name)?;
-            zfs(&["inherit", ROLLBACK_PROPERTY, ds])?;
-            report.completed.push(format!("rollback of {key} to {name}"));
+            self.rollback_to(&key, &name)?;
+            self.clear_rollback_mark(&ds)?;
+            report
+                .completed
+                .push(format!("rollback of {key} to {name}"));
         }
-        // Deleted snapshots whose deferred destruction was not yet asked for.
+        // Deleted snapshots whose deferred destruction was not asked for yet.
+        let containers = format!("{}/containers", self.root);
         let deferred = zfs(&[
-            "get", "-H", "-r", "-o", "name,value", "defer_destroy",
-            containers.trim_end_matches('/'),
+            "get",
+            "-H",
+            "-r",
+            "-o",
+            "name,value",
+            "defer_destroy",
+            &containers,
         ])?;
         for line in deferred.lines() {
-            let Some((snap, value)) = line.split_once('\t') else { continue };
+            let Some((snap, value)) = line.split_once('\t') else {
+                continue;
+            };
             if snap.contains(&format!("@{DELETED}")) && value.trim() == "off" {
                 zfs(&["destroy", "-d", snap])?;
-                if !self.exists(snap)? {
-                    report.removed.push(snap.to_string());
-                }
+                report.completed.push(format!("deletion of {snap}"));
             }
         }
         report.removed.extend(self.collect_retired()?);
         Ok(report)
+    }
+
+    fn collect(&self) -> Result<Vec<ContainerKey>> {
+        let mut gone = Vec::new();
+        for (ds, owner) in self.marked(OWNER)? {
+            if !owner.starts_with('/') || Path::new(&owner).exists() {
+                continue;
+            }
+            let Some(key) = self.key_of(&ds) else {
+                continue;
+            };
+            self.destroy(&key)?;
+            gone.push(key);
+        }
+        Ok(gone)
     }
 }
 
@@ -935,7 +1098,11 @@ mod tests {
                     incremental: false
                 }
             );
-            assert!(parse_stream_head(&head(le, 7, "p/a@t2")).unwrap().incremental);
+            assert!(
+                parse_stream_head(&head(le, 7, "p/a@t2"))
+                    .unwrap()
+                    .incremental
+            );
         }
     }
 

@@ -1,0 +1,183 @@
+//! `crabctl fs`: snapshots of a container's root file system in its store.
+//!
+//! A running container is frozen (cgroup freezer) around a snapshot and a rollback, so
+//! that the snapshot is consistent and its processes see a whole tree.
+
+use std::fs::File;
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::Subcommand;
+use crab_runtime::config::{Backend, Config};
+use crab_runtime::container::Container;
+use crab_runtime::storage::{self, ContainerKey, Store};
+
+#[derive(Subcommand)]
+pub enum FsCommand {
+    /// Take a read-only snapshot of the container's tree.
+    Snapshot { id: String, name: String },
+    /// List the container's snapshots.
+    Ls { id: String },
+    /// Make the container's tree equal to a snapshot, in place.
+    Rollback { id: String, name: String },
+    /// Delete a snapshot.
+    Rm { id: String, name: String },
+    /// Make a new container tree from a snapshot; prints its path.
+    Clone {
+        id: String,
+        name: String,
+        new_id: String,
+    },
+    /// Write a snapshot as a stream (incremental with --parent).
+    Export {
+        id: String,
+        name: String,
+        #[arg(long)]
+        parent: Option<String>,
+        /// Output file (default: standard output).
+        #[arg(short = 'o', long)]
+        output: Option<PathBuf>,
+    },
+    /// Read a stream written by export into a snapshot of the container.
+    Import {
+        id: String,
+        /// Input file (default: standard input).
+        input: Option<PathBuf>,
+    },
+    /// Bytes the container's tree references.
+    Du { id: String },
+    /// Repair what interrupted operations left behind.
+    Reconcile,
+    /// Remove the trees of containers containerd has removed.
+    Gc,
+}
+
+/// The backend the container uses: what its shim recorded beside its bundle, or the
+/// host configuration's.
+fn backend_of(config: &Config, container: Option<&Container>) -> Backend {
+    let recorded = container.and_then(|c| {
+        let file = c.state().bundle.join("crab-config.toml");
+        Config::load(None, Some(&file), None)
+            .ok()
+            .map(|(c, _)| c.storage.backend)
+    });
+    recorded.unwrap_or(config.storage.backend)
+}
+
+fn open_store(config: &Config, backend: Backend) -> Result<Box<dyn Store>> {
+    match storage::open(config, backend)? {
+        Some(s) => Ok(s),
+        None => bail!("the container uses the passthrough backend: it has no snapshots"),
+    }
+}
+
+/// Runs `f` with the container frozen, if it is running.
+fn frozen<T>(c: Option<&Container>, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    let Some(c) = c.filter(|c| c.is_running()) else {
+        return f();
+    };
+    c.pause().context("freeze the container")?;
+    let result = f();
+    c.resume().context("thaw the container")?;
+    result
+}
+
+pub fn run(config: &Config, namespace: &str, cmd: FsCommand) -> Result<()> {
+    let container_of = |id: &str| Container::load(config, namespace, id).ok();
+    let key = |id: &str| ContainerKey::new(namespace, id).map_err(anyhow::Error::from);
+    match cmd {
+        FsCommand::Snapshot { id, name } => {
+            let c = container_of(&id);
+            let store = open_store(config, backend_of(config, c.as_ref()))?;
+            let k = key(&id)?;
+            let t = Instant::now();
+            let info = frozen(c.as_ref(), || Ok(store.snapshot(&k, &name)?))?;
+            println!("{} ({:.1} ms)", info.name, t.elapsed().as_secs_f64() * 1e3);
+        }
+        FsCommand::Ls { id } => {
+            let store = open_store(config, backend_of(config, container_of(&id).as_ref()))?;
+            for s in store.list(&key(&id)?)? {
+                let when = humantime(s.created);
+                println!("{}\t{when}", s.name);
+            }
+        }
+        FsCommand::Rollback { id, name } => {
+            let c = container_of(&id);
+            let store = open_store(config, backend_of(config, c.as_ref()))?;
+            let k = key(&id)?;
+            let t = Instant::now();
+            frozen(c.as_ref(), || Ok(store.rollback(&k, &name)?))?;
+            println!(
+                "rolled back to {name} ({:.1} ms)",
+                t.elapsed().as_secs_f64() * 1e3
+            );
+        }
+        FsCommand::Rm { id, name } => {
+            let store = open_store(config, backend_of(config, container_of(&id).as_ref()))?;
+            store.delete_snapshot(&key(&id)?, &name)?;
+        }
+        FsCommand::Clone { id, name, new_id } => {
+            let store = open_store(config, backend_of(config, container_of(&id).as_ref()))?;
+            let path = store.clone_snapshot(&key(&id)?, &name, &key(&new_id)?)?;
+            println!("{}", path.display());
+        }
+        FsCommand::Export {
+            id,
+            name,
+            parent,
+            output,
+        } => {
+            let store = open_store(config, backend_of(config, container_of(&id).as_ref()))?;
+            let mut out: Box<dyn Write> = match &output {
+                Some(p) => {
+                    Box::new(File::create(p).with_context(|| format!("create {}", p.display()))?)
+                }
+                None => Box::new(std::io::stdout().lock()),
+            };
+            store.export(&key(&id)?, &name, parent.as_deref(), &mut out)?;
+            out.flush()?;
+        }
+        FsCommand::Import { id, input } => {
+            let store = open_store(config, config.storage.backend)?;
+            let info = match &input {
+                Some(p) => {
+                    let mut f = File::open(p).with_context(|| format!("open {}", p.display()))?;
+                    store.import(&key(&id)?, &mut f)?
+                }
+                None => store.import(&key(&id)?, &mut std::io::stdin().lock())?,
+            };
+            println!("{}", info.name);
+        }
+        FsCommand::Du { id } => {
+            let store = open_store(config, backend_of(config, container_of(&id).as_ref()))?;
+            println!("{}", store.space_used(&key(&id)?)?);
+        }
+        FsCommand::Reconcile => {
+            let store = open_store(config, config.storage.backend)?;
+            let r = store.reconcile()?;
+            for x in &r.removed {
+                println!("removed {x}");
+            }
+            for x in &r.completed {
+                println!("completed {x}");
+            }
+        }
+        FsCommand::Gc => {
+            let store = open_store(config, config.storage.backend)?;
+            for k in store.collect()? {
+                println!("removed {k}");
+            }
+        }
+    }
+    Ok(())
+}
+
+fn humantime(t: std::time::SystemTime) -> String {
+    let secs = t
+        .duration_since(std::time::SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0);
+    format!("{secs:.3}")
+}
