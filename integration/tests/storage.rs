@@ -129,3 +129,40 @@ fn the_backend_annotation_selects_passthrough_and_rejects_unknown_names() {
         "{o}{e}"
     );
 }
+
+#[test]
+fn overlay_backend_snapshots_and_rolls_back_a_running_container() {
+    let g = Guard::run_detached(
+        CRAB,
+        BUSYBOX,
+        &["--annotation", "io.crab.storage.backend=overlay"],
+        &["sleep", "1000"],
+    );
+    assert!(
+        !tree(&g.id).exists(),
+        "an overlay container got a btrfs tree"
+    );
+    g.exec_ok(&["sh", "-c", "echo one > /root/f; rm /bin/ls"]);
+    crabctl_ok(&["fs", "snapshot", &g.id, "s1"]);
+    g.exec_ok(&[
+        "sh",
+        "-c",
+        "echo two > /root/f; touch /root/new; rm /bin/cat",
+    ]);
+    crabctl_ok(&["fs", "rollback", &g.id, "s1"]);
+    assert_eq!(g.status().as_deref(), Some("RUNNING"));
+    assert_eq!(
+        g.exec_ok(&[
+            "sh",
+            "-c",
+            "cat /root/f; ls /root; test -e /bin/ls || echo no-ls"
+        ]),
+        "one\nf\nno-ls\n"
+    );
+    g.remove();
+    assert!(
+        mounts_mentioning(&g.id).is_empty(),
+        "{:?}",
+        mounts_mentioning(&g.id)
+    );
+}

@@ -72,8 +72,12 @@ impl LogLevel {
 pub struct Storage {
     /// Which backend gives containers their root file system.
     pub backend: Backend,
-    /// The pool: a ZFS pool name, a btrfs mount point, or an overlay data directory.
+    /// The btrfs pool: the mount point of a btrfs file system.
     pub pool: String,
+    /// The ZFS dataset under which Crab keeps images and containers.
+    pub zfs_dataset: String,
+    /// The overlay store's directory (any file system; xfs or btrfs give reflinks).
+    pub overlay_dir: PathBuf,
     /// Size of the embedded loop-file pool the set-up creates, e.g. `"8G"`.
     pub pool_size: String,
 }
@@ -140,6 +144,8 @@ impl Default for Storage {
         Storage {
             backend: Backend::Btrfs,
             pool: "/var/lib/crab/pool".into(),
+            zfs_dataset: "crab/crab".into(),
+            overlay_dir: PathBuf::from("/var/lib/crab/overlay"),
             pool_size: "8G".into(),
         }
     }
@@ -253,6 +259,7 @@ impl Config {
         };
         for (key, path) in [
             ("state_dir", &self.state_dir),
+            ("storage.overlay_dir", &self.storage.overlay_dir),
             ("tracking_cgroup", &self.tracking_cgroup),
             ("checkpoint.store", &self.checkpoint.store),
         ] {

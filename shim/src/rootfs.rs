@@ -87,9 +87,25 @@ fn bind(src: &Path, target: &Path) -> crab_runtime::Result<()> {
 /// Unmounts the rootfs. A store-backed tree stays in the store, with its writes and
 /// snapshots, as long as containerd's container exists: a later task of the same
 /// container gets it back. [`collect`] removes the trees of removed containers.
-pub async fn release(target: &Path, mounted: bool) {
+pub async fn release(config: &Config, key: &ContainerKey, target: &Path, mounted: bool) {
     if mounted {
         unmount(target).await;
+    }
+    if config.storage.backend == Backend::Passthrough {
+        return;
+    }
+    let (config, key) = (config.clone(), key.clone());
+    let r = tokio::task::spawn_blocking(move || -> crab_runtime::Result<()> {
+        match storage::open(&config, config.storage.backend)? {
+            Some(store) => store.release(&key),
+            None => Ok(()),
+        }
+    })
+    .await;
+    match r {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!(error = %e, "release the container's tree"),
+        Err(e) => tracing::warn!(error = %e, "release task"),
     }
 }
 

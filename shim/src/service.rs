@@ -72,7 +72,12 @@ impl Shim for Service {
             }
             Err(e) => tracing::warn!(error = %e, "cleanup task"),
         }
-        crate::rootfs::release(&self.bundle.join("rootfs"), true).await;
+        let config = bundle_config(&self.bundle);
+        let target = self.bundle.join("rootfs");
+        match crab_runtime::storage::ContainerKey::new(&self.namespace, &self.id) {
+            Ok(key) => crate::rootfs::release(&config, &key, &target, true).await,
+            Err(_) => crate::rootfs::unmount(&target).await,
+        }
         Ok(DeleteResponse {
             exit_status: 128 + libc::SIGKILL as u32,
             exited_at: Some(crate::process::timestamp(std::time::SystemTime::now())).into(),

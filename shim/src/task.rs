@@ -126,7 +126,7 @@ impl TaskService {
         let ((container, pid), io) = match created {
             Ok(v) => v,
             Err(e) => {
-                rootfs::release(&bundle.join("rootfs"), rootfs_mounted).await;
+                rootfs::release(&config, &key, &bundle.join("rootfs"), rootfs_mounted).await;
                 return Err(e);
             }
         };
@@ -384,7 +384,10 @@ impl TaskService {
         }
         let c = inst.container.clone();
         let deleted = blocking(move || c.delete()).await;
-        rootfs::release(&inst.bundle.join("rootfs"), inst.rootfs_mounted).await;
+        if let Ok(key) = ContainerKey::new(&self.namespace, &req.id) {
+            let target = inst.bundle.join("rootfs");
+            rootfs::release(&inst.config, &key, &target, inst.rootfs_mounted).await;
+        }
         deleted?;
         let exit = inst.init.exit();
         let resp = delete_response(inst.init.pid, exit);

@@ -21,7 +21,7 @@ use std::path::PathBuf;
 use std::time::SystemTime;
 
 use crate::config::{Backend, Config};
-use crate::{Error, Result};
+use crate::Result;
 
 pub mod btrfs;
 mod btrfs_ioctl;
@@ -29,6 +29,7 @@ pub mod cmd;
 pub mod fault;
 pub mod layers;
 pub mod names;
+pub mod overlay;
 pub mod tree;
 pub mod zfs;
 
@@ -121,6 +122,12 @@ pub trait Store: Send + Sync {
     fn collect(&self) -> Result<Vec<ContainerKey>> {
         Ok(Vec::new())
     }
+
+    /// Undoes what [`Store::prepare`] or [`Store::rootfs`] set up for a running
+    /// container (such as a mount) when its task ends; the tree itself stays.
+    fn release(&self, _key: &ContainerKey) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// Opens the store the configuration selects (`None` for `passthrough`: containers
@@ -131,10 +138,12 @@ pub fn open(config: &Config, backend: Backend) -> Result<Option<Box<dyn Store>>>
         Backend::Btrfs => Ok(Some(Box::new(btrfs::BtrfsStore::open(
             &config.storage.pool,
         )?))),
-        other => Err(Error::Storage {
-            operation: "open",
-            message: format!("backend {other:?} is not available yet"),
-        }),
+        Backend::Overlay => Ok(Some(Box::new(overlay::OverlayStore::open(
+            &config.storage.overlay_dir,
+        )?))),
+        Backend::Zfs => Ok(Some(Box::new(zfs::ZfsStore::open(
+            &config.storage.zfs_dataset,
+        )?))),
     }
 }
 

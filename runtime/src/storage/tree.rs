@@ -58,11 +58,58 @@ pub fn mirror_with_fault(src: &Path, dst: &Path, fault: &str) -> Result<Stats> {
     Ok(m.stats)
 }
 
-struct Mirror {
+/// Makes the entry `dst` equal to the entry `src`, whatever their kinds: copies a file,
+/// link or device, mirrors a directory, or removes `dst` when `src` does not exist.
+pub fn mirror_entry(src: &Path, dst: &Path) -> Result<Stats> {
+    let mut m = Mirror::new();
+    m.mirror_entry(src, dst)?;
+    Ok(m.stats)
+}
+
+/// Copies the metadata (owner, mode, xattrs, times) of `src` onto `dst`.
+pub fn copy_metadata(src: &Path, dst: &Path) -> Result<()> {
+    let s = lstat(src)?;
+    apply_metadata(dst, &s, !s.file_type().is_symlink())?;
+    sync_xattrs(src, dst)?;
+    set_times(dst, &s)
+}
+
+/// A series of mirror operations that share what they learn about hard links, so
+/// that entries linked in the source end up linked in the destination even when they
+/// are mirrored one call at a time.
+#[derive(Debug, Default)]
+pub struct Mirror {
     /// Source inode → destination path, for hard links made in this run.
     links: HashMap<(u64, u64), PathBuf>,
     stats: Stats,
     fault: String,
+}
+
+impl Mirror {
+    /// A fresh series.
+    pub fn new() -> Mirror {
+        Mirror::default()
+    }
+
+    /// What the series did so far.
+    pub fn stats(&self) -> Stats {
+        self.stats
+    }
+
+    /// [`mirror_entry`] as part of this series.
+    pub fn mirror_entry(&mut self, src: &Path, dst: &Path) -> Result<()> {
+        match fs::symlink_metadata(src) {
+            Ok(_) => self.entry(src, dst),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                if let Ok(d) = fs::symlink_metadata(dst) {
+                    remove(dst, &d)?;
+                    self.stats.removed += 1;
+                }
+                Ok(())
+            }
+            Err(e) => Err(Error::io(format!("lstat {}", src.display()))(e)),
+        }
+    }
 }
 
 fn lstat(p: &Path) -> Result<Metadata> {

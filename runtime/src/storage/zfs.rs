@@ -20,7 +20,7 @@
 //! crab:rollback=<pid>:<name>             a rollback to <name> runs (or was interrupted)
 //! ```
 //!
-//! `<root>` is the dataset the configuration names (`[storage] pool`, e.g. `crab/crab`,
+//! `<root>` is the dataset the configuration names (`[storage] zfs_dataset`, by default `crab/crab`,
 //! which `hack/zfs.sh` makes); it must have a mount point, which every dataset below
 //! inherits. `images/`, `containers/`, `tmp/` and `retired/` are made with `atime=off`:
 //! reading a tree then does not count as changing it (an incremental `zfs receive`
@@ -119,6 +119,23 @@ static NONCE: AtomicU64 = AtomicU64::new(0);
 
 fn zfs(args: &[&str]) -> Result<String> {
     cmd::run("zfs", args)
+}
+
+/// Runs a `zfs rename` or `zfs destroy` of an unmounted dataset. zfs-fuse answers
+/// "dataset is busy" for a moment after an unmount, while the kernel still sends it the
+/// releases of files that were open: this waits that out (up to 5 s).
+fn zfs_unmounted(args: &[&str]) -> Result<String> {
+    let start = std::time::Instant::now();
+    loop {
+        match zfs(args) {
+            Err(Error::Command { message, .. })
+                if message.contains("busy") && start.elapsed() < Duration::from_secs(5) =>
+            {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            other => return other,
+        }
+    }
 }
 
 /// Whether `e` is the `zfs` command saying that a dataset does not exist.
@@ -325,7 +342,7 @@ impl ZfsStore {
     /// Unmounts and destroys a file system with its snapshots (never with clones).
     fn destroy_fs(&self, ds: &str) -> Result<()> {
         self.unmount(ds)?;
-        zfs(&["destroy", "-r", ds]).map(drop)
+        zfs_unmounted(&["destroy", "-r", ds]).map(drop)
     }
 
     /// The snapshots of `ds` (short names, hidden ones included) with their creation
@@ -440,7 +457,7 @@ impl ZfsStore {
             fault::point("zfs.image.copied");
             zfs(&["snapshot", &format!("{work}@{BASE}")])?;
             self.unmount(&work)?;
-            match zfs(&["rename", &work, &dst]) {
+            match zfs_unmounted(&["rename", &work, &dst]) {
                 Ok(_) => Ok(()),
                 // Another shim copied the same image meanwhile: use theirs.
                 Err(_) if self.exists(&base)? => self.destroy_fs(&work),
@@ -858,7 +875,7 @@ impl Store for ZfsStore {
                 // clones do not use goes now, the rest with them.
                 let retired = format!("{}/retired/{}", self.root, unique());
                 self.unmount(&ds)?;
-                zfs(&["rename", &ds, &retired])?;
+                zfs_unmounted(&["rename", &ds, &retired])?;
                 fault::point("zfs.destroy.retired");
                 let _ = zfs(&["set", "canmount=noauto", &retired]);
             } else {
@@ -947,7 +964,7 @@ impl Store for ZfsStore {
             fault::point("zfs.import.received");
             self.ensure_parent(key)?;
             self.unmount(&work)?;
-            match zfs(&["rename", &work, &ds]) {
+            match zfs_unmounted(&["rename", &work, &ds]) {
                 Ok(_) => {}
                 Err(e) if !matches!(e, Error::PoolFull { .. }) && self.exists(&ds)? => {
                     return Err(already_exists(key))

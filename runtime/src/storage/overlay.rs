@@ -1,0 +1,642 @@
+//! The overlay store: works on any host file system. containerd's image layers stay
+//! the overlay's lower dirs; the container writes to an upper dir that this store
+//! snapshots by copying it (reflinks where the file system has them, xfs and btrfs;
+//! plain copies elsewhere), so every cost grows with what the container changed, never
+//! with the image.
+//!
+//! ```text
+//! <pool>/containers/<ns>/<id>/{upper,work,merged}   the live overlay, mounted on merged
+//! <pool>/containers/<ns>/<id>/lower                 the lower dirs, one per line
+//! <pool>/containers/<ns>/<id>/owner                 containerd's writable layer
+//! <pool>/containers/<ns>/<id>/rollback              marker: a rollback runs
+//! <pool>/snapshots/<ns>/<id>/<name>/{upper,lower}   snapshots (complete when renamed in)
+//! <pool>/tmp/<pid>.<n>.<what>                       in-flight work
+//! ```
+//!
+//! A rollback changes the live tree through the mounted overlay, because an overlay's
+//! upper dir must not change under a mounted overlay. It compares the snapshot's upper
+//! dir with the live one (both hold only changes) and, for every path that differs,
+//! makes the live view equal to the snapshot's view (the snapshot's upper over the same
+//! lower dirs, mounted read-only for the purpose). Two entries count as equal by the
+//! quick check rsync uses: type, size, mtime, mode, owner and xattrs.
+
+use std::collections::BTreeSet;
+use std::ffi::OsString;
+use std::io::{Read, Write};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+
+use super::btrfs::write_durably;
+use super::{
+    cmd, fault, names, tree, ContainerKey, ImageSource, ReconcileReport, SnapshotInfo, Store,
+};
+use crate::config::Backend;
+use crate::{Error, Result};
+
+static NONCE: AtomicU64 = AtomicU64::new(0);
+
+/// An overlay pool: a directory on any file system.
+#[derive(Debug)]
+pub struct OverlayStore {
+    root: PathBuf,
+}
+
+fn mkdirs(p: &Path) -> Result<()> {
+    std::fs::create_dir_all(p).map_err(Error::io(format!("create {}", p.display())))
+}
+
+fn read_lower(file: &Path) -> Result<Vec<PathBuf>> {
+    let text =
+        std::fs::read_to_string(file).map_err(Error::io(format!("read {}", file.display())))?;
+    Ok(text
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(PathBuf::from)
+        .collect())
+}
+
+fn write_lower(file: &Path, layers: &[PathBuf]) -> Result<()> {
+    let text: String = layers
+        .iter()
+        .map(|l| format!("{}\n", l.display()))
+        .collect();
+    write_durably(file, text.as_bytes())
+}
+
+fn is_mounted(p: &Path) -> bool {
+    let want = match std::fs::canonicalize(p) {
+        Ok(c) => c,
+        Err(_) => return false,
+    };
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.split_whitespace().nth(4).map(Path::new) == Some(want.as_path()))
+}
+
+/// Mounts an overlay of `upper` (read-write with `work`, or as the top lower dir when
+/// `work` is None) over `lower` on `target`.
+fn mount_overlay(
+    lower: &[PathBuf],
+    upper: &Path,
+    work: Option<&Path>,
+    target: &Path,
+) -> Result<()> {
+    let mut lowers: Vec<String> = Vec::new();
+    let data = match work {
+        Some(work) => {
+            lowers.extend(lower.iter().map(|l| l.display().to_string()));
+            if lowers.is_empty() {
+                // An overlay needs a lower dir: an empty image gets an empty one.
+                let empty = upper.with_file_name("empty-lower");
+                mkdirs(&empty)?;
+                lowers.push(empty.display().to_string());
+            }
+            format!(
+                "lowerdir={},upperdir={},workdir={},index=off",
+                lowers.join(":"),
+                upper.display(),
+                work.display()
+            )
+        }
+        None => {
+            lowers.push(upper.display().to_string());
+            lowers.extend(lower.iter().map(|l| l.display().to_string()));
+            if lowers.len() == 1 {
+                let empty = upper.with_file_name("empty-lower");
+                mkdirs(&empty)?;
+                lowers.push(empty.display().to_string());
+            }
+            format!("lowerdir={}", lowers.join(":"))
+        }
+    };
+    let flags = if work.is_none() {
+        MsFlags::MS_RDONLY
+    } else {
+        MsFlags::empty()
+    };
+    mount(
+        Some("overlay"),
+        target,
+        Some("overlay"),
+        flags,
+        Some(data.as_str()),
+    )
+    .map_err(Error::sys(format!("mount overlay on {}", target.display())))
+}
+
+fn unmount(p: &Path) {
+    let _ = umount2(p, MntFlags::MNT_DETACH);
+}
+
+impl OverlayStore {
+    /// Opens (creating its directories) the pool at `root`.
+    pub fn open(root: impl AsRef<Path>) -> Result<OverlayStore> {
+        let root = root.as_ref().to_path_buf();
+        for d in ["containers", "snapshots", "tmp"] {
+            mkdirs(&root.join(d))?;
+        }
+        Ok(OverlayStore { root })
+    }
+
+    fn dir(&self, key: &ContainerKey) -> PathBuf {
+        self.root
+            .join("containers")
+            .join(key.namespace())
+            .join(key.id())
+    }
+
+    fn snapshots_dir(&self, key: &ContainerKey) -> PathBuf {
+        self.root
+            .join("snapshots")
+            .join(key.namespace())
+            .join(key.id())
+    }
+
+    fn snapshot_dir(&self, key: &ContainerKey, name: &str) -> Result<PathBuf> {
+        names::check_snapshot_name(name)?;
+        Ok(self.snapshots_dir(key).join(name))
+    }
+
+    fn existing_snapshot(&self, key: &ContainerKey, name: &str) -> Result<PathBuf> {
+        let p = self.snapshot_dir(key, name)?;
+        if !p.join("lower").exists() {
+            return Err(Error::SnapshotNotFound {
+                container: key.to_string(),
+                name: name.to_string(),
+            });
+        }
+        Ok(p)
+    }
+
+    fn tmp(&self, what: &str) -> PathBuf {
+        let n = NONCE.fetch_add(1, Ordering::Relaxed);
+        self.root
+            .join("tmp")
+            .join(format!("{}.{n}.{what}", std::process::id()))
+    }
+
+    /// Makes the container's directory from an upper dir to copy (or an empty one)
+    /// and mounts it; the directory appears under its final name only when complete.
+    fn create_tree(
+        &self,
+        key: &ContainerKey,
+        lower: &[PathBuf],
+        upper_from: Option<&Path>,
+    ) -> Result<PathBuf> {
+        let dir = self.dir(key);
+        let work = self.tmp("tree");
+        mkdirs(&work.join("upper"))?;
+        mkdirs(&work.join("work"))?;
+        mkdirs(&work.join("merged"))?;
+        let built = (|| {
+            if let Some(src) = upper_from {
+                tree::copy(src, &work.join("upper"))?;
+            }
+            write_lower(&work.join("lower"), lower)?;
+            mkdirs(dir.parent().expect("has a parent"))?;
+            std::fs::rename(&work, &dir).map_err(Error::io(format!("rename to {}", dir.display())))
+        })();
+        if let Err(e) = built {
+            let _ = std::fs::remove_dir_all(&work);
+            return Err(e);
+        }
+        self.ensure_mounted(key)
+    }
+
+    fn ensure_mounted(&self, key: &ContainerKey) -> Result<PathBuf> {
+        let dir = self.dir(key);
+        let merged = dir.join("merged");
+        if !is_mounted(&merged) {
+            let lower = read_lower(&dir.join("lower"))?;
+            mount_overlay(&lower, &dir.join("upper"), Some(&dir.join("work")), &merged)?;
+        }
+        Ok(merged)
+    }
+
+    /// Brings the live view to the snapshot's, path by path (see the module docs).
+    fn rollback_in_place(&self, key: &ContainerKey, snap: &Path) -> Result<()> {
+        let dir = self.dir(key);
+        let merged = self.ensure_mounted(key)?;
+        let view = self.tmp("view");
+        mkdirs(&view)?;
+        let lower = read_lower(&snap.join("lower"))?;
+        mount_overlay(&lower, &snap.join("upper"), None, &view)?;
+        let result = Sync {
+            snap_upper: snap.join("upper"),
+            live_upper: dir.join("upper"),
+            view: view.clone(),
+            merged,
+            steps: 0,
+            mirror: tree::Mirror::new(),
+        }
+        .dir(Path::new(""));
+        unmount(&view);
+        let _ = std::fs::remove_dir(&view);
+        result
+    }
+}
+
+struct Sync {
+    snap_upper: PathBuf,
+    live_upper: PathBuf,
+    view: PathBuf,
+    merged: PathBuf,
+    steps: u64,
+    mirror: tree::Mirror,
+}
+
+fn entries(dir: &Path) -> BTreeSet<OsString> {
+    std::fs::read_dir(dir)
+        .map(|r| r.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default()
+}
+
+fn xattrs(p: &Path) -> Vec<(OsString, Option<Vec<u8>>)> {
+    let mut v: Vec<(OsString, Option<Vec<u8>>)> = xattr::list(p)
+        .map(|l| {
+            l.map(|n| (n.clone(), xattr::get(p, &n).ok().flatten()))
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+fn quick_equal(a: &Path, am: &std::fs::Metadata, b: &Path, bm: &std::fs::Metadata) -> bool {
+    am.file_type() == bm.file_type()
+        && am.size() == bm.size()
+        && am.mtime() == bm.mtime()
+        && am.mtime_nsec() == bm.mtime_nsec()
+        && am.mode() == bm.mode()
+        && am.uid() == bm.uid()
+        && am.gid() == bm.gid()
+        && am.rdev() == bm.rdev()
+        && xattrs(a) == xattrs(b)
+}
+
+impl Sync {
+    fn dir(&mut self, rel: &Path) -> Result<()> {
+        let mut names = entries(&self.snap_upper.join(rel));
+        names.extend(entries(&self.live_upper.join(rel)));
+        for n in names {
+            let p = rel.join(&n);
+            let (s, u) = (self.snap_upper.join(&p), self.live_upper.join(&p));
+            let (sm, um) = (
+                std::fs::symlink_metadata(&s).ok(),
+                std::fs::symlink_metadata(&u).ok(),
+            );
+            match (&sm, &um) {
+                (Some(a), Some(b)) if a.is_dir() && b.is_dir() && xattrs(&s) == xattrs(&u) => {
+                    self.dir(&p)?;
+                    if !quick_equal(&s, a, &u, b) {
+                        tree::copy_metadata(&self.view.join(&p), &self.merged.join(&p))?;
+                    }
+                }
+                // Hard-linked entries are always rewritten, so links are re-made.
+                (Some(a), Some(b))
+                    if !a.is_dir() && a.nlink() == 1 && quick_equal(&s, a, &u, b) => {}
+                _ => {
+                    self.mirror
+                        .mirror_entry(&self.view.join(&p), &self.merged.join(&p))?;
+                    self.steps += 1;
+                    if self.steps == 2 {
+                        fault::point("overlay.rollback.mid");
+                    }
+                }
+            }
+        }
+        if rel.as_os_str().is_empty() {
+            tree::copy_metadata(&self.view, &self.merged)?;
+        }
+        Ok(())
+    }
+}
+
+impl Store for OverlayStore {
+    fn backend(&self) -> Backend {
+        Backend::Overlay
+    }
+
+    fn prepare(&self, key: &ContainerKey, image: &ImageSource) -> Result<PathBuf> {
+        let dir = self.dir(key);
+        if dir.exists() {
+            let recorded = std::fs::read_to_string(dir.join("owner")).ok();
+            let recorded = recorded.as_deref().map(Path::new);
+            match (recorded, image.owner.as_deref()) {
+                (Some(r), Some(o)) if r == o => return self.ensure_mounted(key),
+                (Some(r), _) if !r.exists() => self.destroy(key)?,
+                _ => {
+                    return Err(Error::AlreadyExists(format!(
+                        "{key} (its tree in the store)"
+                    )))
+                }
+            }
+        }
+        let merged = self.create_tree(key, &image.layers, None)?;
+        if let Some(owner) = &image.owner {
+            write_durably(&dir.join("owner"), owner.as_os_str().as_encoded_bytes())?;
+        }
+        Ok(merged)
+    }
+
+    fn rootfs(&self, key: &ContainerKey) -> Result<PathBuf> {
+        if !self.dir(key).join("lower").exists() {
+            return Err(Error::NoTree(key.to_string()));
+        }
+        self.ensure_mounted(key)
+    }
+
+    fn snapshot(&self, key: &ContainerKey, name: &str) -> Result<SnapshotInfo> {
+        let dst = self.snapshot_dir(key, name)?;
+        self.rootfs(key)?;
+        if dst.exists() {
+            return Err(Error::SnapshotExists {
+                container: key.to_string(),
+                name: name.to_string(),
+            });
+        }
+        let dir = self.dir(key);
+        let work = self.tmp("snapshot");
+        mkdirs(&work.join("upper"))?;
+        let made = (|| {
+            tree::copy(&dir.join("upper"), &work.join("upper"))?;
+            write_lower(&work.join("lower"), &read_lower(&dir.join("lower"))?)?;
+            mkdirs(&self.snapshots_dir(key))?;
+            std::fs::rename(&work, &dst).map_err(Error::io(format!("rename to {}", dst.display())))
+        })();
+        if let Err(e) = made {
+            let _ = std::fs::remove_dir_all(&work);
+            return Err(e);
+        }
+        self.info(key, name)
+    }
+
+    fn list(&self, key: &ContainerKey) -> Result<Vec<SnapshotInfo>> {
+        let mut out = Vec::new();
+        for e in std::fs::read_dir(self.snapshots_dir(key))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if names::check_snapshot_name(&name).is_ok() && e.path().join("lower").exists() {
+                out.push(self.info(key, &name)?);
+            }
+        }
+        out.sort_by(|a, b| a.created.cmp(&b.created).then(a.name.cmp(&b.name)));
+        Ok(out)
+    }
+
+    fn rollback(&self, key: &ContainerKey, name: &str) -> Result<()> {
+        let snap = self.existing_snapshot(key, name)?;
+        let dir = self.dir(key);
+        if !dir.join("lower").exists() {
+            self.create_tree(
+                key,
+                &read_lower(&snap.join("lower"))?,
+                Some(&snap.join("upper")),
+            )?;
+            return Ok(());
+        }
+        let marker = dir.join("rollback");
+        write_durably(&marker, name.as_bytes())?;
+        self.rollback_in_place(key, &snap)?;
+        std::fs::remove_file(&marker).map_err(Error::io(format!("remove {}", marker.display())))
+    }
+
+    fn clone_snapshot(
+        &self,
+        key: &ContainerKey,
+        name: &str,
+        new_key: &ContainerKey,
+    ) -> Result<PathBuf> {
+        let snap = self.existing_snapshot(key, name)?;
+        if self.dir(new_key).exists() {
+            return Err(Error::AlreadyExists(format!(
+                "{new_key} (its tree in the store)"
+            )));
+        }
+        self.create_tree(
+            new_key,
+            &read_lower(&snap.join("lower"))?,
+            Some(&snap.join("upper")),
+        )
+    }
+
+    fn delete_snapshot(&self, key: &ContainerKey, name: &str) -> Result<()> {
+        let p = self.existing_snapshot(key, name)?;
+        // Unpublish first (rename away), then remove: a crash never leaves half a
+        // snapshot under its name.
+        let gone = self.tmp("deleted");
+        std::fs::rename(&p, &gone).map_err(Error::io(format!("remove {}", p.display())))?;
+        std::fs::remove_dir_all(&gone).map_err(Error::io(format!("remove {}", gone.display())))
+    }
+
+    fn destroy(&self, key: &ContainerKey) -> Result<()> {
+        let dir = self.dir(key);
+        if dir.exists() {
+            unmount(&dir.join("merged"));
+            let gone = self.tmp("destroyed");
+            std::fs::rename(&dir, &gone).map_err(Error::io(format!("remove {}", dir.display())))?;
+            std::fs::remove_dir_all(&gone)
+                .map_err(Error::io(format!("remove {}", gone.display())))?;
+        }
+        let snaps = self.snapshots_dir(key);
+        if snaps.exists() {
+            let gone = self.tmp("destroyed");
+            std::fs::rename(&snaps, &gone)
+                .map_err(Error::io(format!("remove {}", snaps.display())))?;
+            std::fs::remove_dir_all(&gone)
+                .map_err(Error::io(format!("remove {}", gone.display())))?;
+        }
+        Ok(())
+    }
+
+    fn space_used(&self, key: &ContainerKey) -> Result<u64> {
+        self.rootfs(key)?;
+        let mut total = 0;
+        let mut stack = vec![self.dir(key).join("upper")];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+                if let Ok(m) = e.metadata() {
+                    total += m.blocks() * 512;
+                    if m.is_dir() {
+                        stack.push(e.path());
+                    }
+                }
+            }
+        }
+        Ok(total.max(1))
+    }
+
+    fn export(
+        &self,
+        key: &ContainerKey,
+        name: &str,
+        parent: Option<&str>,
+        out: &mut dyn Write,
+    ) -> Result<()> {
+        // A snapshot here is already a delta against the image (the upper dir): the
+        // parent is checked for the caller's sake and the stream is the whole delta.
+        if let Some(p) = parent {
+            self.existing_snapshot(key, p)?;
+        }
+        let snap = self.existing_snapshot(key, name)?;
+        let base = self.snapshots_dir(key).display().to_string();
+        cmd::run_with_output(
+            "tar",
+            &[
+                "-C",
+                &base,
+                "--xattrs",
+                "--xattrs-include=*",
+                "--numeric-owner",
+                "-cf",
+                "-",
+                name,
+            ],
+            out,
+        )?;
+        let _ = snap;
+        Ok(())
+    }
+
+    fn import(&self, key: &ContainerKey, input: &mut dyn Read) -> Result<SnapshotInfo> {
+        let work = self.tmp("receive");
+        mkdirs(&work)?;
+        let w = work.display().to_string();
+        let result = (|| {
+            cmd::run_with_input(
+                "tar",
+                &[
+                    "-C",
+                    &w,
+                    "--xattrs",
+                    "--xattrs-include=*",
+                    "--numeric-owner",
+                    "-xf",
+                    "-",
+                ],
+                input,
+            )?;
+            let found: Vec<OsString> = entries(&work).into_iter().collect();
+            let [name] = found.as_slice() else {
+                return Err(Error::Storage {
+                    operation: "import",
+                    message: "the stream must hold exactly one snapshot".into(),
+                });
+            };
+            let name = name.to_string_lossy().into_owned();
+            let dst = self.snapshot_dir(key, &name)?;
+            if dst.exists() {
+                return Err(Error::SnapshotExists {
+                    container: key.to_string(),
+                    name,
+                });
+            }
+            mkdirs(&self.snapshots_dir(key))?;
+            std::fs::rename(work.join(&name), &dst)
+                .map_err(Error::io(format!("rename to {}", dst.display())))?;
+            self.info(key, &name)
+        })();
+        let _ = std::fs::remove_dir_all(&work);
+        result
+    }
+
+    fn reconcile(&self) -> Result<ReconcileReport> {
+        let mut report = ReconcileReport::default();
+        let tmp = self.root.join("tmp");
+        for e in std::fs::read_dir(&tmp)
+            .map_err(Error::io(format!("read {}", tmp.display())))?
+            .flatten()
+        {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let owner: Option<i32> = name.split('.').next().and_then(|p| p.parse().ok());
+            if owner.is_some_and(|pid| Path::new(&format!("/proc/{pid}")).exists()) {
+                continue;
+            }
+            unmount(&e.path());
+            if let Ok(m) = std::fs::symlink_metadata(e.path().join("merged")) {
+                if m.is_dir() {
+                    unmount(&e.path().join("merged"));
+                }
+            }
+            std::fs::remove_dir_all(e.path())
+                .map_err(Error::io(format!("remove {}", e.path().display())))?;
+            report.removed.push(e.path().display().to_string());
+        }
+        for ns in std::fs::read_dir(self.root.join("containers"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            for c in std::fs::read_dir(ns.path()).into_iter().flatten().flatten() {
+                let marker = c.path().join("rollback");
+                let Ok(snap) = std::fs::read_to_string(&marker) else {
+                    continue;
+                };
+                let key = ContainerKey::new(
+                    &ns.file_name().to_string_lossy(),
+                    &c.file_name().to_string_lossy(),
+                )?;
+                self.rollback(&key, snap.trim())?;
+                report
+                    .completed
+                    .push(format!("rollback of {key} to {}", snap.trim()));
+            }
+        }
+        Ok(report)
+    }
+
+    fn collect(&self) -> Result<Vec<ContainerKey>> {
+        let mut gone = Vec::new();
+        for ns in std::fs::read_dir(self.root.join("containers"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            for c in std::fs::read_dir(ns.path()).into_iter().flatten().flatten() {
+                let Ok(owner) = std::fs::read_to_string(c.path().join("owner")) else {
+                    continue;
+                };
+                if owner.is_empty() || Path::new(&owner).exists() {
+                    continue;
+                }
+                let key = ContainerKey::new(
+                    &ns.file_name().to_string_lossy(),
+                    &c.file_name().to_string_lossy(),
+                )?;
+                self.destroy(&key)?;
+                gone.push(key);
+            }
+        }
+        Ok(gone)
+    }
+
+    fn release(&self, key: &ContainerKey) -> Result<()> {
+        let merged = self.dir(key).join("merged");
+        if is_mounted(&merged) {
+            umount2(merged.as_path(), MntFlags::MNT_DETACH)
+                .map_err(Error::sys(format!("unmount {}", merged.display())))?;
+        }
+        Ok(())
+    }
+}
+
+impl OverlayStore {
+    fn info(&self, key: &ContainerKey, name: &str) -> Result<SnapshotInfo> {
+        let p = self.existing_snapshot(key, name)?;
+        let md = std::fs::metadata(p.join("lower"))
+            .map_err(Error::io(format!("stat {}", p.display())))?;
+        Ok(SnapshotInfo {
+            name: name.to_string(),
+            created: md
+                .modified()
+                .map_err(Error::io(format!("stat {}", p.display())))?,
+        })
+    }
+}
