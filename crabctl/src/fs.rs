@@ -14,6 +14,21 @@ use crab_runtime::config::{Backend, Config};
 use crab_runtime::container::Container;
 use crab_runtime::storage::{self, ContainerKey, Store};
 
+#[derive(clap::Args)]
+pub struct FsArgs {
+    /// The store to use (default: the one the container was created with, else the
+    /// configuration's); `reconcile` and `gc` without it visit every store present.
+    #[arg(long, value_parser = parse_backend)]
+    backend: Option<Backend>,
+    #[command(subcommand)]
+    command: FsCommand,
+}
+
+fn parse_backend(s: &str) -> Result<Backend, String> {
+    serde_json::from_str(&format!("\"{s}\""))
+        .map_err(|_| format!("unknown backend {s:?} (btrfs, zfs, overlay, passthrough)"))
+}
+
 #[derive(Subcommand)]
 pub enum FsCommand {
     /// Take a read-only snapshot of the container's tree.
@@ -56,7 +71,7 @@ pub enum FsCommand {
 
 /// The backend the container uses: what its shim recorded beside its bundle, or the
 /// host configuration's.
-fn backend_of(config: &Config, container: Option<&Container>) -> Backend {
+fn recorded_backend(config: &Config, container: Option<&Container>) -> Backend {
     let recorded = container.and_then(|c| {
         let file = c.state().bundle.join("crab-config.toml");
         Config::load(None, Some(&file), None)
@@ -84,7 +99,23 @@ fn frozen<T>(c: Option<&Container>, f: impl FnOnce() -> Result<T>) -> Result<T> 
     result
 }
 
-pub fn run(config: &Config, namespace: &str, cmd: FsCommand) -> Result<()> {
+/// Every store this host has (those whose pool is present).
+fn all_stores(config: &Config) -> Vec<(Backend, Box<dyn Store>)> {
+    [Backend::Btrfs, Backend::Zfs, Backend::Overlay]
+        .into_iter()
+        .filter_map(|b| match storage::open(config, b) {
+            Ok(Some(s)) => Some((b, s)),
+            _ => None,
+        })
+        .collect()
+}
+
+pub fn run(config: &Config, namespace: &str, args: FsArgs) -> Result<()> {
+    let chosen = args.backend;
+    let backend_of = |config: &Config, c: Option<&Container>| {
+        chosen.unwrap_or_else(|| recorded_backend(config, c))
+    };
+    let cmd = args.command;
     let container_of = |id: &str| Container::load(config, namespace, id).ok();
     let key = |id: &str| ContainerKey::new(namespace, id).map_err(anyhow::Error::from);
     match cmd {
@@ -140,7 +171,7 @@ pub fn run(config: &Config, namespace: &str, cmd: FsCommand) -> Result<()> {
             out.flush()?;
         }
         FsCommand::Import { id, input } => {
-            let store = open_store(config, config.storage.backend)?;
+            let store = open_store(config, chosen.unwrap_or(config.storage.backend))?;
             let info = match &input {
                 Some(p) => {
                     let mut f = File::open(p).with_context(|| format!("open {}", p.display()))?;
@@ -155,19 +186,31 @@ pub fn run(config: &Config, namespace: &str, cmd: FsCommand) -> Result<()> {
             println!("{}", store.space_used(&key(&id)?)?);
         }
         FsCommand::Reconcile => {
-            let store = open_store(config, config.storage.backend)?;
-            let r = store.reconcile()?;
-            for x in &r.removed {
-                println!("removed {x}");
-            }
-            for x in &r.completed {
-                println!("completed {x}");
+            let stores = match chosen {
+                Some(b) => vec![(b, open_store(config, b)?)],
+                None => all_stores(config),
+            };
+            for (b, store) in stores {
+                let r = store
+                    .reconcile()
+                    .with_context(|| format!("reconcile {b:?}"))?;
+                for x in &r.removed {
+                    println!("removed {x}");
+                }
+                for x in &r.completed {
+                    println!("completed {x}");
+                }
             }
         }
         FsCommand::Gc => {
-            let store = open_store(config, config.storage.backend)?;
-            for k in store.collect()? {
-                println!("removed {k}");
+            let stores = match chosen {
+                Some(b) => vec![(b, open_store(config, b)?)],
+                None => all_stores(config),
+            };
+            for (b, store) in stores {
+                for k in store.collect().with_context(|| format!("gc {b:?}"))? {
+                    println!("removed {k}");
+                }
             }
         }
     }

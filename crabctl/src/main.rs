@@ -35,8 +35,7 @@ enum Command {
         id: String,
     },
     /// Snapshots of containers' root file systems.
-    #[command(subcommand)]
-    Fs(fs::FsCommand),
+    Fs(fs::FsArgs),
 }
 
 fn main() -> Result<()> {

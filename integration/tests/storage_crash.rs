@@ -17,7 +17,11 @@ const LIST: &str = "cat /root/f; ls /root";
 /// A container whose tree holds snapshot `s1` (state A) and then state B, with its
 /// task deleted (the container and its tree remain).
 fn prepared() -> (Guard, String) {
-    let g = Guard::run_detached(CRAB, BUSYBOX, &[], &["sleep", "1000"]);
+    prepared_on(&[])
+}
+
+fn prepared_on(flags: &[&str]) -> (Guard, String) {
+    let g = Guard::run_detached(CRAB, BUSYBOX, flags, &["sleep", "1000"]);
     g.exec_ok(&["sh", "-c", STATE_A]);
     let want = g.exec_ok(&["sh", "-c", LIST]);
     crabctl_ok(&["fs", "snapshot", &g.id, "s1"]);
@@ -39,10 +43,24 @@ fn assert_killed(out: &std::process::Output) {
 }
 
 fn rollback_crash_is_completed_by_reconcile(point: &str) {
-    let (g, want) = prepared();
-    let out = crabctl(&["fs", "rollback", &g.id, "s1"], &[("CRAB_FAULT", point)]);
+    rollback_crash_on(&[], point)
+}
+
+fn rollback_crash_on(flags: &[&str], point: &str) {
+    let (g, want) = prepared_on(flags);
+    // The task is gone, so crabctl is told the store (the shim recorded it while the
+    // task existed).
+    let backend = if flags.iter().any(|f| f.contains("overlay")) {
+        "overlay"
+    } else {
+        "btrfs"
+    };
+    let out = crabctl(
+        &["fs", "--backend", backend, "rollback", &g.id, "s1"],
+        &[("CRAB_FAULT", point)],
+    );
     assert_killed(&out);
-    let report = crabctl_ok(&["fs", "reconcile"]);
+    let report = crabctl_ok(&["fs", "--backend", backend, "reconcile"]);
     assert!(
         report.contains("completed rollback") && report.contains(&g.id),
         "{report}"
@@ -50,7 +68,7 @@ fn rollback_crash_is_completed_by_reconcile(point: &str) {
     ctr_ok(&["task", "start", "-d", &g.id]);
     assert_eq!(g.exec_ok(&["sh", "-c", LIST]), want);
     // Nothing is left to repair.
-    assert!(!crabctl_ok(&["fs", "reconcile"]).contains(&g.id));
+    assert!(!crabctl_ok(&["fs", "--backend", backend, "reconcile"]).contains(&g.id));
 }
 
 #[test]
@@ -61,6 +79,14 @@ fn crash_after_the_rollback_marker_is_completed_by_reconcile() {
 #[test]
 fn crash_half_way_through_a_rollback_is_completed_by_reconcile() {
     rollback_crash_is_completed_by_reconcile("btrfs.rollback.mid");
+}
+
+#[test]
+fn crash_half_way_through_an_overlay_rollback_is_completed_by_reconcile() {
+    rollback_crash_on(
+        &["--annotation", "io.crab.storage.backend=overlay"],
+        "overlay.rollback.mid",
+    );
 }
 
 #[test]
@@ -75,7 +101,7 @@ fn crash_during_import_leaves_no_snapshot_and_import_works_again() {
         &[("CRAB_FAULT", "btrfs.import.marked")],
     );
     assert_killed(&out);
-    crabctl_ok(&["fs", "reconcile"]);
+    crabctl_ok(&["fs", "--backend", "btrfs", "reconcile"]);
     assert_eq!(crabctl_ok(&["fs", "ls", &target]), "");
     assert_eq!(crabctl_ok(&["fs", "import", &target, &f]).trim(), "s1");
     assert!(crabctl_ok(&["fs", "ls", &target]).starts_with("s1\t"));
