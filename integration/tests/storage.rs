@@ -85,7 +85,15 @@ fn a_removed_containers_tree_is_collected_at_the_next_create() {
         let _g = Guard::new(&id);
         ctr_ok(&["run", "--rm", "--runtime", CRAB, BUSYBOX, &id, "true"]);
     }
-    // The next container the host creates collects it.
+    // containerd removes the container's writable layer in its background garbage
+    // collection; once that is gone, the next container the host creates collects
+    // the tree.
+    let owner_file = tree(&id).with_extension("owner");
+    let owner = std::fs::read_to_string(&owner_file).expect("the tree records its owner");
+    assert!(
+        wait_until(Duration::from_secs(30), || !std::path::Path::new(&owner).exists()),
+        "containerd kept {owner}"
+    );
     let _other = Guard::run_detached(CRAB, BUSYBOX, &[], &["sleep", "1000"]);
     assert!(
         wait_until(Duration::from_secs(20), || !tree(&id).exists()),

@@ -209,3 +209,47 @@ fn a_full_pool_fails_with_pool_full_and_keeps_earlier_snapshots() {
     s.destroy(&k).unwrap();
     let _ = std::fs::remove_dir_all(image);
 }
+
+#[test]
+fn rollback_of_a_large_tree_restores_renames_moves_and_metadata() {
+    let s = store();
+    let image = temp_dir("img");
+    for d in 0..20 {
+        let dir = image.join(format!("d{d}"));
+        std::fs::create_dir_all(dir.join("sub")).unwrap();
+        for f in 0..100 {
+            std::fs::write(dir.join(format!("f{f}")), format!("{d}/{f}")).unwrap();
+        }
+        std::fs::write(dir.join("sub/deep"), b"deep").unwrap();
+    }
+    let k = ContainerKey::new("conformance", &unique("large")).unwrap();
+    let live = s
+        .prepare(&k, &ImageSource::from_layers(vec![image.clone()]))
+        .unwrap();
+    let want = fingerprint(&live);
+    s.snapshot(&k, "base").unwrap();
+    // Changes of every kind, including renames of whole directories, which btrfs send
+    // describes through temporary names.
+    std::fs::rename(live.join("d1"), live.join("d1-renamed")).unwrap();
+    std::fs::rename(live.join("d2/sub"), live.join("d3/moved-sub")).unwrap();
+    std::fs::rename(live.join("d4"), live.join("d5/d4-inside")).unwrap();
+    std::fs::remove_dir_all(live.join("d6")).unwrap();
+    std::fs::write(live.join("d7/f7"), b"rewritten").unwrap();
+    std::fs::write(live.join("d8/new"), b"new").unwrap();
+    std::fs::create_dir_all(live.join("brand/new/dirs")).unwrap();
+    std::os::unix::fs::PermissionsExt::set_mode(
+        &mut std::fs::metadata(live.join("d9/f9")).unwrap().permissions(),
+        0o600,
+    );
+    std::fs::set_permissions(
+        live.join("d9/f9"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
+    xattr::set(live.join("d10/f10"), "user.turn", b"x").unwrap();
+    std::fs::rename(live.join("d11/f1"), live.join("d11/f2")).unwrap();
+    s.rollback(&k, "base").unwrap();
+    assert_same("large tree after rollback", &fingerprint(&live), &want);
+    s.destroy(&k).unwrap();
+    let _ = std::fs::remove_dir_all(image);
+}

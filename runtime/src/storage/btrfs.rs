@@ -13,8 +13,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::{
-    btrfs_ioctl as ioctl, cmd, fault, names, tree, ContainerKey, ImageSource, ReconcileReport,
-    SnapshotInfo, Store,
+    btrfs_ioctl as ioctl, cmd, fault, names, send_stream, tree, ContainerKey, ImageSource,
+    ReconcileReport, SnapshotInfo, Store,
 };
 use crate::config::Backend;
 use crate::{Error, Result};
@@ -148,6 +148,59 @@ impl BtrfsStore {
             .collect())
     }
 
+    /// Rolls back only the paths that differ, as btrfs itself finds them (a send
+    /// stream without data from the snapshot to a snapshot of the live tree). Returns
+    /// false, having changed nothing, when that does not apply: the caller then
+    /// mirrors the whole trees.
+    fn rollback_changed(&self, snap: &Path, live: &Path) -> Result<bool> {
+        let now = self.tmp("now");
+        ioctl::snapshot(live, &now, true)?;
+        let (s, n) = (snap.display().to_string(), now.display().to_string());
+        let mut stream = Vec::new();
+        let sent = cmd::run_with_output(
+            "btrfs",
+            &["send", "-q", "--no-data", "-p", &s, &n],
+            &mut stream,
+        );
+        let _ = ioctl::delete(&now);
+        let Some(paths) = sent.ok().and_then(|()| send_stream::changed_paths(&stream)) else {
+            return Ok(false);
+        };
+        // A hard-linked file among the changes could get its links back only by
+        // finding its other names: compare the whole trees then.
+        let linked = paths.iter().any(|p| {
+            std::fs::symlink_metadata(snap.join(p))
+                .map(|m| !m.is_dir() && std::os::unix::fs::MetadataExt::nlink(&m) > 1)
+                .unwrap_or(false)
+        });
+        if linked {
+            return Ok(false);
+        }
+        let mut mirror = tree::Mirror::new();
+        let mut whole: Vec<&str> = Vec::new();
+        for (n, p) in paths.iter().enumerate() {
+            if whole.iter().any(|w| p.starts_with(&format!("{w}/"))) {
+                continue; // inside a subtree already rewritten whole
+            }
+            let (sp, lp) = (snap.join(p), live.join(p));
+            let (sm, lm) = (
+                std::fs::symlink_metadata(&sp),
+                std::fs::symlink_metadata(&lp),
+            );
+            match (sm, lm) {
+                (Ok(a), Ok(b)) if a.is_dir() && b.is_dir() => tree::copy_metadata(&sp, &lp)?,
+                _ => {
+                    mirror.mirror_entry(&sp, &lp)?;
+                    whole.push(p);
+                }
+            }
+            if n == 2 {
+                fault::point("btrfs.rollback.mid");
+            }
+        }
+        Ok(true)
+    }
+
     fn info(&self, key: &ContainerKey, name: &str) -> Result<SnapshotInfo> {
         let p = self.existing_snapshot(key, name)?;
         Ok(SnapshotInfo {
@@ -238,7 +291,9 @@ impl Store for BtrfsStore {
         let marker = self.marker(key);
         write_durably(&marker, name.as_bytes())?;
         fault::point("btrfs.rollback.marked");
-        tree::mirror_with_fault(&snap, &live, "btrfs.rollback.mid")?;
+        if !self.rollback_changed(&snap, &live)? {
+            tree::mirror_with_fault(&snap, &live, "btrfs.rollback.mid")?;
+        }
         std::fs::remove_file(&marker).map_err(Error::io(format!("remove {}", marker.display())))
     }
 

@@ -30,6 +30,7 @@ pub mod fault;
 pub mod layers;
 pub mod names;
 pub mod overlay;
+mod send_stream;
 pub mod tree;
 pub mod zfs;
 
