@@ -188,3 +188,51 @@ fn bad_snapshot_names_and_unknown_snapshots_fail_clearly() {
     assert_eq!(crabctl_ok(&["fs", "ls", &g.id]).lines().count(), 1);
     assert_eq!(g.status().as_deref(), Some("RUNNING"));
 }
+
+#[test]
+fn crashes_in_overlay_snapshot_and_clone_leave_nothing_recorded() {
+    let overlay = ["--annotation", "io.crab.storage.backend=overlay"];
+    let g = Guard::run_detached(CRAB, BUSYBOX, &overlay, &["sleep", "1000"]);
+    g.exec_ok(&["sh", "-c", STATE_A]);
+    let out = crabctl(
+        &["fs", "snapshot", &g.id, "s1"],
+        &[("CRAB_FAULT", "overlay.snapshot.copied")],
+    );
+    assert_killed(&out);
+    // The killed snapshot froze the container and died: thaw it as an operator would.
+    let freezer = format!(
+        "/sys/fs/cgroup/freezer/{}/{}/freezer.state",
+        namespace(),
+        g.id
+    );
+    std::fs::write(&freezer, "THAWED").unwrap();
+    let report = crabctl_ok(&["fs", "--backend", "overlay", "reconcile"]);
+    assert!(report.contains("removed"), "{report}");
+    assert_eq!(crabctl_ok(&["fs", "ls", &g.id]), "");
+    crabctl_ok(&["fs", "snapshot", &g.id, "s1"]);
+    let clone = unique_id("clone");
+    let out = crabctl(
+        &["fs", "clone", &g.id, "s1", &clone],
+        &[("CRAB_FAULT", "overlay.tree.copied")],
+    );
+    assert_killed(&out);
+    crabctl_ok(&["fs", "--backend", "overlay", "reconcile"]);
+    let dir = std::path::Path::new("/var/lib/crab/overlay/containers")
+        .join(namespace())
+        .join(&clone);
+    assert!(
+        !dir.exists(),
+        "half a clone is recorded at {}",
+        dir.display()
+    );
+    let path = crabctl_ok(&["fs", "clone", &g.id, "s1", &clone]);
+    assert_eq!(
+        std::fs::read_to_string(std::path::Path::new(path.trim()).join("root/f")).unwrap(),
+        "a\n"
+    );
+    crabctl_ok(&["fs", "--backend", "overlay", "gc"]);
+    let _ = std::process::Command::new("umount")
+        .arg(path.trim())
+        .status();
+    let _ = std::fs::remove_dir_all(dir);
+}

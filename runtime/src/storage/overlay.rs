@@ -195,6 +195,7 @@ impl OverlayStore {
         let built = (|| {
             if let Some(src) = upper_from {
                 tree::copy(src, &work.join("upper"))?;
+                fault::point("overlay.tree.copied");
             }
             write_lower(&work.join("lower"), lower)?;
             mkdirs(dir.parent().expect("has a parent"))?;
@@ -364,6 +365,7 @@ impl Store for OverlayStore {
         mkdirs(&work.join("upper"))?;
         let made = (|| {
             tree::copy(&dir.join("upper"), &work.join("upper"))?;
+            fault::point("overlay.snapshot.copied");
             write_lower(&work.join("lower"), &read_lower(&dir.join("lower"))?)?;
             mkdirs(&self.snapshots_dir(key))?;
             std::fs::rename(&work, &dst).map_err(Error::io(format!("rename to {}", dst.display())))
