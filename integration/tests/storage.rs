@@ -91,7 +91,8 @@ fn a_removed_containers_tree_is_collected_at_the_next_create() {
     let owner_file = tree(&id).with_extension("owner");
     let owner = std::fs::read_to_string(&owner_file).expect("the tree records its owner");
     assert!(
-        wait_until(Duration::from_secs(30), || !std::path::Path::new(&owner).exists()),
+        wait_until(Duration::from_secs(30), || !std::path::Path::new(&owner)
+            .exists()),
         "containerd kept {owner}"
     );
     let _other = Guard::run_detached(CRAB, BUSYBOX, &[], &["sleep", "1000"]);
