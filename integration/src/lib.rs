@@ -338,6 +338,11 @@ pub fn files_mentioning(dir: &Path, needle: &str) -> Vec<PathBuf> {
 /// Pids of the running `containerd-shim-crab-v2` processes whose command line
 /// mentions `id`.
 pub fn shim_pids(id: &str) -> Vec<i32> {
+    shim_pids_of("containerd-shim-crab-v2", id)
+}
+
+/// Pids of running processes of `binary` started for container (group) `id`.
+pub fn shim_pids_of(binary: &str, id: &str) -> Vec<i32> {
     let mut out = Vec::new();
     for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
         let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
@@ -347,7 +352,7 @@ pub fn shim_pids(id: &str) -> Vec<i32> {
             continue;
         };
         let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-        if cmd.contains("containerd-shim-crab-v2") && cmd.contains(&format!("-id {id} ")) {
+        if cmd.contains(binary) && cmd.contains(&format!("-id {id} ")) {
             out.push(pid);
         }
     }

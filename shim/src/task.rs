@@ -43,6 +43,16 @@ pub struct State {
     pub containers: HashMap<String, Instance>,
 }
 
+impl State {
+    fn get(&self, id: &str) -> ShimResult<&Instance> {
+        self.containers.get(id).ok_or_else(|| not_found(id))
+    }
+
+    fn get_mut(&mut self, id: &str) -> ShimResult<&mut Instance> {
+        self.containers.get_mut(id).ok_or_else(|| not_found(id))
+    }
+}
+
 /// The task service.
 #[derive(Clone)]
 pub struct TaskService {
@@ -173,10 +183,7 @@ impl TaskService {
     /// Start the init, or an exec process added earlier.
     pub async fn start(&self, req: StartRequest) -> ShimResult<StartResponse> {
         let mut state = self.state.lock().await;
-        let inst = state
-            .containers
-            .get_mut(&req.id)
-            .ok_or_else(|| not_found(&req.id))?;
+        let inst = state.get_mut(&req.id)?;
         if req.exec_id.is_empty() {
             if inst.init.status != Status::CREATED {
                 return Err(ShimError::FailedPrecondition(format!(
@@ -247,10 +254,7 @@ impl TaskService {
     /// Register an exec process (started by a later Start).
     pub async fn exec(&self, req: ExecProcessRequest) -> ShimResult<()> {
         let mut state = self.state.lock().await;
-        let inst = state
-            .containers
-            .get_mut(&req.id)
-            .ok_or_else(|| not_found(&req.id))?;
+        let inst = state.get_mut(&req.id)?;
         inst.require_running("exec")?;
         if req.exec_id.is_empty() {
             return Err(ShimError::InvalidArgument(
@@ -298,10 +302,7 @@ impl TaskService {
     /// State of the init or an exec.
     pub async fn state(&self, req: StateRequest) -> ShimResult<StateResponse> {
         let state = self.state.lock().await;
-        let inst = state
-            .containers
-            .get(&req.id)
-            .ok_or_else(|| not_found(&req.id))?;
+        let inst = state.get(&req.id)?;
         let p = inst.process(&req.exec_id)?;
         let exit = p.exit();
         Ok(StateResponse {
@@ -323,10 +324,7 @@ impl TaskService {
     /// Signal the init (or all processes), or an exec.
     pub async fn kill(&self, req: KillRequest) -> ShimResult<()> {
         let state = self.state.lock().await;
-        let inst = state
-            .containers
-            .get(&req.id)
-            .ok_or_else(|| not_found(&req.id))?;
+        let inst = state.get(&req.id)?;
         let signal = Signal::try_from(req.signal as i32)
             .map_err(|_| ShimError::InvalidArgument(format!("invalid signal {}", req.signal)))?;
         let p = inst.process(&req.exec_id)?;
@@ -345,10 +343,7 @@ impl TaskService {
     /// Delete an exited exec, or the container once its init has exited.
     pub async fn delete(&self, req: DeleteRequest) -> ShimResult<DeleteResponse> {
         let mut state = self.state.lock().await;
-        let inst = state
-            .containers
-            .get_mut(&req.id)
-            .ok_or_else(|| not_found(&req.id))?;
+        let inst = state.get_mut(&req.id)?;
         if !req.exec_id.is_empty() {
             let p = inst.process(&req.exec_id)?;
             if matches!(p.status, Status::RUNNING | Status::PAUSED) {
@@ -407,10 +402,7 @@ impl TaskService {
     /// All pids of the container.
     pub async fn pids(&self, req: PidsRequest) -> ShimResult<PidsResponse> {
         let state = self.state.lock().await;
-        let inst = state
-            .containers
-            .get(&req.id)
-            .ok_or_else(|| not_found(&req.id))?;
+        let inst = state.get(&req.id)?;
         let pids = inst.container.tracking().pids()?;
         Ok(PidsResponse {
             processes: pids
@@ -427,10 +419,7 @@ impl TaskService {
     /// Freeze the container.
     pub async fn pause(&self, req: PauseRequest) -> ShimResult<()> {
         let mut state = self.state.lock().await;
-        let inst = state
-            .containers
-            .get_mut(&req.id)
-            .ok_or_else(|| not_found(&req.id))?;
+        let inst = state.get_mut(&req.id)?;
         inst.require_running("pause")?;
         let c = inst.container.clone();
         blocking(move || c.pause()).await?;
@@ -447,10 +436,7 @@ impl TaskService {
     /// Thaw the container.
     pub async fn resume(&self, req: ResumeRequest) -> ShimResult<()> {
         let mut state = self.state.lock().await;
-        let inst = state
-            .containers
-            .get_mut(&req.id)
-            .ok_or_else(|| not_found(&req.id))?;
+        let inst = state.get_mut(&req.id)?;
         if inst.init.status != Status::PAUSED {
             return Err(ShimError::FailedPrecondition(format!(
                 "container {} is {}, not paused",
@@ -473,10 +459,7 @@ impl TaskService {
     /// Close a process's stdin.
     pub async fn close_io(&self, req: CloseIORequest) -> ShimResult<()> {
         let state = self.state.lock().await;
-        let inst = state
-            .containers
-            .get(&req.id)
-            .ok_or_else(|| not_found(&req.id))?;
+        let inst = state.get(&req.id)?;
         let p = inst.process(&req.exec_id)?;
         if req.stdin {
             if let Some(io) = &p.io {
@@ -489,10 +472,7 @@ impl TaskService {
     /// Resize a process's terminal.
     pub async fn resize_pty(&self, req: ResizePtyRequest) -> ShimResult<()> {
         let state = self.state.lock().await;
-        let inst = state
-            .containers
-            .get(&req.id)
-            .ok_or_else(|| not_found(&req.id))?;
+        let inst = state.get(&req.id)?;
         let p = inst.process(&req.exec_id)?;
         match p.io.as_ref().and_then(|io| io.console()) {
             Some(master) => console::resize(master, req.width, req.height),
@@ -505,10 +485,7 @@ impl TaskService {
     /// Apply new resources (an OCI `LinuxResources` JSON).
     pub async fn update(&self, req: UpdateTaskRequest) -> ShimResult<()> {
         let state = self.state.lock().await;
-        let inst = state
-            .containers
-            .get(&req.id)
-            .ok_or_else(|| not_found(&req.id))?;
+        let inst = state.get(&req.id)?;
         let data = req
             .resources
             .as_ref()
@@ -523,10 +500,7 @@ impl TaskService {
     /// cgroup metrics.
     pub async fn stats(&self, req: StatsRequest) -> ShimResult<StatsResponse> {
         let state = self.state.lock().await;
-        let inst = state
-            .containers
-            .get(&req.id)
-            .ok_or_else(|| not_found(&req.id))?;
+        let inst = state.get(&req.id)?;
         let c = inst.container.clone();
         let stats = blocking(move || c.stats()).await?;
         let any = metrics::to_any(&stats.into()).map_err(ShimError::Other)?;
@@ -540,10 +514,7 @@ impl TaskService {
     pub async fn wait(&self, req: WaitRequest) -> ShimResult<WaitResponse> {
         let mut rx = {
             let state = self.state.lock().await;
-            let inst = state
-                .containers
-                .get(&req.id)
-                .ok_or_else(|| not_found(&req.id))?;
+            let inst = state.get(&req.id)?;
             inst.process(&req.exec_id)?.subscribe()
         };
         let exit = loop {

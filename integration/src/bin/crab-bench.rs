@@ -111,20 +111,7 @@ fn rss_kib(pid: i32) -> u64 {
 }
 
 fn runc_shim_pids(id: &str) -> Vec<i32> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-            continue;
-        };
-        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-        if cmd.contains("containerd-shim-runc-v2") && cmd.contains(&format!("-id {id} ")) {
-            out.push(pid);
-        }
-    }
-    out
+    shim_pids_of("containerd-shim-runc-v2", id)
 }
 
 /// Mean shim RSS per running container, crab and runc.

@@ -10,10 +10,9 @@
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::{
-    btrfs_ioctl as ioctl, cmd, fault, names, send_stream, tree, ContainerKey, ImageSource,
+    btrfs_ioctl as ioctl, cmd, fault, names, send_stream, tree, work, ContainerKey, ImageSource,
     ReconcileReport, SnapshotInfo, Store,
 };
 use crate::config::Backend;
@@ -26,8 +25,6 @@ const BTRFS_SUPER_MAGIC: i64 = 0x9123_683E;
 pub struct BtrfsStore {
     root: PathBuf,
 }
-
-static NONCE: AtomicU64 = AtomicU64::new(0);
 
 fn mkdirs(p: &Path) -> Result<()> {
     std::fs::create_dir_all(p).map_err(Error::io(format!("create {}", p.display())))
@@ -97,10 +94,7 @@ impl BtrfsStore {
     }
 
     fn tmp(&self, what: &str) -> PathBuf {
-        let n = NONCE.fetch_add(1, Ordering::Relaxed);
-        self.root
-            .join("tmp")
-            .join(format!("{}.{n}.{what}", std::process::id()))
+        self.root.join("tmp").join(work::tmp_name(what))
     }
 
     /// The read-only copy of `image`, made on first use.
@@ -218,12 +212,11 @@ impl Store for BtrfsStore {
     fn prepare(&self, key: &ContainerKey, image: &ImageSource) -> Result<PathBuf> {
         let live = self.live(key);
         if live.exists() {
-            let recorded = std::fs::read_to_string(self.owner_file(key)).ok();
-            let recorded = recorded.as_deref().map(Path::new);
-            match (recorded, image.owner.as_deref()) {
-                (Some(r), Some(o)) if r == o => return Ok(live),
-                (Some(r), _) if !r.exists() => self.destroy(key)?,
-                _ => {
+            let recorded = work::read_owner(&self.owner_file(key));
+            match work::existing_tree(recorded.as_deref(), image.owner.as_deref()) {
+                work::Existing::Reuse => return Ok(live),
+                work::Existing::Replace => self.destroy(key)?,
+                work::Existing::Conflict => {
                     return Err(Error::AlreadyExists(format!(
                         "{key} (its tree in the store)"
                     )))
@@ -443,8 +436,7 @@ impl Store for BtrfsStore {
             .flatten()
         {
             let name = e.file_name().to_string_lossy().into_owned();
-            let owner: Option<i32> = name.split('.').next().and_then(|p| p.parse().ok());
-            if owner.is_some_and(|pid| Path::new(&format!("/proc/{pid}")).exists()) {
+            if work::owner_alive(&name) {
                 continue; // still being worked on
             }
             remove_work(&e.path())?;
@@ -466,7 +458,7 @@ impl Store for BtrfsStore {
                         let n = e.file_name().to_string_lossy().into_owned();
                         n.strip_prefix(".receiving-")
                             .and_then(|p| p.parse::<i32>().ok())
-                            .is_some_and(|pid| Path::new(&format!("/proc/{pid}")).exists())
+                            .is_some_and(work::pid_alive)
                     });
                 if busy {
                     continue;

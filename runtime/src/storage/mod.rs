@@ -32,6 +32,7 @@ pub mod names;
 pub mod overlay;
 mod send_stream;
 pub mod tree;
+pub mod work;
 pub mod zfs;
 
 pub use layers::ImageSource;

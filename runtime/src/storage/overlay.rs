@@ -25,18 +25,15 @@ use std::ffi::OsString;
 use std::io::{Read, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 
 use super::btrfs::write_durably;
 use super::{
-    cmd, fault, names, tree, ContainerKey, ImageSource, ReconcileReport, SnapshotInfo, Store,
+    cmd, fault, names, tree, work, ContainerKey, ImageSource, ReconcileReport, SnapshotInfo, Store,
 };
 use crate::config::Backend;
 use crate::{Error, Result};
-
-static NONCE: AtomicU64 = AtomicU64::new(0);
 
 /// An overlay pool: a directory on any file system.
 #[derive(Debug)]
@@ -173,10 +170,7 @@ impl OverlayStore {
     }
 
     fn tmp(&self, what: &str) -> PathBuf {
-        let n = NONCE.fetch_add(1, Ordering::Relaxed);
-        self.root
-            .join("tmp")
-            .join(format!("{}.{n}.{what}", std::process::id()))
+        self.root.join("tmp").join(work::tmp_name(what))
     }
 
     /// Makes the container's directory from an upper dir to copy (or an empty one)
@@ -325,12 +319,11 @@ impl Store for OverlayStore {
     fn prepare(&self, key: &ContainerKey, image: &ImageSource) -> Result<PathBuf> {
         let dir = self.dir(key);
         if dir.exists() {
-            let recorded = std::fs::read_to_string(dir.join("owner")).ok();
-            let recorded = recorded.as_deref().map(Path::new);
-            match (recorded, image.owner.as_deref()) {
-                (Some(r), Some(o)) if r == o => return self.ensure_mounted(key),
-                (Some(r), _) if !r.exists() => self.destroy(key)?,
-                _ => {
+            let recorded = work::read_owner(&dir.join("owner"));
+            match work::existing_tree(recorded.as_deref(), image.owner.as_deref()) {
+                work::Existing::Reuse => return self.ensure_mounted(key),
+                work::Existing::Replace => self.destroy(key)?,
+                work::Existing::Conflict => {
                     return Err(Error::AlreadyExists(format!(
                         "{key} (its tree in the store)"
                     )))
@@ -557,8 +550,7 @@ impl Store for OverlayStore {
             .flatten()
         {
             let name = e.file_name().to_string_lossy().into_owned();
-            let owner: Option<i32> = name.split('.').next().and_then(|p| p.parse().ok());
-            if owner.is_some_and(|pid| Path::new(&format!("/proc/{pid}")).exists()) {
+            if work::owner_alive(&name) {
                 continue;
             }
             unmount(&e.path());
