@@ -11,7 +11,7 @@
 //!                                        destroys them with their last clone
 //! <root>/tmp/<pid>.<n>.<what>            in-flight work of process <pid> (datasets, and
 //!                                        plain directories used as mount points)
-//! <root>/retired/<pid>.<n>               destroyed containers whose snapshots clones
+//! <root>/retired/<pid>.<n>.retired       destroyed containers whose snapshots clones
 //!                                        still use; removed once the clones are gone
 //!
 //! user properties of a container's dataset:
@@ -20,20 +20,24 @@
 //! crab:rollback=<pid>:<name>             a rollback to <name> runs (or was interrupted)
 //! ```
 //!
-//! `<root>` is the dataset the configuration names (`[storage] zfs_dataset`, by default `crab/crab`,
-//! which `hack/zfs.sh` makes); it must have a mount point, which every dataset below
-//! inherits. `images/`, `containers/`, `tmp/` and `retired/` are made with `atime=off`:
-//! reading a tree then does not count as changing it (an incremental `zfs receive`
-//! refuses a dataset changed since its last snapshot). Properties are set with the
-//! dataset they describe (`zfs clone -o`) or before it is renamed into place, and a
-//! `zfs set` is on disk when it returns: they are the markers crash recovery reads.
+//! `<root>` is the dataset the configuration names (`[storage] zfs_dataset`, by default
+//! `crab/crab`, which `hack/zfs.sh` makes); it must have a mount point, which every
+//! dataset below inherits. `images/`, `containers/`, `tmp/` and `retired/` are made
+//! with `atime=off`: reading a tree then does not count as changing it (an incremental
+//! `zfs receive` refuses a dataset changed since its last snapshot). Properties are set
+//! with the dataset they describe (`zfs clone -o`) or before it is renamed into place,
+//! and a `zfs set` is on disk when it returns: they are the markers crash recovery
+//! reads.
 //!
 //! Rollback keeps every snapshot (never `zfs rollback -r`). To the latest snapshot it is
 //! the native `zfs rollback`, atomic and online: open files and working directories see
-//! the snapshot's content. To an older one it mirrors the snapshot into the live tree in
-//! place ([`tree::mirror`]) from a readable view of it: `.zfs/snapshot/<name>` where
-//! ZFS serves it (kernel OpenZFS), otherwise a temporary read-only clone. The
-//! `crab:rollback` property marks the mirror; [`Store::reconcile`] redoes it.
+//! the snapshot's content. To an older one (and on zfs-fuse, see below, to any one while
+//! the tree is mounted) it mirrors the snapshot into the live tree in place
+//! ([`tree::mirror`]) from a readable view of it: `.zfs/snapshot/<name>` where ZFS
+//! serves it (kernel OpenZFS), otherwise a temporary read-only clone. Processes see the
+//! result as on btrfs: directories (a cwd, a root) show the snapshot's entries, a file
+//! changed since the snapshot is replaced (whoever holds the old one open keeps it).
+//! The `crab:rollback` property marks the mirror; [`Store::reconcile`] redoes it.
 //!
 //! A clone holds its origin snapshot: ZFS cannot destroy a snapshot that a container
 //! made by [`Store::clone_snapshot`] still uses. [`Store::delete_snapshot`] of such a
@@ -54,11 +58,20 @@
 //! a dataset that does not exist into the stream's source dataset if that is in the
 //! pool.
 //!
-//! zfs-fuse differences, all handled with standard commands:
+//! zfs-fuse differences, all handled with standard commands (zfs-fuse is recognised by
+//! its mounts being FUSE file systems):
+//! - `zfs rollback` and `zfs receive` change a mounted file system under the kernel's
+//!   FUSE caches, which zfs-fuse only flushes with a host-wide `drop_caches` that spares
+//!   entries in use: a process's cwd, a file open a moment ago then name objects that no
+//!   longer exist (ENOENT on open), and a later unmount of the dataset hangs the daemon
+//!   (every FUSE request waits, for good). So a mounted tree is never rolled back
+//!   natively there (it is mirrored, through the mount), and an incremental stream is
+//!   received with the tree unmounted (refused if it is in use).
 //! - `zfs rename` / `zfs destroy` of a mounted dataset fail with "dataset is busy" (the
-//!   command unmounts, but the daemon still holds the mount for a moment): datasets are
-//!   unmounted with `zfs unmount` first, which kernel ZFS does not mind.
-//! - no `.zfs` directory: older snapshots are read through a temporary clone.
+//!   command unmounts, but the daemon still holds the mount), and so do they for a
+//!   moment after `zfs unmount`: datasets are unmounted with `zfs unmount` first, and
+//!   "busy" is retried for up to 5 s.
+//! - no `.zfs` directory: snapshots are read through a temporary clone.
 //! - timestamps have whole seconds only, so [`tree::mirror`]'s "same inode, ctime,
 //!   mtime and size: unchanged" test misses a file changed in the second its snapshot
 //!   was taken: before mirroring, files whose ctime is not older than the snapshot are
@@ -66,17 +79,15 @@
 //! - `zfs list -p` is missing (numbers come from `zfs get -Hp`), as are the `clones`,
 //!   `createtxg` and `written` properties (clones are found by their `origin`; `zfs get
 //!   -r` lists snapshots in creation order).
-//! - `zfs rollback` drops the host's page cache (`/proc/sys/vm/drop_caches`) so that the
-//!   kernel's FUSE caches forget the old content: 0.1 to 1 s, depending on the host.
 //! - extended attributes need the daemon started with `--enable-xattr`.
 
 use std::collections::{HashMap, HashSet};
 use std::io::{Read, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, UNIX_EPOCH};
 
+use super::work::{self, owner_alive, pid_alive, Existing};
 use super::{
     cmd, fault, names, tree, ContainerKey, ImageSource, ReconcileReport, SnapshotInfo, Store,
 };
@@ -95,6 +106,8 @@ const OWNER: &str = "crab:owner";
 const DELETED: &str = ".deleted.";
 /// The snapshot of an image that containers are cloned from.
 const BASE: &str = "base";
+/// `statfs` type of FUSE file systems: zfs-fuse's mounts.
+const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
 
 /// A ZFS pool (more precisely: the dataset in one that holds everything Crab stores).
 #[derive(Debug)]
@@ -103,6 +116,8 @@ pub struct ZfsStore {
     pool: String,
     /// Where `<root>/tmp` is mounted.
     tmp_dir: PathBuf,
+    /// Whether ZFS serves its file systems through FUSE (zfs-fuse).
+    fuse: bool,
 }
 
 /// What `zfs get` says about a container's dataset.
@@ -114,8 +129,6 @@ struct DsState {
     tree: bool,
     owner: Option<PathBuf>,
 }
-
-static NONCE: AtomicU64 = AtomicU64::new(0);
 
 fn zfs(args: &[&str]) -> Result<String> {
     cmd::run("zfs", args)
@@ -131,7 +144,7 @@ fn zfs_unmounted(args: &[&str]) -> Result<String> {
             Err(Error::Command { message, .. })
                 if message.contains("busy") && start.elapsed() < Duration::from_secs(5) =>
             {
-                std::thread::sleep(Duration::from_millis(50));
+                std::thread::sleep(Duration::from_millis(10));
             }
             other => return other,
         }
@@ -151,27 +164,6 @@ fn check_len(name: &str) -> Result<()> {
         });
     }
     Ok(())
-}
-
-fn pid_alive(pid: i32) -> bool {
-    Path::new(&format!("/proc/{pid}")).exists()
-}
-
-/// Whether the process named by a `<pid>.<n>.<what>` name still runs.
-fn owner_alive(name: &str) -> bool {
-    name.split('.')
-        .next()
-        .and_then(|p| p.parse::<i32>().ok())
-        .is_some_and(pid_alive)
-}
-
-/// `<pid>.<n>`, unique among this host's processes.
-fn unique() -> String {
-    format!(
-        "{}.{}",
-        std::process::id(),
-        NONCE.fetch_add(1, Ordering::Relaxed)
-    )
 }
 
 fn already_exists(key: &ContainerKey) -> Error {
@@ -213,8 +205,14 @@ impl ZfsStore {
             root: root.to_string(),
             pool: root.split('/').next().unwrap_or(root).to_string(),
             tmp_dir: PathBuf::new(),
+            fuse: false,
         };
-        store.mountpoint(root)?;
+        let at = store.mountpoint(root)?;
+        store.fuse = nix::sys::statfs::statfs(&at)
+            .map_err(Error::sys(format!("statfs {}", at.display())))?
+            .filesystem_type()
+            .0
+            == FUSE_SUPER_MAGIC;
         let have: HashSet<String> = zfs(&["list", "-H", "-o", "name", "-d", "1", "-r", root])?
             .lines()
             .map(str::to_string)
@@ -443,8 +441,12 @@ impl ZfsStore {
         if self.exists(&base)? {
             return Ok(base);
         }
-        let work = format!("{}/tmp/{}.image-{}", self.root, unique(), image.key);
-        let mnt = self.tmp_dir.join(format!("{}.mnt", unique()));
+        let work = format!(
+            "{}/tmp/{}",
+            self.root,
+            work::tmp_name(&format!("image-{}", image.key))
+        );
+        let mnt = self.tmp_dir.join(work::tmp_name("mnt"));
         std::fs::create_dir_all(&mnt).map_err(Error::io(format!("create {}", mnt.display())))?;
         let result = (|| {
             // Never mounted once copied: containers are clones of @base.
@@ -508,9 +510,13 @@ impl ZfsStore {
         let Some(pos) = snaps.iter().position(|s| s.0 == name) else {
             return Err(not_found(key, name));
         };
-        let live = self.mount(&ds, &st)?;
+        // zfs-fuse rolls a mounted file system back under the kernel's FUSE caches:
+        // entries still cached (a process's cwd, a file open a moment ago) then name
+        // objects that no longer exist, and a later unmount can hang the daemon. There,
+        // a mounted tree is always mirrored, through the mount.
+        let native = pos + 1 == snaps.len() && !(self.fuse && st.mounted);
         let mut done = false;
-        if pos + 1 == snaps.len() {
+        if native {
             match zfs(&["rollback", &snap]) {
                 Ok(_) => done = true,
                 // A snapshot was taken meanwhile: mirror instead.
@@ -521,7 +527,9 @@ impl ZfsStore {
         if done {
             // A mark left by an interrupted mirror must not outlive this rollback.
             self.clear_rollback_mark(&ds)?;
+            self.mount(&ds, &st)?;
         } else {
+            let live = self.mount(&ds, &st)?;
             self.mirror_rollback(&ds, &live, &snap, name, snaps[pos].1)?;
         }
         if !st.tree {
@@ -530,7 +538,7 @@ impl ZfsStore {
         Ok(())
     }
 
-    /// Rolls back to an older snapshot by mirroring it into the live tree.
+    /// Rolls back by mirroring the snapshot into the live tree.
     fn mirror_rollback(
         &self,
         ds: &str,
@@ -539,11 +547,14 @@ impl ZfsStore {
         name: &str,
         created: i64,
     ) -> Result<()> {
+        // Kernel ZFS serves the snapshot at `.zfs/snapshot/<name>` (a mount of its own).
+        // Under zfs-fuse, `.zfs` would be an ordinary name the container can create.
         let served = live.join(".zfs").join("snapshot").join(name);
-        let (view, clone) = if served.is_dir() {
+        let dev = |p: &Path| std::fs::metadata(p).map(|m| m.dev()).ok();
+        let (view, clone) = if !self.fuse && served.is_dir() && dev(&served) != dev(live) {
             (served, None)
         } else {
-            let clone = format!("{}/tmp/{}.view", self.root, unique());
+            let clone = format!("{}/tmp/{}", self.root, work::tmp_name("view"));
             zfs(&["clone", "-o", "readonly=on", snap, &clone])?;
             match self.mountpoint(&clone) {
                 Ok(p) => (p, Some(clone)),
@@ -603,19 +614,22 @@ impl ZfsStore {
             return Ok(removed);
         }
         let deps = self.dependents()?;
+        // Another process may collect the same datasets at the same time.
+        let gone_too = |r: Result<()>| match r {
+            Err(e) if is_missing(&e) => Ok(false),
+            other => other.map(|()| true),
+        };
         for ds in datasets {
             let mut left = 0;
             for (s, _) in self.snapshots(ds)?.unwrap_or_default() {
                 let snap = format!("{ds}@{s}");
                 if deps.contains_key(&snap) {
                     left += 1;
-                } else {
-                    zfs(&["destroy", &snap])?;
+                } else if gone_too(zfs(&["destroy", &snap]).map(drop))? {
                     removed.push(snap);
                 }
             }
-            if left == 0 {
-                self.destroy_fs(ds)?;
+            if left == 0 && gone_too(self.destroy_fs(ds))? {
                 removed.push(ds.to_string());
             }
         }
@@ -782,9 +796,9 @@ impl Store for ZfsStore {
     fn prepare(&self, key: &ContainerKey, image: &ImageSource) -> Result<PathBuf> {
         let ds = self.dataset(key)?;
         if let Some(st) = self.state(&ds)? {
-            match (st.owner.as_deref(), image.owner.as_deref()) {
-                (Some(r), Some(o)) if r == o && st.tree => return self.mount(&ds, &st),
-                (Some(r), _) if !r.exists() => self.destroy(key)?,
+            match work::existing_tree(st.owner.as_deref(), image.owner.as_deref()) {
+                Existing::Reuse if st.tree => return self.mount(&ds, &st),
+                Existing::Replace => self.destroy(key)?,
                 _ => return Err(already_exists(key)),
             }
         }
@@ -857,7 +871,11 @@ impl Store for ZfsStore {
             return zfs(&["destroy", &snap]).map(drop);
         }
         // Clones use it: free the name now, let ZFS destroy it with the last clone.
-        let hidden = format!("{}@{DELETED}{}", self.dataset(key)?, unique());
+        let hidden = format!(
+            "{}@{DELETED}{}",
+            self.dataset(key)?,
+            work::tmp_name("snapshot")
+        );
         zfs(&["rename", &snap, &hidden])?;
         fault::point("zfs.delete.renamed");
         zfs(&["destroy", "-d", &hidden]).map(drop)
@@ -873,7 +891,7 @@ impl Store for ZfsStore {
             if held {
                 // Clones use some of its snapshots: move it out of the way; what the
                 // clones do not use goes now, the rest with them.
-                let retired = format!("{}/retired/{}", self.root, unique());
+                let retired = format!("{}/retired/{}", self.root, work::tmp_name("retired"));
                 self.unmount(&ds)?;
                 zfs_unmounted(&["rename", &ds, &retired])?;
                 fault::point("zfs.destroy.retired");
@@ -939,7 +957,22 @@ impl Store for ZfsStore {
                     name: head.name,
                 });
             }
-            return match cmd::run_with_input("zfs", &["receive", &ds], &mut stream) {
+            // Receiving changes the file system in place: on zfs-fuse, not under the
+            // kernel's caches of a mounted tree (see `rollback_to`).
+            let remount = self.fuse && self.state(&ds)?.is_some_and(|st| st.mounted);
+            if remount {
+                zfs(&["unmount", &ds]).map_err(|e| {
+                    refuse(format!(
+                        "{key}'s tree is in use, and zfs-fuse receives only into an \
+                         unmounted file system ({e})"
+                    ))
+                })?;
+            }
+            let received = cmd::run_with_input("zfs", &["receive", &ds], &mut stream);
+            if remount {
+                zfs(&["mount", &ds])?;
+            }
+            return match received {
                 Ok(_) => self.info(key, &head.name),
                 Err(Error::Command { command, message }) => Err(refuse(format!(
                     "{} applies only when its parent is {key}'s latest snapshot and the \
@@ -956,7 +989,7 @@ impl Store for ZfsStore {
                 head.name
             )));
         }
-        let work = format!("{}/tmp/{}.receive", self.root, unique());
+        let work = format!("{}/tmp/{}", self.root, work::tmp_name("receive"));
         let result = (|| {
             cmd::run_with_input("zfs", &["receive", &work], &mut stream)?;
             // It holds a snapshot; the tree is made by a rollback to it.
@@ -1001,8 +1034,11 @@ impl Store for ZfsStore {
             if owner_alive(short) {
                 continue;
             }
-            self.destroy_fs(ds)?;
-            report.removed.push(ds.to_string());
+            match self.destroy_fs(ds) {
+                Ok(()) => report.removed.push(ds.to_string()),
+                Err(e) if is_missing(&e) => {} // another reconcile was quicker
+                Err(e) => return Err(e),
+            }
         }
         if let Ok(entries) = std::fs::read_dir(&self.tmp_dir) {
             for e in entries.flatten() {
@@ -1129,11 +1165,5 @@ mod tests {
         assert!(e.to_string().contains("not a ZFS send stream"), "{e}");
         let e = parse_stream_head(&head(true, 0, "p/fs")).unwrap_err();
         assert!(e.to_string().contains("names no snapshot"), "{e}");
-    }
-
-    #[test]
-    fn test_owner_of_work_names() {
-        assert!(owner_alive(&format!("{}.3.view", std::process::id())));
-        assert!(!owner_alive("x.3.view"));
     }
 }
