@@ -104,6 +104,8 @@ pub struct Checkpoint {
     pub store: PathBuf,
     /// How many checkpoints per container are kept (marked ones are kept as well).
     pub keep_last: u32,
+    /// The CRIU binary (4.2 or later): a path, or a name looked up in `PATH`.
+    pub criu: PathBuf,
 }
 
 /// Checkpoint policy settings.
@@ -156,6 +158,7 @@ impl Default for Checkpoint {
         Checkpoint {
             store: PathBuf::from("/var/lib/crab/checkpoints"),
             keep_last: 16,
+            criu: PathBuf::from("criu"),
         }
     }
 }
@@ -272,6 +275,9 @@ impl Config {
         }
         if self.checkpoint.keep_last == 0 {
             return Err(bad("checkpoint.keep_last", "must be at least 1".into()));
+        }
+        if self.checkpoint.criu.as_os_str().is_empty() {
+            return Err(bad("checkpoint.criu", "must not be empty".into()));
         }
         if self.storage.pool.trim().is_empty() {
             return Err(bad("storage.pool", "must not be empty".into()));

@@ -52,8 +52,8 @@ pub struct CreateOpts {
 /// A created container.
 #[derive(Debug, Clone)]
 pub struct Container {
-    root: PathBuf,
-    state: CrabState,
+    pub(crate) root: PathBuf,
+    pub(crate) state: CrabState,
 }
 
 impl Container {
@@ -80,22 +80,7 @@ impl Container {
                 ),
             });
         }
-        let root = config.namespace_dir(&opts.namespace);
-        std::fs::create_dir_all(&root)
-            .map_err(Error::io(format!("create state dir {}", root.display())))?;
-        if root.join(&opts.id).exists() {
-            return Err(Error::AlreadyExists(opts.id));
-        }
-        let tracking = TrackingCgroup::new(&config.tracking_cgroup, &opts.namespace, &opts.id);
-        let cgroup_id = tracking.create()?;
-        let state = CrabState {
-            namespace: opts.namespace.clone(),
-            id: opts.id.clone(),
-            bundle: opts.bundle.clone(),
-            tracking_cgroup: tracking.path().to_path_buf(),
-            cgroup_id,
-        };
-        let container = Container { root, state };
+        let (container, tracking) = Container::new_unsaved(config, &opts)?;
         let request = {
             let (id, root, bundle, console_socket, tracking) = (
                 opts.id.clone(),
@@ -124,6 +109,29 @@ impl Container {
             }
         };
         Ok((container, pid))
+    }
+
+    /// A container not made yet: its state dir is free, its tracking cgroup made.
+    pub(crate) fn new_unsaved(
+        config: &Config,
+        opts: &CreateOpts,
+    ) -> Result<(Container, TrackingCgroup)> {
+        let root = config.namespace_dir(&opts.namespace);
+        std::fs::create_dir_all(&root)
+            .map_err(Error::io(format!("create state dir {}", root.display())))?;
+        if root.join(&opts.id).exists() {
+            return Err(Error::AlreadyExists(opts.id.clone()));
+        }
+        let tracking = TrackingCgroup::new(&config.tracking_cgroup, &opts.namespace, &opts.id);
+        let cgroup_id = tracking.create()?;
+        let state = CrabState {
+            namespace: opts.namespace.clone(),
+            id: opts.id.clone(),
+            bundle: opts.bundle.clone(),
+            tracking_cgroup: tracking.path().to_path_buf(),
+            cgroup_id,
+        };
+        Ok((Container { root, state }, tracking))
     }
 
     /// Loads a container that [`Container::create`] made earlier (e.g. by another
@@ -160,17 +168,17 @@ impl Container {
         TrackingCgroup::at(self.state.tracking_cgroup.clone())
     }
 
-    fn dir(&self) -> PathBuf {
+    pub(crate) fn dir(&self) -> PathBuf {
         self.root.join(&self.state.id)
     }
 
-    fn save_state(&self) -> Result<()> {
+    pub(crate) fn save_state(&self) -> Result<()> {
         let file = self.dir().join(STATE_FILE);
         let json = serde_json::to_vec_pretty(&self.state).expect("state serializes");
         std::fs::write(&file, json).map_err(Error::io(format!("write {}", file.display())))
     }
 
-    fn lc(&self) -> Result<LcContainer> {
+    pub(crate) fn lc(&self) -> Result<LcContainer> {
         let dir = self.dir();
         if !dir.join("state.json").exists() {
             return Err(Error::NotFound(self.state.id.clone()));
@@ -317,7 +325,7 @@ impl Container {
         Ok(())
     }
 
-    fn cleanup_after_failed_create(&self) {
+    pub(crate) fn cleanup_after_failed_create(&self) {
         if let Err(e) = self.delete() {
             tracing::warn!(id = %self.state.id, error = %e, "cleanup after failed create");
         }

@@ -119,6 +119,28 @@ pub enum Error {
         /// Why it failed.
         message: String,
     },
+    /// The CRIU binary is not there.
+    #[error("CRIU not found at {0}: install CRIU 4.2 or later (hack/setup.sh builds it), or set checkpoint.criu")]
+    CriuMissing(PathBuf),
+    /// A CRIU dump or restore failed.
+    #[error("CRIU {operation} failed: {message} (log: {})", log.display())]
+    Criu {
+        /// dump or restore.
+        operation: &'static str,
+        /// The last errors CRIU logged.
+        message: String,
+        /// Its log file.
+        log: PathBuf,
+    },
+    /// A checkpoint directory is missing a part, or holds something this version
+    /// cannot read.
+    #[error("invalid checkpoint {}: {message}", path.display())]
+    BadCheckpoint {
+        /// The checkpoint directory.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
     /// A file-system or other I/O call failed.
     #[error("{context}: {source}")]
     Io {

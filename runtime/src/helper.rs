@@ -70,6 +70,27 @@ pub enum Request {
         /// The tracking cgroup to join first.
         tracking: PathBuf,
     },
+    /// Restore a container's processes from CRIU images (see [`crate::checkpoint`]).
+    Restore {
+        /// Container id.
+        id: String,
+        /// libcontainer's state root.
+        root: PathBuf,
+        /// The OCI bundle, its rootfs already holding the checkpointed files.
+        bundle: PathBuf,
+        /// The CRIU images.
+        images: PathBuf,
+        /// The CRIU binary.
+        criu: PathBuf,
+        /// New stdio for the restored init.
+        stdio: StdioFds,
+        /// What the init's stdio were at the dump (CRIU's keys).
+        keys: crate::checkpoint::Stdio,
+        /// The id of the container that was dumped.
+        dumped_id: String,
+        /// The tracking cgroup to join first.
+        tracking: PathBuf,
+    },
 }
 
 impl Request {
@@ -77,12 +98,15 @@ impl Request {
         match self {
             Request::Create { .. } => "create container",
             Request::Exec { .. } => "exec process",
+            Request::Restore { .. } => "restore container",
         }
     }
 
     fn stdio(&self) -> StdioFds {
         match self {
-            Request::Create { stdio, .. } | Request::Exec { stdio, .. } => *stdio,
+            Request::Create { stdio, .. }
+            | Request::Exec { stdio, .. }
+            | Request::Restore { stdio, .. } => *stdio,
         }
     }
 }
@@ -226,7 +250,7 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
     text
 }
 
-fn inherited_or_null(fd: Option<RawFd>) -> Result<OwnedFd> {
+pub(crate) fn inherited_or_null(fd: Option<RawFd>) -> Result<OwnedFd> {
     match fd {
         // SAFETY: the fd was inherited from the shim for this purpose (see `run`) and
         // nothing else in this process owns it.
@@ -244,6 +268,9 @@ fn serve(request: Request) -> Result<i32> {
     use libcontainer::container::builder::ContainerBuilder;
     use libcontainer::syscall::syscall::SyscallType;
 
+    if let Request::Restore { .. } = request {
+        return crate::checkpoint::restore_helper::serve(request);
+    }
     let stdio = request.stdio();
     let (id, root, console_socket, tracking) = match &request {
         Request::Create {
@@ -265,6 +292,7 @@ fn serve(request: Request) -> Result<i32> {
             console_socket.clone(),
             tracking.clone(),
         ),
+        Request::Restore { .. } => unreachable!("served above"),
     };
     TrackingCgroup::at(tracking).add(std::process::id() as i32)?;
 
@@ -282,6 +310,7 @@ fn serve(request: Request) -> Result<i32> {
     }
     match request {
         Request::Create { bundle, .. } => {
+            let spec = crate::container::load_spec(&bundle)?;
             let container = builder
                 .as_init(bundle)
                 .with_systemd(false)
@@ -289,14 +318,19 @@ fn serve(request: Request) -> Result<i32> {
                 .as_sibling(true)
                 .build()
                 .map_err(Error::libcontainer("create"))?;
-            container
+            let pid = container
                 .pid()
                 .map(|p| p.as_raw())
                 .ok_or_else(|| Error::Helper {
                     operation: "create container",
                     message: "libcontainer returned a container without a pid".into(),
-                })
+                })?;
+            if crate::netns::owns_network_namespace(&spec) {
+                crate::netns::loopback_up(pid)?;
+            }
+            Ok(pid)
         }
+        Request::Restore { .. } => unreachable!("served above"),
         Request::Exec { process, .. } => {
             let pid = builder
                 .as_tenant()

@@ -7,13 +7,18 @@
 //!   the multithreaded shim never forks without exec.
 //! - [`tracking`]: the per-container cgroup2 directory that identifies its tasks to eBPF.
 //! - [`metrics`]: cgroup statistics of a container.
+//! - [`checkpoint`]: checkpoint directories (CRIU images, the file-system delta, the
+//!   manifest); [`criu`] runs CRIU.
 //! - [`storage`]: snapshot-capable root file systems (btrfs, zfs, overlay).
 
+pub mod checkpoint;
 pub mod config;
+pub mod criu;
 pub mod container;
 pub mod error;
 pub mod helper;
 pub mod metrics;
+pub mod netns;
 pub mod oom;
 pub mod storage;
 pub mod tracking;

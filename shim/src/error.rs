@@ -43,7 +43,9 @@ impl ShimError {
                 RuntimeError::AlreadyExists(_) => Code::ALREADY_EXISTS,
                 RuntimeError::Config { .. }
                 | RuntimeError::InvalidSpec { .. }
-                | RuntimeError::MissingRootfs(_) => Code::INVALID_ARGUMENT,
+                | RuntimeError::MissingRootfs(_)
+                | RuntimeError::BadCheckpoint { .. } => Code::INVALID_ARGUMENT,
+                RuntimeError::CriuMissing(_) => Code::FAILED_PRECONDITION,
                 RuntimeError::WrongState { .. } => Code::FAILED_PRECONDITION,
                 _ => Code::UNKNOWN,
             },

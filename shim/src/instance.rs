@@ -8,6 +8,9 @@ use crab_runtime::config::Config;
 use crab_runtime::container::Container;
 use tokio::task::JoinHandle;
 
+use crab_runtime::storage::layers::MountSpec;
+
+use crate::checkpoint::PendingRestore;
 use crate::error::{ShimError, ShimResult};
 use crate::process::Process;
 
@@ -28,6 +31,10 @@ pub struct Instance {
     pub execs: HashMap<String, Process>,
     /// The OOM watcher task.
     pub oom: Option<JoinHandle<()>>,
+    /// containerd's rootfs mounts (the image layers), for a checkpoint's file delta.
+    pub image: Vec<MountSpec>,
+    /// A checkpoint to restore at `Start`.
+    pub restore: Option<PendingRestore>,
 }
 
 impl Instance {

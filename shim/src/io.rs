@@ -77,21 +77,18 @@ impl PipeIo {
             stdout_r: None,
             stderr_r: None,
         };
-        if !paths.stdin.is_empty() {
-            let (r, w) = pipe()?;
-            child.stdin = Some(r);
-            io.stdin_w = Some(w);
-        }
-        if !paths.stdout.is_empty() {
-            let (r, w) = pipe()?;
-            child.stdout = Some(w);
-            io.stdout_r = Some(r);
-        }
-        if !paths.stderr.is_empty() {
-            let (r, w) = pipe()?;
-            child.stderr = Some(w);
-            io.stderr_r = Some(r);
-        }
+        // Always pipes, even where containerd gave no fifo: CRIU can hand a pipe to a
+        // restored process (by its key), but not a file of the shim's mount namespace.
+        let (r, w) = pipe()?;
+        child.stdin = Some(r);
+        // No stdin fifo: the write end closes here, and the process reads EOF.
+        io.stdin_w = (!paths.stdin.is_empty()).then_some(w);
+        let (r, w) = pipe()?;
+        child.stdout = Some(w);
+        io.stdout_r = Some(r);
+        let (r, w) = pipe()?;
+        child.stderr = Some(w);
+        io.stderr_r = Some(r);
         Ok((io, child))
     }
 
@@ -105,7 +102,11 @@ impl PipeIo {
             if let Some(r) = r {
                 let src = pipe::Receiver::from_owned_fd(r)
                     .map_err(|e| ShimError::Other(format!("stdio pipe: {e}")))?;
-                let dst = open_output_fifo(path)?;
+                let dst = if path.is_empty() {
+                    None
+                } else {
+                    Some(open_output_fifo(path)?)
+                };
                 outputs.push(tokio::spawn(copy_output(src, dst)));
             }
         }
@@ -141,7 +142,7 @@ impl ProcessIo {
         if !paths.stdout.is_empty() {
             let src = tokio::fs::File::from_std(File::from(dup(&master)?));
             let dst = open_output_fifo(&paths.stdout)?;
-            outputs.push(tokio::spawn(copy_output(src, dst)));
+            outputs.push(tokio::spawn(copy_output(src, Some(dst))));
         }
         let stdin: StdinWriter = Arc::new(Mutex::new(None));
         let mut stdin_task = None;
@@ -225,15 +226,19 @@ fn open_output_fifo(path: &str) -> ShimResult<pipe::Sender> {
         .map_err(|e| ShimError::Other(format!("open output fifo {path}: {e}")))
 }
 
-async fn copy_output(mut src: impl AsyncRead + Unpin, mut dst: pipe::Sender) {
+/// Copies output to the fifo (`None`: containerd wants none; it is read and dropped, so
+/// that the process never blocks on a full pipe).
+async fn copy_output(mut src: impl AsyncRead + Unpin, mut dst: Option<pipe::Sender>) {
     let mut buf = vec![0u8; 32 * 1024];
     loop {
         let n = match src.read(&mut buf).await {
             Ok(0) | Err(_) => break, // EOF; EIO from a pty whose other side closed
             Ok(n) => n,
         };
-        if dst.write_all(&buf[..n]).await.is_err() {
-            break;
+        if let Some(d) = dst.as_mut() {
+            if d.write_all(&buf[..n]).await.is_err() {
+                break;
+            }
         }
     }
 }

@@ -6,6 +6,7 @@
 //! - [`events`], [`oom`], [`metrics`], [`rootfs`], [`options`]: what the names say.
 //! - [`error`]: the one mapping from errors to ttrpc codes.
 
+pub mod checkpoint;
 pub mod console;
 pub mod error;
 pub mod events;

@@ -29,30 +29,83 @@ impl RuntimeOptions {
             return Ok(RuntimeOptions::default());
         }
         let mut out = RuntimeOptions::default();
-        let mut input = CodedInputStream::from_bytes(&any.value);
-        let err = |e: containerd_shim::protos::protobuf::Error| format!("bad runtime options: {e}");
-        while let Some(tag) = input.read_raw_tag_or_eof().map_err(err)? {
-            let (field, wire) = (tag >> 3, tag & 7);
-            match (field, wire) {
-                (2, 2) => out.config_path = Some(input.read_string().map_err(err)?),
-                (3, 2) => out.config_body = Some(input.read_string().map_err(err)?),
-                (_, 0) => {
-                    input.read_raw_varint64().map_err(err)?;
-                }
-                (_, 1) => {
-                    input.read_fixed64().map_err(err)?;
-                }
-                (_, 2) => {
-                    input.read_bytes().map_err(err)?;
-                }
-                (_, 5) => {
-                    input.read_fixed32().map_err(err)?;
-                }
-                _ => return Err(format!("bad runtime options: wire type {wire}")),
+        for_each_field(&any.value, "runtime options", |field, value| {
+            match (field, value) {
+                (2, Field::Bytes(b)) => out.config_path = Some(string(b)),
+                (3, Field::Bytes(b)) => out.config_body = Some(string(b)),
+                _ => {}
             }
-        }
+        })?;
         Ok(out)
     }
+}
+
+/// What Crab takes from runc's `CheckpointOptions` (`ctr container checkpoint` always
+/// sends them; `ctr task checkpoint` sends none to a non-runc runtime).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct CheckpointOptions {
+    /// Stop the container after the checkpoint (default: leave it running).
+    pub exit: bool,
+}
+
+const CHECKPOINT_OPTIONS_TYPE: &str = "containerd.runc.v1.CheckpointOptions";
+
+impl CheckpointOptions {
+    /// Decodes `options` (absent or of another type: the defaults).
+    pub fn from_any(any: Option<&Any>) -> Result<CheckpointOptions, String> {
+        let mut out = CheckpointOptions::default();
+        let Some(any) = any.filter(|a| a.type_url.ends_with(CHECKPOINT_OPTIONS_TYPE)) else {
+            return Ok(out);
+        };
+        for_each_field(&any.value, "checkpoint options", |field, value| {
+            if let (1, Field::Varint(v)) = (field, value) {
+                out.exit = v != 0;
+            }
+        })?;
+        Ok(out)
+    }
+}
+
+/// One protobuf field's value.
+enum Field<'a> {
+    Varint(u64),
+    Bytes(&'a [u8]),
+    Other,
+}
+
+fn string(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// Calls `f` with each field of a protobuf message (the option protos are not in the
+/// shim crate; their few fields are read by number).
+fn for_each_field(
+    bytes: &[u8],
+    what: &str,
+    mut f: impl FnMut(u32, Field<'_>),
+) -> Result<(), String> {
+    let mut input = CodedInputStream::from_bytes(bytes);
+    let err = |e: containerd_shim::protos::protobuf::Error| format!("bad {what}: {e}");
+    while let Some(tag) = input.read_raw_tag_or_eof().map_err(err)? {
+        let (field, wire) = (tag >> 3, tag & 7);
+        match wire {
+            0 => f(field, Field::Varint(input.read_raw_varint64().map_err(err)?)),
+            1 => {
+                input.read_fixed64().map_err(err)?;
+                f(field, Field::Other)
+            }
+            2 => {
+                let b = input.read_bytes().map_err(err)?;
+                f(field, Field::Bytes(&b))
+            }
+            5 => {
+                input.read_fixed32().map_err(err)?;
+                f(field, Field::Other)
+            }
+            _ => return Err(format!("bad {what}: wire type {wire}")),
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -99,6 +152,25 @@ mod tests {
             RuntimeOptions::from_any(None).unwrap(),
             RuntimeOptions::default()
         );
+    }
+
+    #[test]
+    fn test_checkpoint_exit_is_read() {
+        let mut value = Vec::new();
+        {
+            let mut out = CodedOutputStream::vec(&mut value);
+            out.write_bool(1, true).unwrap();
+            out.write_bool(5, true).unwrap();
+            out.write_string(8, "/img").unwrap();
+            out.flush().unwrap();
+        }
+        let any = Any {
+            type_url: "containerd.runc.v1.CheckpointOptions".into(),
+            value,
+            ..Default::default()
+        };
+        assert!(CheckpointOptions::from_any(Some(&any)).unwrap().exit);
+        assert!(!CheckpointOptions::from_any(None).unwrap().exit);
     }
 
     #[test]

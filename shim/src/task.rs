@@ -44,7 +44,7 @@ pub struct State {
 }
 
 impl State {
-    fn get(&self, id: &str) -> ShimResult<&Instance> {
+    pub(crate) fn get(&self, id: &str) -> ShimResult<&Instance> {
         self.containers.get(id).ok_or_else(|| not_found(id))
     }
 
@@ -62,7 +62,7 @@ pub struct TaskService {
     pub(crate) namespace: String,
 }
 
-async fn blocking<T: Send + 'static>(
+pub(crate) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> crab_runtime::Result<T> + Send + 'static,
 ) -> ShimResult<T> {
     tokio::task::spawn_blocking(f)
@@ -95,11 +95,6 @@ impl TaskService {
                 req.id
             )));
         }
-        if !req.checkpoint.is_empty() {
-            return Err(ShimError::FailedPrecondition(
-                "restore from a checkpoint is not supported yet".into(),
-            ));
-        }
         let opts =
             RuntimeOptions::from_any(req.options.as_ref()).map_err(ShimError::InvalidArgument)?;
         let (mut config, source) = Config::load_with_env(
@@ -117,6 +112,18 @@ impl TaskService {
 
         let rootfs_mounted =
             rootfs::prepare(&config, &key, &req.rootfs, &bundle.join("rootfs")).await?;
+        if !req.checkpoint.is_empty() {
+            let (cfg, b) = (config.clone(), bundle.clone());
+            let created = self
+                .create_restored(&mut state, &req, cfg, b, rootfs_mounted)
+                .await;
+            if created.is_err() {
+                rootfs::release(&config, &key, &bundle.join("rootfs"), rootfs_mounted).await;
+            } else {
+                self.publish_create(&req, 0).await;
+            }
+            return created;
+        }
         let stdio = StdioPaths {
             stdin: req.stdin.clone(),
             stdout: req.stdout.clone(),
@@ -155,8 +162,18 @@ impl TaskService {
                 init,
                 execs: HashMap::new(),
                 oom,
+                image: crate::checkpoint::image_mounts(&req),
+                restore: None,
             },
         );
+        self.publish_create(&req, pid).await;
+        Ok(CreateTaskResponse {
+            pid: pid as u32,
+            ..Default::default()
+        })
+    }
+
+    async fn publish_create(&self, req: &CreateTaskRequest, pid: i32) {
         self.events
             .publish(TaskCreate {
                 container_id: req.id.clone(),
@@ -174,10 +191,6 @@ impl TaskService {
                 ..Default::default()
             })
             .await;
-        Ok(CreateTaskResponse {
-            pid: pid as u32,
-            ..Default::default()
-        })
     }
 
     /// Start the init, or an exec process added earlier.
@@ -192,8 +205,12 @@ impl TaskService {
                     status_name(inst.init.status)
                 )));
             }
-            let c = inst.container.clone();
-            blocking(move || c.start()).await?;
+            if inst.restore.is_some() {
+                self.start_restored(inst).await?;
+            } else {
+                let c = inst.container.clone();
+                blocking(move || c.start()).await?;
+            }
             inst.init.status = Status::RUNNING;
             let pid = inst.init.pid;
             self.events
@@ -616,7 +633,7 @@ fn write_exec_spec(scratch: &Path, id: &str, exec_id: &str, p: &Process) -> Shim
 
 /// Sets up stdio (pipes, or a console socket for a terminal), runs `spawn` on a
 /// blocking thread, then starts copying. Returns what `spawn` returned and the io.
-async fn start_process<T: Send + 'static>(
+pub(crate) async fn start_process<T: Send + 'static>(
     config: &Config,
     stdio: &StdioPaths,
     mut opts: CreateOpts,

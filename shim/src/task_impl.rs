@@ -66,6 +66,14 @@ impl Task for TaskService {
     async fn connect(&self, _: &TtrpcContext, r: ConnectRequest) -> TtrpcResult<ConnectResponse> {
         Ok(TaskService::connect(self, r).await?)
     }
+    async fn checkpoint(
+        &self,
+        _: &TtrpcContext,
+        r: CheckpointTaskRequest,
+    ) -> TtrpcResult<Empty> {
+        TaskService::checkpoint(self, r).await?;
+        Ok(Empty::new())
+    }
     async fn shutdown(&self, _: &TtrpcContext, r: ShutdownRequest) -> TtrpcResult<Empty> {
         TaskService::shutdown(self, r).await?;
         Ok(Empty::new())

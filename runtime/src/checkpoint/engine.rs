@@ -1,0 +1,254 @@
+//! Checkpoint and restore of a whole container: its processes through CRIU, its files
+//! as a delta against its image.
+//!
+//! Checkpoint: freeze (unless containerd paused it already) → file-system delta (the
+//! frozen tree cannot change under the walk) → CRIU dump (leave running, or exit) →
+//! thaw → manifest last. A failure before the dump leaves the container running as
+//! it was.
+//!
+//! Restore: the caller has made the rootfs equal to the checkpointed tree; the helper
+//! joins the container's cgroups and runs `criu restore`, so that the restored init is
+//! a child of the shim, in the right cgroups, with its stdio on new pipes.
+
+use std::path::{Path, PathBuf};
+
+use libcontainer::container::ContainerStatus;
+use oci_spec::runtime::Spec;
+
+use super::{dir_bytes, fs_diff, FsPart, Kind, Manifest, Stdio, CRIU_DIR, FS_DIFF};
+use crate::config::Config;
+use crate::container::{load_spec, Container, CreateOpts};
+use crate::helper::{self, ChildStdio, Request};
+use crate::storage::ImageSource;
+use crate::{criu, Error, Result};
+
+/// How to checkpoint.
+#[derive(Debug, Clone)]
+pub struct CheckpointOpts {
+    /// The (existing, empty) checkpoint directory.
+    pub dir: PathBuf,
+    /// Stop the container after the dump (else it keeps running).
+    pub exit: bool,
+    /// The container's root file system, as this host sees it.
+    pub rootfs: PathBuf,
+    /// The image the rootfs was made from (`None`: the whole tree is the delta).
+    pub image: Option<ImageSource>,
+    /// The CRIU binary.
+    pub criu: PathBuf,
+}
+
+/// The cgroup path of a container under the freezer hierarchy (v1), or the unified one.
+pub fn freezer_cgroup(relative: &Path) -> PathBuf {
+    let rel = relative.strip_prefix("/").unwrap_or(relative);
+    let v1 = Path::new("/sys/fs/cgroup/freezer");
+    if v1.is_dir() {
+        v1.join(rel)
+    } else {
+        Path::new("/sys/fs/cgroup").join(rel)
+    }
+}
+
+/// The bind mounts of a spec, as (destination, source).
+pub fn bind_mounts(spec: &Spec) -> Vec<(String, PathBuf)> {
+    spec.mounts()
+        .iter()
+        .flatten()
+        .filter(|m| {
+            m.typ().as_deref() == Some("bind")
+                || m.options()
+                    .iter()
+                    .flatten()
+                    .any(|o| o == "bind" || o == "rbind")
+        })
+        .filter_map(|m| {
+            Some((
+                m.destination().to_string_lossy().into_owned(),
+                m.source().clone()?,
+            ))
+        })
+        .collect()
+}
+
+fn stdio_key(pid: i32, fd: i32) -> Option<String> {
+    std::fs::read_link(format!("/proc/{pid}/fd/{fd}"))
+        .ok()
+        .map(|p| p.to_string_lossy().into_owned())
+}
+
+impl Container {
+    /// Writes a full checkpoint of the running (or paused) container into `opts.dir`.
+    pub fn checkpoint(&self, opts: &CheckpointOpts) -> Result<Manifest> {
+        let status = self.status()?;
+        let pid = match (status, self.lc()?.pid()) {
+            (ContainerStatus::Running | ContainerStatus::Paused, Some(pid)) => pid.as_raw(),
+            _ => {
+                return Err(Error::WrongState {
+                    id: self.id().to_string(),
+                    state: format!("{status:?}").to_lowercase(),
+                    operation: "checkpoint",
+                })
+            }
+        };
+        let spec = load_spec(&self.state.bundle)?;
+        let stdio = Stdio {
+            stdin: stdio_key(pid, 0),
+            stdout: stdio_key(pid, 1),
+            stderr: stdio_key(pid, 2),
+        };
+        let terminal = [&stdio.stdin, &stdio.stdout, &stdio.stderr]
+            .iter()
+            .any(|k| k.as_deref().is_some_and(|k| k.starts_with("/dev/pts")));
+        if terminal {
+            return Err(Error::WrongState {
+                id: self.id().to_string(),
+                state: "running with a terminal".into(),
+                operation: "checkpoint (terminals are not supported yet)",
+            });
+        }
+        let froze = status == ContainerStatus::Running;
+        if froze {
+            self.pause()?;
+        }
+        let result = self.dump_frozen(opts, pid, &spec);
+        // With `exit` the tasks are gone, but the cgroup must not stay frozen.
+        if froze {
+            if let Err(e) = self.resume() {
+                tracing::warn!(id = %self.id(), error = %e, "thaw after checkpoint");
+            }
+        }
+        let (fs, process_bytes) = result?;
+        let manifest = Manifest {
+            version: super::VERSION,
+            kind: Kind::Full,
+            namespace: self.state.namespace.clone(),
+            id: self.id().to_string(),
+            created_ms: Manifest::now_ms(),
+            stdio,
+            fs: Some(fs),
+            process_bytes,
+            terminal,
+        };
+        manifest.write(&opts.dir)?;
+        Ok(manifest)
+    }
+
+    fn dump_frozen(&self, opts: &CheckpointOpts, pid: i32, spec: &Spec) -> Result<(FsPart, u64)> {
+        let fs = write_fs_delta(opts)?;
+        let images = opts.dir.join(CRIU_DIR);
+        std::fs::create_dir_all(&images)
+            .map_err(Error::io(format!("create {}", images.display())))?;
+        criu::dump(&criu::Dump {
+            criu: opts.criu.clone(),
+            pid,
+            images: images.clone(),
+            leave_running: !opts.exit,
+            freeze_cgroup: Some(freezer_cgroup(&self.cgroup_path()?)),
+            external_mounts: bind_mounts(spec).into_iter().map(|(d, _)| d).collect(),
+        })?;
+        Ok((fs, dir_bytes(&images)))
+    }
+
+    /// The first half of a restore (containerd's `Create`): a container whose
+    /// processes do not exist yet, with its tracking cgroup, and the checkpoint in `dir`
+    /// copied into its state dir (containerd removes its own copy). Its rootfs in
+    /// `opts.bundle` must already hold the checkpointed files ([`apply_fs_delta`]).
+    pub fn prepare_restore(
+        config: &Config,
+        opts: CreateOpts,
+        dir: &Path,
+    ) -> Result<(Self, PathBuf, Manifest)> {
+        let manifest = Manifest::read(dir)?;
+        if manifest.kind == Kind::FsOnly {
+            return Err(Error::BadCheckpoint {
+                path: dir.to_path_buf(),
+                message: "it holds files only: there are no processes to restore".into(),
+            });
+        }
+        load_spec(&opts.bundle)?;
+        let (container, _) = Container::new_unsaved(config, &opts)?;
+        let staged = container.dir().join("checkpoint");
+        let copied = std::fs::create_dir_all(&staged)
+            .map_err(Error::io(format!("create {}", staged.display())))
+            .and_then(|()| crate::storage::tree::copy(&dir.join(CRIU_DIR), &staged).map(|_| ()));
+        if let Err(e) = copied {
+            container.cleanup_after_failed_create();
+            return Err(e);
+        }
+        Ok((container, staged, manifest))
+    }
+
+    /// The second half (containerd's `Start`): runs CRIU in the helper, with the init's
+    /// stdio on `stdio`. Returns the restored init's pid. On failure whatever CRIU left
+    /// in the container's cgroup is killed: nothing half-restored keeps running.
+    pub fn restore(
+        &self,
+        images: &Path,
+        manifest: &Manifest,
+        criu: &Path,
+        stdio: ChildStdio,
+    ) -> Result<i32> {
+        let request = {
+            let dumped_id = manifest.id.clone();
+            let (id, root, bundle, images, criu, keys, tracking) = (
+                self.state.id.clone(),
+                self.root.clone(),
+                self.state.bundle.clone(),
+                images.to_path_buf(),
+                criu.to_path_buf(),
+                manifest.stdio.clone(),
+                self.state.tracking_cgroup.clone(),
+            );
+            Box::new(move |stdio| Request::Restore {
+                id,
+                root,
+                bundle,
+                images,
+                criu,
+                stdio,
+                keys,
+                tracking,
+                dumped_id,
+            })
+        };
+        match helper::run(request, stdio).and_then(|pid| {
+            self.save_state()?;
+            Ok(pid)
+        }) {
+            Ok(pid) => Ok(pid),
+            Err(e) => {
+                let _ = self.kill(nix::sys::signal::Signal::SIGKILL, true);
+                Err(e)
+            }
+        }
+    }
+}
+
+fn write_fs_delta(opts: &CheckpointOpts) -> Result<FsPart> {
+    let mnt = opts.dir.join(".image");
+    let _mounted = match &opts.image {
+        Some(image) => {
+            std::fs::create_dir_all(&mnt)
+                .map_err(Error::io(format!("create {}", mnt.display())))?;
+            Some(image.mount_readonly(&mnt)?)
+        }
+        None => None,
+    };
+    let base = opts.image.as_ref().map(|_| mnt.as_path());
+    let diff = fs_diff::diff(base, &opts.rootfs)?;
+    let bytes = fs_diff::write_tar(&opts.rootfs, &diff, &opts.dir.join(FS_DIFF))?;
+    drop(_mounted);
+    let _ = std::fs::remove_dir(&mnt);
+    Ok(FsPart {
+        changed: diff.changed.len(),
+        deleted: diff.deleted,
+        bytes,
+    })
+}
+
+/// Makes `rootfs` (a fresh tree of the image) hold the checkpoint's files.
+pub fn apply_fs_delta(dir: &Path, manifest: &Manifest, rootfs: &Path) -> Result<()> {
+    match &manifest.fs {
+        Some(fs) => fs_diff::apply(rootfs, &fs.deleted, &dir.join(FS_DIFF)),
+        None => Ok(()),
+    }
+}

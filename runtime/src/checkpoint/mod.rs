@@ -1,0 +1,172 @@
+//! Checkpoint directories.
+//!
+//! A checkpoint is one directory, self-contained: containerd tars the directory the
+//! shim fills for `Checkpoint` into its content store, and hands it back, unpacked, to
+//! `Create` on restore. Crab writes there:
+//! - `criu/`: CRIU's images of the process tree;
+//! - `rootfs-diff.tar`: the files the container changed against its image (so a restore
+//!   gets them even without `ctr ... --rw`), with the deleted paths in the manifest;
+//! - [`MANIFEST`], written last: a checkpoint without it is incomplete.
+
+pub mod engine;
+pub mod fs_diff;
+pub mod restore_helper;
+
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Error, Result};
+
+/// The manifest's file name.
+pub const MANIFEST: &str = "crab-checkpoint.json";
+/// The CRIU images' directory.
+pub const CRIU_DIR: &str = "criu";
+/// The file-system delta.
+pub const FS_DIFF: &str = "rootfs-diff.tar";
+/// The manifest format this version writes and reads.
+pub const VERSION: u32 = 1;
+
+/// What a checkpoint holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Kind {
+    /// Processes and files.
+    Full,
+    /// Files only.
+    FsOnly,
+    /// Processes only.
+    ProcessOnly,
+}
+
+/// The keys CRIU gave the init's stdio (`pipe:[1234]`), to be replaced on restore.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Stdio {
+    /// fd 0.
+    pub stdin: Option<String>,
+    /// fd 1.
+    pub stdout: Option<String>,
+    /// fd 2.
+    pub stderr: Option<String>,
+}
+
+/// The file-system part.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FsPart {
+    /// Paths (relative to the root) the container deleted or replaced by another type.
+    pub deleted: Vec<String>,
+    /// How many entries the diff tar holds.
+    pub changed: usize,
+    /// The tar's size.
+    pub bytes: u64,
+}
+
+/// What a checkpoint directory holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// Format version ([`VERSION`]).
+    pub version: u32,
+    /// What it holds.
+    pub kind: Kind,
+    /// containerd namespace of the checkpointed container.
+    pub namespace: String,
+    /// Its id.
+    pub id: String,
+    /// When it was taken (milliseconds since the epoch).
+    pub created_ms: u64,
+    /// The init's stdio keys.
+    pub stdio: Stdio,
+    /// The file-system delta, when the checkpoint has one.
+    pub fs: Option<FsPart>,
+    /// Bytes of CRIU images.
+    pub process_bytes: u64,
+    /// Whether the container had a terminal.
+    pub terminal: bool,
+}
+
+impl Manifest {
+    /// Now, in milliseconds since the epoch.
+    pub fn now_ms() -> u64 {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0)
+    }
+
+    /// Writes the manifest into `dir`, durably, after everything else is durable.
+    pub fn write(&self, dir: &Path) -> Result<()> {
+        sync_tree(dir)?;
+        let json = serde_json::to_vec_pretty(self).expect("manifest serializes");
+        let tmp = dir.join(format!(".{MANIFEST}.tmp"));
+        std::fs::write(&tmp, json).map_err(Error::io(format!("write {}", tmp.display())))?;
+        sync_path(&tmp)?;
+        let dst = dir.join(MANIFEST);
+        std::fs::rename(&tmp, &dst).map_err(Error::io(format!("rename {}", dst.display())))?;
+        sync_path(dir)
+    }
+
+    /// Reads and checks the manifest of the checkpoint in `dir`.
+    pub fn read(dir: &Path) -> Result<Manifest> {
+        let bad = |message: String| Error::BadCheckpoint {
+            path: dir.to_path_buf(),
+            message,
+        };
+        let file = dir.join(MANIFEST);
+        let text = std::fs::read(&file).map_err(|e| {
+            bad(format!(
+                "no {MANIFEST} ({e}): not a Crab checkpoint, or an incomplete one"
+            ))
+        })?;
+        let m: Manifest =
+            serde_json::from_slice(&text).map_err(|e| bad(format!("{MANIFEST}: {e}")))?;
+        if m.version != VERSION {
+            return Err(bad(format!(
+                "format version {} (this Crab reads {VERSION})",
+                m.version
+            )));
+        }
+        if m.kind != Kind::FsOnly && !dir.join(CRIU_DIR).join("inventory.img").is_file() {
+            return Err(bad(format!("{CRIU_DIR}/inventory.img is missing")));
+        }
+        if m.fs.is_some() && !dir.join(FS_DIFF).is_file() {
+            return Err(bad(format!("{FS_DIFF} is missing")));
+        }
+        Ok(m)
+    }
+}
+
+/// Total size of the regular files under `dir`.
+pub fn dir_bytes(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => dir_bytes(&e.path()),
+            Ok(t) if t.is_file() => e.metadata().map(|m| m.len()).unwrap_or(0),
+            _ => 0,
+        })
+        .sum()
+}
+
+fn sync_path(p: &Path) -> Result<()> {
+    std::fs::File::open(p)
+        .and_then(|f| f.sync_all())
+        .map_err(Error::io(format!("fsync {}", p.display())))
+}
+
+/// fsyncs every file and directory under `dir` (CRIU does not).
+fn sync_tree(dir: &Path) -> Result<()> {
+    let entries = std::fs::read_dir(dir).map_err(Error::io(format!("read {}", dir.display())))?;
+    for e in entries.flatten() {
+        let p: PathBuf = e.path();
+        match e.file_type() {
+            Ok(t) if t.is_dir() => sync_tree(&p)?,
+            Ok(t) if t.is_file() => sync_path(&p)?,
+            _ => {}
+        }
+    }
+    sync_path(dir)
+}

@@ -1,0 +1,169 @@
+//! The helper's side of a restore: runs in the single-threaded helper process.
+//!
+//! It joins the container's cgroups (the tracking cgroup2 directory and the v1
+//! hierarchies the spec names, with its resources applied) before it runs CRIU, so that
+//! the restored tasks are born in them; CRIU restores the root task as the helper's
+//! child, which becomes the shim's (a subreaper) when the helper exits. Then it brings
+//! the restored network namespace's loopback up and writes libcontainer's state, so
+//! that kill, pause, exec, stats and delete work on the restored container as on any.
+
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::path::{Path, PathBuf};
+
+use libcgroups::common::{CgroupConfig, CgroupManager, ControllerOpt};
+use libcontainer::config::YoukiConfig;
+use libcontainer::container::{Container as LcContainer, ContainerStatus};
+use oci_spec::runtime::LinuxResources;
+
+use super::engine::bind_mounts;
+use crate::container::load_spec;
+use crate::helper::{inherited_or_null, Request};
+use crate::tracking::TrackingCgroup;
+use crate::{criu, netns, Error, Result};
+
+/// Restores the container the request names; returns the restored init's host pid.
+pub fn serve(request: Request) -> Result<i32> {
+    let Request::Restore {
+        id,
+        root,
+        bundle,
+        images,
+        criu: criu_bin,
+        stdio,
+        keys,
+        tracking,
+        dumped_id,
+    } = request
+    else {
+        unreachable!("only restore requests come here");
+    };
+    TrackingCgroup::at(tracking).add(std::process::id() as i32)?;
+    let spec = load_spec(&bundle)?;
+    let mut youki = YoukiConfig::from_spec(&spec, &id).map_err(|e| Error::InvalidSpec {
+        bundle: bundle.clone(),
+        message: e.to_string(),
+    })?;
+    youki.cgroup_path = own_cgroup_path(&youki.cgroup_path, &dumped_id, &id);
+    join_cgroups(&id, &youki.cgroup_path, &spec)?;
+
+    // The new pipes replace the dumped ones, by CRIU's key. A key seen twice (fd 2
+    // duplicated from fd 1) is inherited once.
+    let fds: Vec<OwnedFd> = [stdio.stdin, stdio.stdout, stdio.stderr]
+        .into_iter()
+        .map(inherited_or_null)
+        .collect::<Result<_>>()?;
+    let mut inherit: Vec<(RawFd, String)> = Vec::new();
+    for (key, fd) in [&keys.stdin, &keys.stdout, &keys.stderr]
+        .into_iter()
+        .zip(&fds)
+    {
+        if let Some(key) = key.as_ref().filter(|k| k.starts_with("pipe:")) {
+            if !inherit.iter().any(|(_, k)| k == key) {
+                clear_cloexec(fd.as_raw_fd())?;
+                inherit.push((fd.as_raw_fd(), key.clone()));
+            }
+        }
+    }
+    let rootfs = match spec.root().as_ref().map(|r| r.path().clone()) {
+        Some(p) if p.is_absolute() => p,
+        Some(p) => bundle.join(p),
+        None => bundle.join("rootfs"),
+    };
+    let dir = root.join(&id);
+    std::fs::create_dir_all(&dir).map_err(Error::io(format!("create {}", dir.display())))?;
+    let pid = criu::restore(&criu::Restore {
+        criu: criu_bin,
+        images,
+        root: rootfs,
+        pidfile: dir.join("restored.pid"),
+        inherit,
+        external_mounts: bind_mounts(&spec),
+    })?;
+    drop(fds);
+
+    let mut lc = LcContainer::new(&id, ContainerStatus::Running, Some(pid), &bundle, &dir)
+        .map_err(Error::libcontainer("record restored container"))?;
+    lc.set_systemd(false);
+    lc.save()
+        .map_err(Error::libcontainer("save restored container"))?;
+    youki.save(&dir).map_err(|e| Error::Io {
+        context: format!("save {}", dir.display()),
+        source: std::io::Error::other(e.to_string()),
+    })?;
+    if netns::owns_network_namespace(&spec) {
+        netns::loopback_up(pid)?;
+    }
+    Ok(pid)
+}
+
+fn join_cgroups(id: &str, path: &Path, spec: &oci_spec::runtime::Spec) -> Result<()> {
+    let cgroup_err = |operation: &'static str| {
+        move |e: libcgroups::common::AnyManagerError| Error::Cgroup {
+            operation,
+            message: e.to_string(),
+        }
+    };
+    let manager = libcgroups::common::create_cgroup_manager(CgroupConfig {
+        cgroup_path: path.to_path_buf(),
+        systemd_cgroup: false,
+        container_name: id.to_string(),
+    })
+    .map_err(|e| Error::Cgroup {
+        operation: "open manager",
+        message: e.to_string(),
+    })?;
+    manager
+        .add_task(nix::unistd::Pid::this())
+        .map_err(cgroup_err("join the container's cgroups"))?;
+    let none = LinuxResources::default();
+    let resources = spec
+        .linux()
+        .as_ref()
+        .and_then(|l| l.resources().as_ref())
+        .unwrap_or(&none);
+    manager
+        .apply(&ControllerOpt {
+            resources,
+            disable_oom_killer: resources
+                .memory()
+                .as_ref()
+                .and_then(|m| m.disable_oom_killer())
+                .unwrap_or(false),
+            oom_score_adj: None,
+            freezer_state: None,
+        })
+        .map_err(cgroup_err("apply resources"))
+}
+
+/// containerd restores the checkpointed spec, whose cgroups path names the
+/// checkpointed container (`/<namespace>/<old id>`), which may still be running: the
+/// restored container gets its own (`/<namespace>/<new id>`), so that pausing or
+/// deleting one never touches the other.
+pub fn own_cgroup_path(path: &Path, dumped_id: &str, id: &str) -> PathBuf {
+    if dumped_id != id && path.file_name().is_some_and(|n| n == dumped_id) {
+        path.with_file_name(id)
+    } else {
+        path.to_path_buf()
+    }
+}
+
+fn clear_cloexec(fd: RawFd) -> Result<()> {
+    // SAFETY: fcntl on an fd this process owns; no memory is passed.
+    if unsafe { libc::fcntl(fd, libc::F_SETFD, 0) } < 0 {
+        return Err(Error::sys("clear CLOEXEC")(nix::Error::last()));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_restored_copy_gets_a_cgroup_of_its_own() {
+        let p = Path::new("/crab/web");
+        assert_eq!(own_cgroup_path(p, "web", "web-2"), Path::new("/crab/web-2"));
+        assert_eq!(own_cgroup_path(p, "web", "web"), p);
+        assert_eq!(own_cgroup_path(Path::new("/custom/x"), "web", "web-2"), Path::new("/custom/x"));
+    }
+}

@@ -1,0 +1,174 @@
+//! CRIU, driven through its command line.
+//!
+//! The CLI (rather than CRIU's RPC) keeps each dump and restore a plain child process
+//! with a log file: the restore runs inside the single-threaded helper, which has
+//! joined the container's cgroups first, so that the restored tasks start there
+//! (`--manage-cgroups=ignore` leaves them in CRIU's own cgroups).
+//!
+//! Options common to both sides: TCP connections, external unix sockets and file locks
+//! are dumped rather than refused (an agent's sandbox holds all of them); the network is
+//! locked with nftables (iptables may be absent); deleted-but-open files up to
+//! [`GHOST_LIMIT`] are carried in the image.
+
+use std::os::fd::RawFd;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::{Error, Result};
+
+/// Largest deleted-but-open file carried inside the image.
+pub const GHOST_LIMIT: &str = "256M";
+
+const COMMON: &[&str] = &[
+    "--manage-cgroups=ignore",
+    "--file-locks",
+    "--tcp-established",
+    "--ext-unix-sk",
+];
+
+/// What to dump.
+#[derive(Debug, Clone)]
+pub struct Dump {
+    /// The CRIU binary.
+    pub criu: PathBuf,
+    /// The root of the process tree (the container's init).
+    pub pid: i32,
+    /// Where the images go (it must exist).
+    pub images: PathBuf,
+    /// Keep the processes running afterwards (else CRIU kills them).
+    pub leave_running: bool,
+    /// The container's freezer cgroup: CRIU freezes through it, and checks that every
+    /// task in it belongs to the dumped tree. A cgroup frozen before stays frozen.
+    pub freeze_cgroup: Option<PathBuf>,
+    /// Mount points (inside the container) of bind mounts from the host: recorded by
+    /// name, and bound again from their source at restore.
+    pub external_mounts: Vec<String>,
+}
+
+/// What to restore.
+#[derive(Debug, Clone)]
+pub struct Restore {
+    /// The CRIU binary.
+    pub criu: PathBuf,
+    /// The images written by [`dump`].
+    pub images: PathBuf,
+    /// The container's root file system, already in the dumped state.
+    pub root: PathBuf,
+    /// Where CRIU writes the restored init's pid.
+    pub pidfile: PathBuf,
+    /// Open fds (without CLOEXEC) that replace files the dumped processes had open with
+    /// the peers outside the tree, by CRIU's key (such as `pipe:[1234]`).
+    pub inherit: Vec<(RawFd, String)>,
+    /// (mount point inside the container, source on this host) of each bind mount.
+    pub external_mounts: Vec<(String, PathBuf)>,
+}
+
+/// Dumps the process tree.
+pub fn dump(d: &Dump) -> Result<()> {
+    let mut cmd = Command::new(&d.criu);
+    cmd.arg("dump")
+        .arg("--tree")
+        .arg(d.pid.to_string())
+        .arg("--images-dir")
+        .arg(&d.images)
+        .args(["--log-file", "dump.log", "-v4"])
+        .args(COMMON)
+        .args(["--network-lock", "nftables", "--ghost-limit", GHOST_LIMIT]);
+    if d.leave_running {
+        cmd.arg("--leave-running");
+    }
+    if let Some(cg) = &d.freeze_cgroup {
+        cmd.arg("--freeze-cgroup").arg(cg);
+    }
+    for m in &d.external_mounts {
+        cmd.arg("--external").arg(format!("mnt[{m}]:{m}"));
+    }
+    run(cmd, "dump", &d.criu, &d.images.join("dump.log"))
+}
+
+/// Restores the tree as a sibling of the caller (so a child of the caller's parent),
+/// detached, and returns the host pid of its root.
+pub fn restore(r: &Restore) -> Result<i32> {
+    let mut cmd = Command::new(&r.criu);
+    cmd.arg("restore")
+        .arg("--images-dir")
+        .arg(&r.images)
+        .args(["--log-file", "restore.log", "-v4"])
+        .arg("--root")
+        .arg(&r.root)
+        .args(["--restore-detached", "--restore-sibling"])
+        .arg("--pidfile")
+        .arg(&r.pidfile)
+        .args(COMMON);
+    for (fd, key) in &r.inherit {
+        cmd.arg("--inherit-fd").arg(format!("fd[{fd}]:{key}"));
+    }
+    for (dst, src) in &r.external_mounts {
+        cmd.arg("--external")
+            .arg(format!("mnt[{dst}]:{}", src.display()));
+    }
+    let _ = std::fs::remove_file(&r.pidfile);
+    run(cmd, "restore", &r.criu, &r.images.join("restore.log"))?;
+    let text = std::fs::read_to_string(&r.pidfile)
+        .map_err(Error::io(format!("read CRIU's pid file {}", r.pidfile.display())))?;
+    text.trim().parse().map_err(|_| Error::Criu {
+        operation: "restore",
+        message: format!("pid file holds {text:?}"),
+        log: r.images.join("restore.log"),
+    })
+}
+
+/// CRIU's version line, or why it cannot run.
+pub fn version(criu: &Path) -> Result<String> {
+    let out = Command::new(criu)
+        .arg("--version")
+        .output()
+        .map_err(|e| missing(criu, e))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    Ok(text
+        .lines()
+        .find(|l| l.starts_with("Version"))
+        .unwrap_or("")
+        .trim()
+        .to_string())
+}
+
+fn missing(criu: &Path, e: std::io::Error) -> Error {
+    if e.kind() == std::io::ErrorKind::NotFound {
+        Error::CriuMissing(criu.to_path_buf())
+    } else {
+        Error::io(format!("run {}", criu.display()))(e)
+    }
+}
+
+fn run(mut cmd: Command, operation: &'static str, criu: &Path, log: &Path) -> Result<()> {
+    let out = cmd.output().map_err(|e| missing(criu, e))?;
+    if out.status.success() {
+        return Ok(());
+    }
+    let mut message = log_errors(log);
+    if message.is_empty() {
+        message = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    }
+    if message.is_empty() {
+        message = format!("exited with {}", out.status);
+    }
+    Err(Error::Criu {
+        operation,
+        message,
+        log: log.to_path_buf(),
+    })
+}
+
+/// The error lines of a CRIU log worth showing: its last few `Error` lines, without the
+/// ones about tools CRIU merely probes for.
+pub fn log_errors(log: &Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("Error") && !l.contains("execvp") && !l.contains("-V failed"))
+        .filter(|l| !l.contains("RLIMIT_NOFILE"))
+        .collect();
+    let start = lines.len().saturating_sub(4);
+    lines[start..].join("; ")
+}

@@ -1,0 +1,59 @@
+//! The container's network namespace.
+//!
+//! libcontainer creates a new network namespace with its loopback interface down (runc
+//! brings it up). Agents' sandboxes run local servers, so Crab brings `lo` up after
+//! every create and restore: a restored server must accept connections on 127.0.0.1.
+
+use std::fs::File;
+use std::os::fd::{AsRawFd, OwnedFd};
+
+use nix::sched::CloneFlags;
+use nix::sys::socket::{socket, AddressFamily, SockFlag, SockType};
+use oci_spec::runtime::{LinuxNamespaceType, Spec};
+
+use crate::{Error, Result};
+
+/// Whether the spec gives the container a network namespace of its own (one without a
+/// path: the runtime makes it, so the runtime sets it up).
+pub fn owns_network_namespace(spec: &Spec) -> bool {
+    spec.linux()
+        .as_ref()
+        .and_then(|l| l.namespaces().as_ref())
+        .map(|nss| {
+            nss.iter()
+                .any(|n| n.typ() == LinuxNamespaceType::Network && n.path().is_none())
+        })
+        .unwrap_or(false)
+}
+
+/// Moves the calling thread into `pid`'s network namespace and brings `lo` up there.
+/// Call it from a single-threaded helper: the thread stays in that namespace.
+pub fn loopback_up(pid: i32) -> Result<()> {
+    let ns = format!("/proc/{pid}/ns/net");
+    let file = File::open(&ns).map_err(Error::io(format!("open {ns}")))?;
+    nix::sched::setns(&file, CloneFlags::CLONE_NEWNET).map_err(Error::sys(format!("setns {ns}")))?;
+    let sock: OwnedFd = socket(
+        AddressFamily::Inet,
+        SockType::Datagram,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .map_err(Error::sys("socket for interface flags"))?;
+    // SAFETY: ifreq is plain old data; all-zero is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
+        *dst = *src as libc::c_char;
+    }
+    // SAFETY: SIOCGIFFLAGS reads the name and writes the flags member of `req`, which
+    // lives for the whole call.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) } < 0 {
+        return Err(Error::sys("get flags of lo")(nix::Error::last()));
+    }
+    // SAFETY: after SIOCGIFFLAGS the union holds the flags.
+    unsafe { req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short };
+    // SAFETY: as above; SIOCSIFFLAGS only reads `req`.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) } < 0 {
+        return Err(Error::sys("bring lo up")(nix::Error::last()));
+    }
+    Ok(())
+}
