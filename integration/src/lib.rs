@@ -8,11 +8,14 @@
 //! - `CRAB_CONFIG`: the crab runtime configuration the shims use (for the state dir)
 
 use std::io::{BufRead, BufReader, Write};
+
+pub mod ttrpc;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+pub use ttrpc::{pb_bytes, pb_fields, shim_call};
 
 /// The crab runtime's name.
 pub const CRAB: &str = "io.containerd.crab.v2";

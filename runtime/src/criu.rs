@@ -109,8 +109,10 @@ pub fn restore(r: &Restore) -> Result<i32> {
     }
     let _ = std::fs::remove_file(&r.pidfile);
     run(cmd, "restore", &r.criu, &r.images.join("restore.log"))?;
-    let text = std::fs::read_to_string(&r.pidfile)
-        .map_err(Error::io(format!("read CRIU's pid file {}", r.pidfile.display())))?;
+    let text = std::fs::read_to_string(&r.pidfile).map_err(Error::io(format!(
+        "read CRIU's pid file {}",
+        r.pidfile.display()
+    )))?;
     text.trim().parse().map_err(|_| Error::Criu {
         operation: "restore",
         message: format!("pid file holds {text:?}"),

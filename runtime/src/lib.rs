@@ -13,8 +13,8 @@
 
 pub mod checkpoint;
 pub mod config;
-pub mod criu;
 pub mod container;
+pub mod criu;
 pub mod error;
 pub mod helper;
 pub mod metrics;

@@ -31,7 +31,8 @@ pub fn owns_network_namespace(spec: &Spec) -> bool {
 pub fn loopback_up(pid: i32) -> Result<()> {
     let ns = format!("/proc/{pid}/ns/net");
     let file = File::open(&ns).map_err(Error::io(format!("open {ns}")))?;
-    nix::sched::setns(&file, CloneFlags::CLONE_NEWNET).map_err(Error::sys(format!("setns {ns}")))?;
+    nix::sched::setns(&file, CloneFlags::CLONE_NEWNET)
+        .map_err(Error::sys(format!("setns {ns}")))?;
     let sock: OwnedFd = socket(
         AddressFamily::Inet,
         SockType::Datagram,

@@ -140,12 +140,15 @@ impl TaskService {
                 if req.terminal { "for" } else { "for no" },
             )));
         }
-        let mut init = crate::process::Process::new("", crate::io::StdioPaths {
-            stdin: req.stdin.clone(),
-            stdout: req.stdout.clone(),
-            stderr: req.stderr.clone(),
-            terminal: req.terminal,
-        });
+        let mut init = crate::process::Process::new(
+            "",
+            crate::io::StdioPaths {
+                stdin: req.stdin.clone(),
+                stdout: req.stdout.clone(),
+                stderr: req.stderr.clone(),
+                terminal: req.terminal,
+            },
+        );
         init.pid = 0;
         state.containers.insert(
             req.id.clone(),

@@ -89,7 +89,10 @@ fn for_each_field(
     while let Some(tag) = input.read_raw_tag_or_eof().map_err(err)? {
         let (field, wire) = (tag >> 3, tag & 7);
         match wire {
-            0 => f(field, Field::Varint(input.read_raw_varint64().map_err(err)?)),
+            0 => f(
+                field,
+                Field::Varint(input.read_raw_varint64().map_err(err)?),
+            ),
             1 => {
                 input.read_fixed64().map_err(err)?;
                 f(field, Field::Other)

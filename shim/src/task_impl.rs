@@ -66,11 +66,7 @@ impl Task for TaskService {
     async fn connect(&self, _: &TtrpcContext, r: ConnectRequest) -> TtrpcResult<ConnectResponse> {
         Ok(TaskService::connect(self, r).await?)
     }
-    async fn checkpoint(
-        &self,
-        _: &TtrpcContext,
-        r: CheckpointTaskRequest,
-    ) -> TtrpcResult<Empty> {
+    async fn checkpoint(&self, _: &TtrpcContext, r: CheckpointTaskRequest) -> TtrpcResult<Empty> {
         TaskService::checkpoint(self, r).await?;
         Ok(Empty::new())
     }

@@ -30,7 +30,11 @@ pub struct Diff {
 pub fn diff(base: Option<&Path>, current: &Path) -> Result<Diff> {
     let mut out = Diff::default();
     let root = meta(current)?;
-    if base.map(|b| meta(b).map(|m| !same(&m, &root))).transpose()? != Some(false) {
+    if base
+        .map(|b| meta(b).map(|m| !same(&m, &root)))
+        .transpose()?
+        != Some(false)
+    {
         out.changed.push(".".into());
     }
     walk(base, current, "", root.dev(), &mut out)?;
@@ -74,15 +78,17 @@ fn walk(base: Option<&Path>, cur: &Path, rel: &str, dev: u64, out: &mut Diff) ->
         let m = meta(&path)?;
         let sub = join(rel, name);
         let old = base.and_then(|b| std::fs::symlink_metadata(b.join(name)).ok());
-        let kind_changed = old
-            .as_ref()
-            .is_some_and(|o| o.file_type() != m.file_type());
+        let kind_changed = old.as_ref().is_some_and(|o| o.file_type() != m.file_type());
         if kind_changed {
             out.deleted.push(sub.clone());
         }
         let differs = match &old {
             None => true,
-            Some(o) => !same(o, &m) || (m.file_type().is_symlink() && link(&path) != link(&base.expect("old is from base").join(name))),
+            Some(o) => {
+                !same(o, &m)
+                    || (m.file_type().is_symlink()
+                        && link(&path) != link(&base.expect("old is from base").join(name)))
+            }
         };
         if differs {
             out.changed.push(sub.clone());
@@ -127,10 +133,14 @@ fn same(a: &std::fs::Metadata, b: &std::fs::Metadata) -> bool {
 pub fn write_tar(current: &Path, diff: &Diff, out: &Path) -> Result<u64> {
     let list = out.with_extension("list");
     {
-        let mut f =
-            std::fs::File::create(&list).map_err(Error::io(format!("create {}", list.display())))?;
+        let mut f = std::fs::File::create(&list)
+            .map_err(Error::io(format!("create {}", list.display())))?;
         for p in &diff.changed {
-            let entry = if p == "." { ".".to_string() } else { format!("./{p}") };
+            let entry = if p == "." {
+                ".".to_string()
+            } else {
+                format!("./{p}")
+            };
             f.write_all(entry.as_bytes())
                 .and_then(|()| f.write_all(b"\0"))
                 .map_err(Error::io(format!("write {}", list.display())))?;
@@ -198,7 +208,9 @@ pub fn apply(rootfs: &Path, deleted: &[String], tar: &Path) -> Result<()> {
 }
 
 fn run_tar(mut cmd: Command, what: &str) -> Result<()> {
-    let out = cmd.output().map_err(Error::io(format!("{what}: run tar")))?;
+    let out = cmd
+        .output()
+        .map_err(Error::io(format!("{what}: run tar")))?;
     if out.status.success() {
         return Ok(());
     }
@@ -228,7 +240,11 @@ mod tests {
     #[test]
     fn delta_applied_to_the_image_gives_the_changed_tree() {
         let t = tempfile::tempdir().unwrap();
-        let (base, cur, out) = (t.path().join("base"), t.path().join("cur"), t.path().join("out"));
+        let (base, cur, out) = (
+            t.path().join("base"),
+            t.path().join("cur"),
+            t.path().join("out"),
+        );
         for d in [&base, &out] {
             write(&d.join("keep"), "same");
             write(&d.join("edit"), "old");
@@ -237,7 +253,13 @@ mod tests {
             write(&d.join("mode"), "m");
         }
         // The container's tree: a snapshot of the image (times kept), then changed.
-        assert!(Command::new("cp").arg("-a").arg(&base).arg(&cur).status().unwrap().success());
+        assert!(Command::new("cp")
+            .arg("-a")
+            .arg(&base)
+            .arg(&cur)
+            .status()
+            .unwrap()
+            .success());
         write(&cur.join("edit"), "new content");
         std::fs::remove_dir_all(cur.join("gone")).unwrap();
         std::fs::remove_file(cur.join("becomes_dir")).unwrap();
@@ -255,12 +277,24 @@ mod tests {
         write_tar(&cur, &d, &tar).unwrap();
         apply(&out, &d.deleted, &tar).unwrap();
 
-        assert_eq!(std::fs::read_to_string(out.join("edit")).unwrap(), "new content");
+        assert_eq!(
+            std::fs::read_to_string(out.join("edit")).unwrap(),
+            "new content"
+        );
         assert_eq!(std::fs::read_to_string(out.join("keep")).unwrap(), "same");
         assert!(!out.join("gone").exists());
-        assert_eq!(std::fs::read_to_string(out.join("becomes_dir/inner")).unwrap(), "in");
-        assert_eq!(std::fs::read_to_string(out.join("new/dir/file")).unwrap(), "fresh");
-        assert_eq!(std::fs::read_link(out.join("link")).unwrap(), Path::new("edit"));
+        assert_eq!(
+            std::fs::read_to_string(out.join("becomes_dir/inner")).unwrap(),
+            "in"
+        );
+        assert_eq!(
+            std::fs::read_to_string(out.join("new/dir/file")).unwrap(),
+            "fresh"
+        );
+        assert_eq!(
+            std::fs::read_link(out.join("link")).unwrap(),
+            Path::new("edit")
+        );
         let m = std::fs::metadata(out.join("mode")).unwrap();
         assert_eq!(m.permissions().mode() & 0o777, 0o600);
         let (a, b) = (

@@ -164,6 +164,9 @@ mod tests {
         let p = Path::new("/crab/web");
         assert_eq!(own_cgroup_path(p, "web", "web-2"), Path::new("/crab/web-2"));
         assert_eq!(own_cgroup_path(p, "web", "web"), p);
-        assert_eq!(own_cgroup_path(Path::new("/custom/x"), "web", "web-2"), Path::new("/custom/x"));
+        assert_eq!(
+            own_cgroup_path(Path::new("/custom/x"), "web", "web-2"),
+            Path::new("/custom/x")
+        );
     }
 }
