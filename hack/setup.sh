@@ -48,6 +48,9 @@ install_packages() {
         build-essential pkg-config git curl ca-certificates xz-utils jq
         clang llvm libbpf-dev bpftool libelf-dev zlib1g-dev libseccomp-dev
         btrfs-progs zfs-fuse busybox-static debootstrap iproute2 util-linux e2fsprogs
+        # CRIU saves and locks a network namespace's rules with these (runc's dumps
+        # fail without them; Crab locks with nftables but still saves iptables rules)
+        iptables tar
         # CRIU build dependencies (bookworm versions are fine)
         libprotobuf-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler
         python3-protobuf libnl-3-dev libnet1-dev libcap-dev libaio-dev
