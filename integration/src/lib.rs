@@ -9,6 +9,7 @@
 
 use std::io::{BufRead, BufReader, Write};
 
+pub mod bench;
 pub mod ttrpc;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};

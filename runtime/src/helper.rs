@@ -70,6 +70,22 @@ pub enum Request {
         /// The tracking cgroup to join first.
         tracking: PathBuf,
     },
+    /// Checkpoint a container (CRIU dump and file-system delta).
+    Checkpoint {
+        /// libcontainer's state root.
+        root: PathBuf,
+        /// Crab's state of the container.
+        state: crate::container::CrabState,
+        /// What to write where.
+        opts: crate::checkpoint::engine::CheckpointOpts,
+    },
+    /// Apply a checkpoint's file-system delta to a rootfs.
+    ApplyFsDelta {
+        /// The checkpoint directory.
+        dir: PathBuf,
+        /// The rootfs (a fresh tree of the image).
+        rootfs: PathBuf,
+    },
     /// Restore a container's processes from CRIU images (see [`crate::checkpoint`]).
     Restore {
         /// Container id.
@@ -99,6 +115,8 @@ impl Request {
             Request::Create { .. } => "create container",
             Request::Exec { .. } => "exec process",
             Request::Restore { .. } => "restore container",
+            Request::Checkpoint { .. } => "checkpoint container",
+            Request::ApplyFsDelta { .. } => "apply a file-system delta",
         }
     }
 
@@ -107,6 +125,7 @@ impl Request {
             Request::Create { stdio, .. }
             | Request::Exec { stdio, .. }
             | Request::Restore { stdio, .. } => *stdio,
+            Request::Checkpoint { .. } | Request::ApplyFsDelta { .. } => StdioFds::default(),
         }
     }
 }
@@ -114,8 +133,11 @@ impl Request {
 /// The helper's answer.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Reply {
-    /// Pid of the container's init, or of the exec'd process.
+    /// Pid of the container's init, or of the exec'd process (0 for other requests).
     pub pid: i32,
+    /// The manifest of a checkpoint.
+    #[serde(default)]
+    pub manifest: Option<crate::checkpoint::Manifest>,
 }
 
 /// The container-side ends of a process's stdio, handed to the helper.
@@ -145,6 +167,11 @@ pub type RequestFn = dyn FnOnce(StdioFds) -> Request;
 /// Runs the helper (blocking) and returns the new process's pid. `stdio` is closed in
 /// this process afterwards: the container holds the only copies.
 pub fn run(make: Box<RequestFn>, stdio: ChildStdio) -> Result<i32> {
+    run_reply(make, stdio).map(|r| r.pid)
+}
+
+/// [`run`], returning the whole reply.
+pub fn run_reply(make: Box<RequestFn>, stdio: ChildStdio) -> Result<Reply> {
     let request = make(stdio.fds());
     let operation = request.operation();
     let fds: Vec<RawFd> = {
@@ -193,7 +220,7 @@ pub fn run(make: Box<RequestFn>, stdio: ChildStdio) -> Result<i32> {
         .lines()
         .find_map(|l| serde_json::from_str::<Reply>(l).ok())
     {
-        Some(reply) => Ok(reply.pid),
+        Some(reply) => Ok(reply),
         None => Err(Error::Helper {
             operation,
             message: last_error_line(&err),
@@ -214,8 +241,8 @@ fn last_error_line(stderr: &str) -> String {
 pub fn main(args: &[String]) -> ! {
     let code = match args.first().map(|a| serde_json::from_str::<Request>(a)) {
         Some(Ok(request)) => match serve(request) {
-            Ok(pid) => {
-                println!("{}", serde_json::to_string(&Reply { pid }).expect("reply"));
+            Ok(reply) => {
+                println!("{}", serde_json::to_string(&reply).expect("reply"));
                 0
             }
             Err(e) => {
@@ -264,13 +291,31 @@ pub(crate) fn inherited_or_null(fd: Option<RawFd>) -> Result<OwnedFd> {
     }
 }
 
-fn serve(request: Request) -> Result<i32> {
+fn serve(request: Request) -> Result<Reply> {
+    let pid = |pid| Reply {
+        pid,
+        manifest: None,
+    };
+    match request {
+        Request::Restore { .. } => crate::checkpoint::restore_helper::serve(request).map(pid),
+        Request::Checkpoint { root, state, opts } => {
+            let c = crate::container::Container { root, state };
+            Ok(Reply {
+                pid: 0,
+                manifest: Some(c.checkpoint_here(&opts)?),
+            })
+        }
+        Request::ApplyFsDelta { dir, rootfs } => {
+            crate::checkpoint::engine::apply_fs_delta_here(&dir, &rootfs).map(|()| pid(0))
+        }
+        Request::Create { .. } | Request::Exec { .. } => serve_libcontainer(request).map(pid),
+    }
+}
+
+fn serve_libcontainer(request: Request) -> Result<i32> {
     use libcontainer::container::builder::ContainerBuilder;
     use libcontainer::syscall::syscall::SyscallType;
 
-    if let Request::Restore { .. } = request {
-        return crate::checkpoint::restore_helper::serve(request);
-    }
     let stdio = request.stdio();
     let (id, root, console_socket, tracking) = match &request {
         Request::Create {
@@ -292,7 +337,7 @@ fn serve(request: Request) -> Result<i32> {
             console_socket.clone(),
             tracking.clone(),
         ),
-        Request::Restore { .. } => unreachable!("served above"),
+        _ => unreachable!("served by serve()"),
     };
     TrackingCgroup::at(tracking).add(std::process::id() as i32)?;
 
@@ -330,7 +375,6 @@ fn serve(request: Request) -> Result<i32> {
             }
             Ok(pid)
         }
-        Request::Restore { .. } => unreachable!("served above"),
         Request::Exec { process, .. } => {
             let pid = builder
                 .as_tenant()
@@ -341,5 +385,6 @@ fn serve(request: Request) -> Result<i32> {
                 .map_err(Error::libcontainer("exec"))?;
             Ok(pid.as_raw())
         }
+        _ => unreachable!("served by serve()"),
     }
 }

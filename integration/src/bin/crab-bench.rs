@@ -5,66 +5,13 @@
 //! `crab-bench [--iterations N] [--containers K]`; needs the private containerd of
 //! `hack/containerd.sh` (see `hack/bench.sh`).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use crab_integration::bench::*;
 use crab_integration::*;
 
-struct Args {
-    iterations: usize,
-    containers: usize,
-}
-
-fn parse_args() -> Args {
-    let mut a = Args {
-        iterations: 30,
-        containers: 10,
-    };
-    let argv: Vec<String> = std::env::args().skip(1).collect();
-    let mut i = 0;
-    while i < argv.len() {
-        let value = || -> usize {
-            argv.get(i + 1)
-                .and_then(|v| v.parse().ok())
-                .unwrap_or_else(|| panic!("{} needs a number", argv[i]))
-        };
-        match argv[i].as_str() {
-            "--iterations" => a.iterations = value(),
-            "--containers" => a.containers = value(),
-            other => panic!("unknown argument {other}"),
-        }
-        i += 2;
-    }
-    a
-}
-
 fn time_ok(args: &[&str]) -> Duration {
-    let t = Instant::now();
-    let out = ctr_run(args, None, Duration::from_secs(60));
-    let elapsed = t.elapsed();
-    assert!(out.status.success(), "ctr {args:?}: {:?}", text(&out));
-    elapsed
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[idx]
-}
-
-struct Stats {
-    median: Duration,
-    p95: Duration,
-}
-
-fn stats(mut v: Vec<Duration>) -> Stats {
-    v.sort();
-    Stats {
-        median: percentile(&v, 0.5),
-        p95: percentile(&v, 0.95),
-    }
-}
-
-fn ms(d: Duration) -> String {
-    format!("{:.1} ms", d.as_secs_f64() * 1e3)
+    time_ctr(args, Duration::from_secs(60))
 }
 
 /// Runs `true` to completion `n` times per runtime, alternating runtimes.
@@ -131,13 +78,13 @@ fn shim_memory(k: usize) -> (f64, f64) {
 }
 
 fn main() {
-    let a = parse_args();
+    let a = Args::parse(&[("iterations", "30"), ("containers", "10")]);
+    let (iterations, containers) = (a.number("iterations"), a.number("containers"));
     // Warm up both runtimes (page cache, snapshotter).
     let _ = start_latency(2);
-    let (sc, sr) = start_latency(a.iterations);
-    let (ec, er) = exec_latency(a.iterations);
-    let (mc, mr) = shim_memory(a.containers);
-    let ratio = |c: Duration, r: Duration| c.as_secs_f64() / r.as_secs_f64();
+    let (sc, sr) = start_latency(iterations);
+    let (ec, er) = exec_latency(iterations);
+    let (mc, mr) = shim_memory(containers);
     println!("| measure | crab | runc | crab / runc |");
     println!("|---|---|---|---|");
     for (name, c, r) in [
@@ -150,14 +97,12 @@ fn main() {
     }
     println!(
         "| shim RSS per running container ({} containers) | {mc:.1} MiB | {mr:.1} MiB | {:.2} |",
-        a.containers,
+        containers,
         mc / mr
     );
     println!(
         "\n{} iterations per figure, runtimes alternated; {} cores.",
-        a.iterations,
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(0)
+        iterations,
+        cores()
     );
 }

@@ -23,7 +23,7 @@ use crate::storage::ImageSource;
 use crate::{criu, Error, Result};
 
 /// How to checkpoint.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct CheckpointOpts {
     /// The (existing, empty) checkpoint directory.
     pub dir: PathBuf,
@@ -76,8 +76,23 @@ fn stdio_key(pid: i32, fd: i32) -> Option<String> {
 }
 
 impl Container {
-    /// Writes a full checkpoint of the running (or paused) container into `opts.dir`.
+    /// Writes a full checkpoint of the running (or paused) container into `opts.dir`,
+    /// in a helper process: CRIU and tar are children there, out of reach of the
+    /// shim's reaper (which would collect them before their exit status is read).
     pub fn checkpoint(&self, opts: &CheckpointOpts) -> Result<Manifest> {
+        let (root, state, opts) = (self.root.clone(), self.state.clone(), opts.clone());
+        let reply = helper::run_reply(
+            Box::new(move |_| Request::Checkpoint { root, state, opts }),
+            ChildStdio::default(),
+        )?;
+        reply.manifest.ok_or_else(|| Error::Helper {
+            operation: "checkpoint container",
+            message: "the helper answered without a manifest".into(),
+        })
+    }
+
+    /// The checkpoint itself (in the helper).
+    pub(crate) fn checkpoint_here(&self, opts: &CheckpointOpts) -> Result<Manifest> {
         let status = self.status()?;
         let pid = match (status, self.lc()?.pid()) {
             (ContainerStatus::Running | ContainerStatus::Paused, Some(pid)) => pid.as_raw(),
@@ -245,8 +260,23 @@ fn write_fs_delta(opts: &CheckpointOpts) -> Result<FsPart> {
     })
 }
 
-/// Makes `rootfs` (a fresh tree of the image) hold the checkpoint's files.
+/// Makes `rootfs` (a fresh tree of the image) hold the checkpoint's files (tar runs in
+/// a helper process, like CRIU).
 pub fn apply_fs_delta(dir: &Path, manifest: &Manifest, rootfs: &Path) -> Result<()> {
+    if manifest.fs.is_none() {
+        return Ok(());
+    }
+    let (dir, rootfs) = (dir.to_path_buf(), rootfs.to_path_buf());
+    helper::run_reply(
+        Box::new(move |_| Request::ApplyFsDelta { dir, rootfs }),
+        ChildStdio::default(),
+    )
+    .map(|_| ())
+}
+
+/// [`apply_fs_delta`] itself (in the helper).
+pub(crate) fn apply_fs_delta_here(dir: &Path, rootfs: &Path) -> Result<()> {
+    let manifest = Manifest::read(dir)?;
     match &manifest.fs {
         Some(fs) => fs_diff::apply(rootfs, &fs.deleted, &dir.join(FS_DIFF)),
         None => Ok(()),

@@ -13,7 +13,7 @@ use sha2::{Digest, Sha256};
 use crate::{Error, Result};
 
 /// One mount as containerd describes it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct MountSpec {
     /// File-system type (`overlay`, `bind`, ...).
     pub kind: String,
@@ -24,7 +24,7 @@ pub struct MountSpec {
 }
 
 /// The read-only image layers a container starts from.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ImageSource {
     /// Identifies the layer chain: the same layers give the same key.
     pub key: String,

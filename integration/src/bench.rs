@@ -1,0 +1,94 @@
+//! What the bench binaries share: argument parsing, timing, percentiles, formatting.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use crate::{ctr_run, text};
+
+/// `--name value` pairs from the command line, checked against `known` (name, default).
+pub struct Args(HashMap<String, String>);
+
+impl Args {
+    /// Parses `std::env::args()`; panics with a usage line on an unknown flag.
+    pub fn parse(known: &[(&str, &str)]) -> Args {
+        let mut map: HashMap<String, String> = known
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let argv: Vec<String> = std::env::args().skip(1).collect();
+        for pair in argv.chunks(2) {
+            let name = pair[0].trim_start_matches("--");
+            if !map.contains_key(name) || pair.len() < 2 {
+                let usage: Vec<String> =
+                    known.iter().map(|(k, v)| format!("[--{k} {v}]")).collect();
+                panic!("bad argument {:?}; usage: {}", pair[0], usage.join(" "));
+            }
+            map.insert(name.to_string(), pair[1].clone());
+        }
+        Args(map)
+    }
+
+    /// A numeric argument.
+    pub fn number(&self, name: &str) -> usize {
+        self.0[name]
+            .parse()
+            .unwrap_or_else(|_| panic!("--{name} needs a number"))
+    }
+
+    /// A comma-separated list of numbers.
+    pub fn numbers(&self, name: &str) -> Vec<usize> {
+        self.0[name]
+            .split(',')
+            .map(|v| {
+                v.trim()
+                    .parse()
+                    .unwrap_or_else(|_| panic!("--{name}: {v:?}"))
+            })
+            .collect()
+    }
+}
+
+/// Times `ctr ARGS`, which must succeed.
+pub fn time_ctr(args: &[&str], timeout: Duration) -> Duration {
+    let t = Instant::now();
+    let out = ctr_run(args, None, timeout);
+    let elapsed = t.elapsed();
+    assert!(out.status.success(), "ctr {args:?}: {:?}", text(&out));
+    elapsed
+}
+
+/// Median and 95th percentile.
+#[derive(Debug, Clone, Copy)]
+pub struct Stats {
+    /// Median.
+    pub median: Duration,
+    /// 95th percentile (nearest rank).
+    pub p95: Duration,
+}
+
+/// The statistics of `v` (which must not be empty).
+pub fn stats(mut v: Vec<Duration>) -> Stats {
+    v.sort();
+    let at = |p: f64| v[((v.len() as f64 - 1.0) * p).round() as usize];
+    Stats {
+        median: at(0.5),
+        p95: at(0.95),
+    }
+}
+
+/// Milliseconds with one decimal.
+pub fn ms(d: Duration) -> String {
+    format!("{:.1} ms", d.as_secs_f64() * 1e3)
+}
+
+/// `a / b`.
+pub fn ratio(a: Duration, b: Duration) -> f64 {
+    a.as_secs_f64() / b.as_secs_f64()
+}
+
+/// Cores of this machine, for the table's footnote.
+pub fn cores() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0)
+}
