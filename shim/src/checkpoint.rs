@@ -81,6 +81,7 @@ impl TaskService {
             rootfs: inst.bundle.join("rootfs"),
             image,
             criu: inst.config.checkpoint.criu.clone(),
+            durable: false,
         };
         let c = inst.container.clone();
         let started = Instant::now();
@@ -91,6 +92,10 @@ impl TaskService {
             ms = started.elapsed().as_millis() as u64,
             process_bytes = m.process_bytes,
             fs_bytes = m.fs.as_ref().map(|f| f.bytes).unwrap_or(0),
+            freeze_ms = m.timings.freeze_ms,
+            fs_ms = m.timings.fs_ms,
+            dump_ms = m.timings.dump_ms,
+            total_ms = m.timings.total_ms,
             "checkpointed"
         );
         self.events
@@ -193,6 +198,13 @@ impl TaskService {
         };
         tracing::info!(id = %inst.container.id(), pid, ms = started.elapsed().as_millis() as u64, "restored");
         let _ = std::fs::remove_dir_all(&pending.images);
+        // An unpacked checkpoint left by containerd (which removes it never).
+        if let Some(parent) = pending.images.parent().filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("ctrd-checkpoint"))
+        }) {
+            let _ = std::fs::remove_dir_all(parent);
+        }
         inst.init.pid = pid;
         inst.init.io = Some(io);
         inst.oom = crate::oom::watch(&inst.container, self.events.clone());

@@ -11,11 +11,12 @@
 //! a child of the shim, in the right cgroups, with its stdio on new pipes.
 
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 use libcontainer::container::ContainerStatus;
 use oci_spec::runtime::Spec;
 
-use super::{dir_bytes, fs_diff, FsPart, Kind, Manifest, Stdio, CRIU_DIR, FS_DIFF};
+use super::{dir_bytes, fs_diff, FsPart, Kind, Manifest, Stdio, Timings, CRIU_DIR, FS_DIFF};
 use crate::config::Config;
 use crate::container::{load_spec, Container, CreateOpts};
 use crate::helper::{self, ChildStdio, Request};
@@ -35,6 +36,9 @@ pub struct CheckpointOpts {
     pub image: Option<ImageSource>,
     /// The CRIU binary.
     pub criu: PathBuf,
+    /// fsync the checkpoint before its manifest (not needed when containerd copies it
+    /// into its content store).
+    pub durable: bool,
 }
 
 /// The cgroup path of a container under the freezer hierarchy (v1), or the unified one.
@@ -120,11 +124,14 @@ impl Container {
                 operation: "checkpoint (terminals are not supported yet)",
             });
         }
+        let started = Instant::now();
+        let mut timings = Timings::default();
         let froze = status == ContainerStatus::Running;
         if froze {
             self.pause()?;
         }
-        let result = self.dump_frozen(opts, pid, &spec);
+        timings.freeze_ms = started.elapsed().as_millis() as u64;
+        let result = self.dump_frozen(opts, pid, &spec, &mut timings);
         // With `exit` the tasks are gone, but the cgroup must not stay frozen.
         if froze {
             if let Err(e) = self.resume() {
@@ -142,13 +149,25 @@ impl Container {
             fs: Some(fs),
             process_bytes,
             terminal,
+            timings,
         };
-        manifest.write(&opts.dir)?;
+        let mut manifest = manifest;
+        manifest.timings.total_ms = started.elapsed().as_millis() as u64;
+        manifest.write(&opts.dir, opts.durable)?;
         Ok(manifest)
     }
 
-    fn dump_frozen(&self, opts: &CheckpointOpts, pid: i32, spec: &Spec) -> Result<(FsPart, u64)> {
+    fn dump_frozen(
+        &self,
+        opts: &CheckpointOpts,
+        pid: i32,
+        spec: &Spec,
+        timings: &mut Timings,
+    ) -> Result<(FsPart, u64)> {
+        let t = Instant::now();
         let fs = write_fs_delta(opts)?;
+        timings.fs_ms = t.elapsed().as_millis() as u64;
+        let t = Instant::now();
         let images = opts.dir.join(CRIU_DIR);
         std::fs::create_dir_all(&images)
             .map_err(Error::io(format!("create {}", images.display())))?;
@@ -160,12 +179,13 @@ impl Container {
             freeze_cgroup: Some(freezer_cgroup(&self.cgroup_path()?)),
             external_mounts: bind_mounts(spec).into_iter().map(|(d, _)| d).collect(),
         })?;
+        timings.dump_ms = t.elapsed().as_millis() as u64;
         Ok((fs, dir_bytes(&images)))
     }
 
     /// The first half of a restore (containerd's `Create`): a container whose
-    /// processes do not exist yet, with its tracking cgroup, and the checkpoint in `dir`
-    /// copied into its state dir (containerd removes its own copy). Its rootfs in
+    /// processes do not exist yet, with its tracking cgroup. Returns it, where the CRIU
+    /// images are, and the manifest. Its rootfs in
     /// `opts.bundle` must already hold the checkpointed files ([`apply_fs_delta`]).
     pub fn prepare_restore(
         config: &Config,
@@ -181,14 +201,15 @@ impl Container {
         }
         load_spec(&opts.bundle)?;
         let (container, _) = Container::new_unsaved(config, &opts)?;
+        // containerd leaves the unpacked checkpoint in place until the shim is done
+        // (runc's shim restores from it at Start). Moving it is free on the same file
+        // system; across file systems it is used where it is, never copied.
+        let images = dir.join(CRIU_DIR);
         let staged = container.dir().join("checkpoint");
-        let copied = std::fs::create_dir_all(&staged)
-            .map_err(Error::io(format!("create {}", staged.display())))
-            .and_then(|()| crate::storage::tree::copy(&dir.join(CRIU_DIR), &staged).map(|_| ()));
-        if let Err(e) = copied {
-            container.cleanup_after_failed_create();
-            return Err(e);
-        }
+        let moved = std::fs::create_dir_all(container.dir())
+            .and_then(|()| std::fs::rename(&images, &staged))
+            .is_ok();
+        let staged = if moved { staged } else { images };
         Ok((container, staged, manifest))
     }
 

@@ -83,6 +83,22 @@ pub struct Manifest {
     pub process_bytes: u64,
     /// Whether the container had a terminal.
     pub terminal: bool,
+    /// Where the time went.
+    #[serde(default)]
+    pub timings: Timings,
+}
+
+/// Milliseconds spent in each step of a checkpoint.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Timings {
+    /// Freezing the container.
+    pub freeze_ms: u64,
+    /// Writing the file-system delta.
+    pub fs_ms: u64,
+    /// CRIU's dump.
+    pub dump_ms: u64,
+    /// From start to the manifest.
+    pub total_ms: u64,
 }
 
 impl Manifest {
@@ -94,16 +110,25 @@ impl Manifest {
             .unwrap_or(0)
     }
 
-    /// Writes the manifest into `dir`, durably, after everything else is durable.
-    pub fn write(&self, dir: &Path) -> Result<()> {
-        sync_tree(dir)?;
+    /// Writes the manifest into `dir`, last. With `durable`, everything in `dir` is
+    /// fsync-ed first and the manifest after it (containerd copies a checkpoint into
+    /// its content store, which syncs it there: that copy needs no sync of its own).
+    pub fn write(&self, dir: &Path, durable: bool) -> Result<()> {
+        if durable {
+            sync_tree(dir)?;
+        }
         let json = serde_json::to_vec_pretty(self).expect("manifest serializes");
         let tmp = dir.join(format!(".{MANIFEST}.tmp"));
         std::fs::write(&tmp, json).map_err(Error::io(format!("write {}", tmp.display())))?;
-        sync_path(&tmp)?;
+        if durable {
+            sync_path(&tmp)?;
+        }
         let dst = dir.join(MANIFEST);
         std::fs::rename(&tmp, &dst).map_err(Error::io(format!("rename {}", dst.display())))?;
-        sync_path(dir)
+        if durable {
+            sync_path(dir)?;
+        }
+        Ok(())
     }
 
     /// Reads and checks the manifest of the checkpoint in `dir`.
