@@ -1,5 +1,6 @@
 //! `crabctl`: Crab's command-line client for this host.
 
+mod ckpt;
 mod fs;
 mod inspect;
 
@@ -36,6 +37,42 @@ enum Command {
     },
     /// Snapshots of containers' root file systems.
     Fs(fs::FsArgs),
+    /// Checkpoint a running container (processes and files) into its history.
+    Checkpoint {
+        /// Container id.
+        id: String,
+        /// What to capture: full, fs-only or process-only.
+        #[arg(long, default_value = "full", value_parser = ckpt::parse_kind)]
+        kind: crab_runtime::checkpoint::Kind,
+        /// A name for it (default: its sequence number).
+        #[arg(long)]
+        name: Option<String>,
+        /// Keep it whatever the retention (checkpoint.keep_last).
+        #[arg(long)]
+        mark: bool,
+    },
+    /// List a container's checkpoints.
+    Ls {
+        /// Container id.
+        id: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete a checkpoint.
+    Rm {
+        /// Container id.
+        id: String,
+        /// Checkpoint name or sequence number.
+        checkpoint: String,
+    },
+    /// Roll a running container back to a checkpoint, in place (same id, same task).
+    Rollback {
+        /// Container id.
+        id: String,
+        /// Checkpoint name or sequence number.
+        checkpoint: String,
+    },
 }
 
 fn main() -> Result<()> {
@@ -50,5 +87,21 @@ fn main() -> Result<()> {
         }
         Command::Inspect { id } => inspect::run(&config, &cli.namespace, &id),
         Command::Fs(cmd) => fs::run(&config, &cli.namespace, cmd),
+        Command::Checkpoint {
+            id,
+            kind,
+            name,
+            mark,
+        } => ckpt::checkpoint(
+            &config,
+            &cli.namespace,
+            &id,
+            crab_runtime::checkpoint::ops::CheckpointRequest { kind, name, mark },
+        ),
+        Command::Ls { id, json } => ckpt::list(&config, &cli.namespace, &id, json),
+        Command::Rm { id, checkpoint } => ckpt::remove(&config, &cli.namespace, &id, &checkpoint),
+        Command::Rollback { id, checkpoint } => {
+            ckpt::rollback(&config, &cli.namespace, &id, &checkpoint)
+        }
     }
 }

@@ -79,6 +79,17 @@ pub enum Request {
         /// What to write where.
         opts: crate::checkpoint::engine::CheckpointOpts,
     },
+    /// An operation on the container's checkpoint history.
+    History {
+        /// The container's configuration (its store, the checkpoint store).
+        config: crate::config::Config,
+        /// libcontainer's state root.
+        root: PathBuf,
+        /// Crab's state of the container.
+        state: crate::container::CrabState,
+        /// What to do.
+        op: crate::checkpoint::ops::HistoryOp,
+    },
     /// Apply a checkpoint's file-system delta to a rootfs.
     ApplyFsDelta {
         /// The checkpoint directory.
@@ -116,6 +127,7 @@ impl Request {
             Request::Exec { .. } => "exec process",
             Request::Restore { .. } => "restore container",
             Request::Checkpoint { .. } => "checkpoint container",
+            Request::History { .. } => "change the checkpoint history",
             Request::ApplyFsDelta { .. } => "apply a file-system delta",
         }
     }
@@ -125,7 +137,9 @@ impl Request {
             Request::Create { stdio, .. }
             | Request::Exec { stdio, .. }
             | Request::Restore { stdio, .. } => *stdio,
-            Request::Checkpoint { .. } | Request::ApplyFsDelta { .. } => StdioFds::default(),
+            Request::Checkpoint { .. }
+            | Request::ApplyFsDelta { .. }
+            | Request::History { .. } => StdioFds::default(),
         }
     }
 }
@@ -135,9 +149,9 @@ impl Request {
 pub struct Reply {
     /// Pid of the container's init, or of the exec'd process (0 for other requests).
     pub pid: i32,
-    /// The manifest of a checkpoint.
+    /// The result of other requests (a checkpoint's manifest, ...).
     #[serde(default)]
-    pub manifest: Option<crate::checkpoint::Manifest>,
+    pub data: serde_json::Value,
 }
 
 /// The container-side ends of a process's stdio, handed to the helper.
@@ -294,22 +308,33 @@ pub(crate) fn inherited_or_null(fd: Option<RawFd>) -> Result<OwnedFd> {
 fn serve(request: Request) -> Result<Reply> {
     let pid = |pid| Reply {
         pid,
-        manifest: None,
+        data: serde_json::Value::Null,
     };
+    let data = |value: serde_json::Value| Reply { pid: 0, data: value };
     match request {
         Request::Restore { .. } => crate::checkpoint::restore_helper::serve(request).map(pid),
         Request::Checkpoint { root, state, opts } => {
             let c = crate::container::Container { root, state };
-            Ok(Reply {
-                pid: 0,
-                manifest: Some(c.checkpoint_here(&opts)?),
-            })
+            Ok(data(json(&c.checkpoint_here(&opts)?)))
+        }
+        Request::History {
+            config,
+            root,
+            state,
+            op,
+        } => {
+            let c = crate::container::Container { root, state };
+            c.history_here(&config, op).map(data)
         }
         Request::ApplyFsDelta { dir, rootfs } => {
             crate::checkpoint::engine::apply_fs_delta_here(&dir, &rootfs).map(|()| pid(0))
         }
         Request::Create { .. } | Request::Exec { .. } => serve_libcontainer(request).map(pid),
     }
+}
+
+fn json<T: Serialize>(value: &T) -> serde_json::Value {
+    serde_json::to_value(value).expect("reply serializes")
 }
 
 fn serve_libcontainer(request: Request) -> Result<i32> {

@@ -14,6 +14,7 @@
 pub mod checkpoint;
 pub mod config;
 pub mod container;
+pub mod control;
 pub mod criu;
 pub mod error;
 pub mod helper;

@@ -5,9 +5,8 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use containerd_shim::api::*;
-use containerd_shim::protos::api::Status;
 use containerd_shim::protos::events::task::*;
-use crab_runtime::checkpoint::engine::{apply_fs_delta, CheckpointOpts};
+use crab_runtime::checkpoint::engine::{apply_fs_delta, CheckpointOpts, Dumped};
 use crab_runtime::checkpoint::Manifest;
 use crab_runtime::config::Config;
 use crab_runtime::container::{Container, CreateOpts};
@@ -15,7 +14,7 @@ use crab_runtime::storage::layers::MountSpec;
 use crab_runtime::storage::ImageSource;
 
 use crate::error::{ShimError, ShimResult};
-use crate::instance::{status_name, Instance};
+use crate::instance::Instance;
 use crate::options::CheckpointOptions;
 use crate::task::{blocking, start_process, State, TaskService};
 
@@ -40,33 +39,7 @@ impl TaskService {
         }
         let state = self.state.lock().await;
         let inst = state.get(&req.id)?;
-        if !matches!(inst.init.status, Status::RUNNING | Status::PAUSED) {
-            return Err(ShimError::FailedPrecondition(format!(
-                "cannot checkpoint container {}: it is {}",
-                req.id,
-                status_name(inst.init.status)
-            )));
-        }
-        if inst.init.stdio.terminal {
-            return Err(ShimError::FailedPrecondition(format!(
-                "cannot checkpoint container {}: checkpoints of terminals are not supported yet",
-                req.id
-            )));
-        }
-        let running: Vec<&str> = inst
-            .execs
-            .values()
-            .filter(|p| matches!(p.status, Status::RUNNING | Status::PAUSED))
-            .map(|p| p.exec_id.as_str())
-            .collect();
-        if !running.is_empty() {
-            return Err(ShimError::FailedPrecondition(format!(
-                "cannot checkpoint container {}: exec processes {running:?} are running \
-                 (they are not descendants of the init, so they cannot be dumped); \
-                 wait for them or kill them first",
-                req.id
-            )));
-        }
+        crate::control::check_dumpable(inst, &req.id)?;
         let image = if inst.image.is_empty() {
             None
         } else {
@@ -127,6 +100,7 @@ impl TaskService {
         };
         let rootfs = bundle.join("rootfs");
         let cfg = config.clone();
+        let cfg_for_control = config.clone();
         let (container, images, manifest) = blocking(move || {
             let manifest = Manifest::read(&dir)?;
             apply_fs_delta(&dir, &manifest, &rootfs)?;
@@ -167,6 +141,7 @@ impl TaskService {
                 execs: Default::default(),
                 oom: None,
                 restore: Some(PendingRestore { images, manifest }),
+                control: self.serve_control(&cfg_for_control, &req.id).ok(),
             },
         );
         Ok(CreateTaskResponse::default())
@@ -186,7 +161,7 @@ impl TaskService {
         let (images, manifest) = (pending.images.clone(), pending.manifest.clone());
         let started = Instant::now();
         let result = start_process(&inst.config, &inst.init.stdio, opts, move |_, _, child| {
-            container.restore(&images, &manifest, &criu, child)
+            container.restore(&images, &Dumped::from(&manifest), &criu, child)
         })
         .await;
         let (pid, io) = match result {

@@ -35,6 +35,8 @@ pub struct Instance {
     pub image: Vec<MountSpec>,
     /// A checkpoint to restore at `Start`.
     pub restore: Option<PendingRestore>,
+    /// The control socket's server.
+    pub control: Option<JoinHandle<()>>,
 }
 
 impl Instance {

@@ -8,6 +8,7 @@
 
 pub mod checkpoint;
 pub mod console;
+pub mod control;
 pub mod error;
 pub mod events;
 pub mod instance;

@@ -120,7 +120,12 @@ pub fn collect(config: &Config) {
             .and_then(|s| s.map(|s| s.collect()).transpose());
         match collected {
             Ok(Some(keys)) if !keys.is_empty() => {
-                tracing::info!(?keys, "removed the trees of removed containers")
+                // Their checkpoint histories go with them (the snapshots already did).
+                for key in &keys {
+                    let dir = crab_runtime::checkpoint::history::dir(&config, key);
+                    let _ = std::fs::remove_dir_all(dir);
+                }
+                tracing::info!(?keys, "removed the trees and checkpoints of removed containers")
             }
             Ok(_) => {}
             Err(e) => tracing::warn!(error = %e, "collect removed containers' trees"),

@@ -48,7 +48,7 @@ impl State {
         self.containers.get(id).ok_or_else(|| not_found(id))
     }
 
-    fn get_mut(&mut self, id: &str) -> ShimResult<&mut Instance> {
+    pub(crate) fn get_mut(&mut self, id: &str) -> ShimResult<&mut Instance> {
         self.containers.get_mut(id).ok_or_else(|| not_found(id))
     }
 }
@@ -152,6 +152,7 @@ impl TaskService {
         init.io = Some(io);
         let oom = oom::watch(&container, self.events.clone());
         rootfs::collect(&config);
+        let control = self.serve_control(&config, &req.id).ok();
         state.containers.insert(
             req.id.clone(),
             Instance {
@@ -164,6 +165,7 @@ impl TaskService {
                 oom,
                 image: crate::checkpoint::image_mounts(&req),
                 restore: None,
+                control,
             },
         );
         self.publish_create(&req, pid).await;
@@ -393,6 +395,11 @@ impl TaskService {
         }
         if let Some(t) = inst.oom.take() {
             t.abort();
+        }
+        if let Some(t) = inst.control.take() {
+            t.abort();
+            let path = crab_runtime::control::socket_path(&inst.config, &self.namespace, &req.id);
+            let _ = std::fs::remove_file(path);
         }
         let c = inst.container.clone();
         let deleted = blocking(move || c.delete()).await;

@@ -23,6 +23,24 @@ use crate::helper::{self, ChildStdio, Request};
 use crate::storage::ImageSource;
 use crate::{criu, Error, Result};
 
+/// What a restore needs to know about the dumped container.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Dumped {
+    /// Its id (a restored copy under another id gets a cgroup of its own).
+    pub id: String,
+    /// Its init's stdio keys.
+    pub stdio: Stdio,
+}
+
+impl From<&Manifest> for Dumped {
+    fn from(m: &Manifest) -> Dumped {
+        Dumped {
+            id: m.id.clone(),
+            stdio: m.stdio.clone(),
+        }
+    }
+}
+
 /// How to checkpoint.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct CheckpointOpts {
@@ -73,6 +91,15 @@ pub fn bind_mounts(spec: &Spec) -> Vec<(String, PathBuf)> {
         .collect()
 }
 
+/// The CRIU keys of `pid`'s stdio (`pipe:[1234]`).
+pub fn stdio_keys(pid: i32) -> Stdio {
+    Stdio {
+        stdin: stdio_key(pid, 0),
+        stdout: stdio_key(pid, 1),
+        stderr: stdio_key(pid, 2),
+    }
+}
+
 fn stdio_key(pid: i32, fd: i32) -> Option<String> {
     std::fs::read_link(format!("/proc/{pid}/fd/{fd}"))
         .ok()
@@ -89,9 +116,9 @@ impl Container {
             Box::new(move |_| Request::Checkpoint { root, state, opts }),
             ChildStdio::default(),
         )?;
-        reply.manifest.ok_or_else(|| Error::Helper {
+        serde_json::from_value(reply.data).map_err(|e| Error::Helper {
             operation: "checkpoint container",
-            message: "the helper answered without a manifest".into(),
+            message: format!("the helper answered without a manifest: {e}"),
         })
     }
 
@@ -109,11 +136,7 @@ impl Container {
             }
         };
         let spec = load_spec(&self.state.bundle)?;
-        let stdio = Stdio {
-            stdin: stdio_key(pid, 0),
-            stdout: stdio_key(pid, 1),
-            stderr: stdio_key(pid, 2),
-        };
+        let stdio = stdio_keys(pid);
         let terminal = [&stdio.stdin, &stdio.stdout, &stdio.stderr]
             .iter()
             .any(|k| k.as_deref().is_some_and(|k| k.starts_with("/dev/pts")));
@@ -216,22 +239,16 @@ impl Container {
     /// The second half (containerd's `Start`): runs CRIU in the helper, with the init's
     /// stdio on `stdio`. Returns the restored init's pid. On failure whatever CRIU left
     /// in the container's cgroup is killed: nothing half-restored keeps running.
-    pub fn restore(
-        &self,
-        images: &Path,
-        manifest: &Manifest,
-        criu: &Path,
-        stdio: ChildStdio,
-    ) -> Result<i32> {
+    pub fn restore(&self, images: &Path, from: &Dumped, criu: &Path, stdio: ChildStdio) -> Result<i32> {
         let request = {
-            let dumped_id = manifest.id.clone();
+            let dumped_id = from.id.clone();
             let (id, root, bundle, images, criu, keys, tracking) = (
                 self.state.id.clone(),
                 self.root.clone(),
                 self.state.bundle.clone(),
                 images.to_path_buf(),
                 criu.to_path_buf(),
-                manifest.stdio.clone(),
+                from.stdio.clone(),
                 self.state.tracking_cgroup.clone(),
             );
             Box::new(move |stdio| Request::Restore {

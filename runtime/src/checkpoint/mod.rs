@@ -10,6 +10,8 @@
 
 pub mod engine;
 pub mod fs_diff;
+pub mod history;
+pub mod ops;
 pub mod restore_helper;
 
 use std::path::{Path, PathBuf};
@@ -176,14 +178,14 @@ pub fn dir_bytes(dir: &Path) -> u64 {
         .sum()
 }
 
-fn sync_path(p: &Path) -> Result<()> {
+pub(crate) fn sync_path(p: &Path) -> Result<()> {
     std::fs::File::open(p)
         .and_then(|f| f.sync_all())
         .map_err(Error::io(format!("fsync {}", p.display())))
 }
 
 /// fsyncs every file and directory under `dir` (CRIU does not).
-fn sync_tree(dir: &Path) -> Result<()> {
+pub(crate) fn sync_tree(dir: &Path) -> Result<()> {
     let entries = std::fs::read_dir(dir).map_err(Error::io(format!("read {}", dir.display())))?;
     for e in entries.flatten() {
         let p: PathBuf = e.path();

@@ -1,0 +1,277 @@
+//! Crab's own checkpoints of a running container (`crabctl checkpoint / ls / rm /
+//! rollback`): what runs in the helper process, next to the container.
+//!
+//! A checkpoint freezes the container once: the file-system snapshot (milliseconds)
+//! and the CRIU dump (leave running) see the same instant. Its CRIU images are written
+//! under a temporary name, fsync-ed and renamed; the history entry is recorded after
+//! that; retention removes older checkpoints only after the new entry is durable.
+
+use std::path::Path;
+use std::time::Instant;
+
+use libcontainer::container::ContainerStatus;
+use serde::{Deserialize, Serialize};
+
+use super::engine::{bind_mounts, freezer_cgroup, stdio_keys, Dumped};
+use super::history::{self, create_private_dir, Entry, History};
+use super::{dir_bytes, sync_path, sync_tree, Kind, Timings, CRIU_DIR};
+use crate::config::Config;
+use crate::container::{load_spec, Container};
+use crate::helper::{self, ChildStdio, Request};
+use crate::storage::{self, names, ContainerKey, Store};
+use crate::{criu, Error, Result};
+
+/// The stdio keys of a process image, beside its CRIU images.
+const STDIO_FILE: &str = "dumped.json";
+
+/// What to checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointRequest {
+    /// Which parts.
+    pub kind: Kind,
+    /// A name (default: the seq).
+    pub name: Option<String>,
+    /// Keep it whatever the retention.
+    pub mark: bool,
+}
+
+/// An operation on a container's history, run in the helper.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum HistoryOp {
+    /// Take a checkpoint; answers its [`Entry`].
+    Checkpoint(CheckpointRequest),
+    /// Delete a checkpoint; answers the removed [`Entry`].
+    Remove(String),
+    /// Roll the container's files back to a snapshot (the caller has frozen or
+    /// stopped its processes).
+    RollbackFs(String),
+}
+
+impl Container {
+    fn key(&self) -> Result<ContainerKey> {
+        ContainerKey::new(&self.state.namespace, &self.state.id)
+    }
+
+    fn open_store(config: &Config) -> Result<Box<dyn Store>> {
+        storage::open(config, config.storage.backend)?.ok_or_else(|| Error::Storage {
+            operation: "checkpoint",
+            message: "the passthrough backend keeps no snapshots: use btrfs, zfs or overlay"
+                .into(),
+        })
+    }
+
+    /// Runs `op` in a helper process (CRIU and the storage tools are its children,
+    /// out of reach of the shim's reaper); answers what the op answers.
+    pub fn history(&self, config: &Config, op: HistoryOp) -> Result<serde_json::Value> {
+        let (config, root, state) = (config.clone(), self.root.clone(), self.state.clone());
+        let reply = helper::run_reply(
+            Box::new(move |_| Request::History {
+                config,
+                root,
+                state,
+                op,
+            }),
+            ChildStdio::default(),
+        )?;
+        Ok(reply.data)
+    }
+
+    /// Takes a checkpoint (through [`Container::history`]).
+    pub fn take_checkpoint(&self, config: &Config, req: CheckpointRequest) -> Result<Entry> {
+        let value = self.history(config, HistoryOp::Checkpoint(req))?;
+        serde_json::from_value(value).map_err(|e| Error::Helper {
+            operation: "checkpoint container",
+            message: format!("unexpected answer: {e}"),
+        })
+    }
+
+    /// [`HistoryOp`] itself, in the helper.
+    pub(crate) fn history_here(&self, config: &Config, op: HistoryOp) -> Result<serde_json::Value> {
+        let json = |e: &Entry| serde_json::to_value(e).expect("entry serializes");
+        match op {
+            HistoryOp::Checkpoint(req) => self.checkpoint_into_history(config, &req).map(|e| json(&e)),
+            HistoryOp::Remove(name) => self.remove_checkpoint(config, &name).map(|e| json(&e)),
+            HistoryOp::RollbackFs(snapshot) => {
+                Container::open_store(config)?.rollback(&self.key()?, &snapshot)?;
+                Ok(serde_json::Value::Null)
+            }
+        }
+    }
+
+    fn checkpoint_into_history(&self, config: &Config, req: &CheckpointRequest) -> Result<Entry> {
+        let key = self.key()?;
+        let store = Container::open_store(config)?;
+        let dir = history::dir(config, &key);
+        create_private_dir(&dir)?;
+        let mut history = History::load(&dir, &key)?;
+        let seq = history.next_seq;
+        let name = req.name.clone().unwrap_or_else(|| seq.to_string());
+        names::check_snapshot_name(&name)?;
+        if history.find(&name).is_ok() {
+            return Err(Error::SnapshotExists {
+                container: key.to_string(),
+                name,
+            });
+        }
+        let prev = history.latest().cloned();
+        if req.kind == Kind::ProcessOnly && prev.as_ref().and_then(|p| p.fs_snapshot.as_ref()).is_none() {
+            return Err(Error::WrongState {
+                id: key.id().to_string(),
+                state: "without an earlier checkpoint of its files".into(),
+                operation: "take a process-only checkpoint",
+            });
+        }
+        let status = self.status()?;
+        let pid = match (status, self.lc()?.pid()) {
+            (ContainerStatus::Running | ContainerStatus::Paused, Some(p)) => p.as_raw(),
+            _ => {
+                return Err(Error::WrongState {
+                    id: key.id().to_string(),
+                    state: format!("{status:?}").to_lowercase(),
+                    operation: "checkpoint",
+                })
+            }
+        };
+        let (with_fs, with_proc) = (req.kind != Kind::ProcessOnly, req.kind != Kind::FsOnly);
+        let started = Instant::now();
+        let mut timings = Timings::default();
+        let snapshot = history::snapshot_name(seq);
+        let tmp = dir.join(format!(".{seq}.tmp"));
+        let froze = status == ContainerStatus::Running;
+        if froze {
+            self.pause()?;
+        }
+        timings.freeze_ms = started.elapsed().as_millis() as u64;
+        let frozen = (|| -> Result<()> {
+            if with_fs {
+                let t = Instant::now();
+                store.snapshot(&key, &snapshot)?;
+                timings.fs_ms = t.elapsed().as_millis() as u64;
+            }
+            if with_proc {
+                let t = Instant::now();
+                let _ = std::fs::remove_dir_all(&tmp);
+                create_private_dir(&tmp.join(CRIU_DIR))?;
+                let spec = load_spec(&self.state.bundle)?;
+                let dumped = Dumped {
+                    id: key.id().to_string(),
+                    stdio: stdio_keys(pid),
+                };
+                std::fs::write(tmp.join(STDIO_FILE), serde_json::to_vec(&dumped).expect("json"))
+                    .map_err(Error::io(format!("write {}", tmp.display())))?;
+                criu::dump(&criu::Dump {
+                    criu: config.checkpoint.criu.clone(),
+                    pid,
+                    images: tmp.join(CRIU_DIR),
+                    leave_running: true,
+                    freeze_cgroup: Some(freezer_cgroup(&self.cgroup_path()?)),
+                    external_mounts: bind_mounts(&spec).into_iter().map(|(d, _)| d).collect(),
+                })?;
+                timings.dump_ms = t.elapsed().as_millis() as u64;
+            }
+            Ok(())
+        })();
+        if froze {
+            if let Err(e) = self.resume() {
+                tracing::warn!(id = %key, error = %e, "thaw after checkpoint");
+            }
+        }
+        let durable = frozen.and_then(|()| {
+            if with_proc {
+                sync_tree(&tmp)?;
+                std::fs::rename(&tmp, history::image_dir(&dir, seq))
+                    .map_err(Error::io(format!("rename {}", tmp.display())))?;
+                sync_path(&dir)?;
+            }
+            Ok(())
+        });
+        if let Err(e) = durable {
+            let _ = std::fs::remove_dir_all(&tmp);
+            if with_fs {
+                let _ = store.delete_snapshot(&key, &snapshot);
+            }
+            return Err(e);
+        }
+        timings.total_ms = started.elapsed().as_millis() as u64;
+        let entry = Entry {
+            seq,
+            name,
+            parent: prev.as_ref().map(|p| p.seq),
+            kind: req.kind,
+            fs_snapshot: if with_fs {
+                Some(snapshot)
+            } else {
+                prev.as_ref().and_then(|p| p.fs_snapshot.clone())
+            },
+            process_image: if with_proc {
+                Some(seq)
+            } else {
+                prev.as_ref().and_then(|p| p.process_image)
+            },
+            created_ms: super::Manifest::now_ms(),
+            process_bytes: if with_proc { dir_bytes(&history::image_dir(&dir, seq)) } else { 0 },
+            timings,
+            marked: req.mark,
+        };
+        history.entries.push(entry.clone());
+        history.next_seq = seq + 1;
+        history.save(&dir)?;
+        // Only now, with the new entry durable, may older ones go.
+        let dropped = history.retain_last(config.checkpoint.keep_last as usize);
+        if !dropped.is_empty() {
+            history.save(&dir)?;
+            collect(&history, &dir, &dropped, store.as_ref(), &key);
+        }
+        Ok(entry)
+    }
+
+    fn remove_checkpoint(&self, config: &Config, name: &str) -> Result<Entry> {
+        let key = self.key()?;
+        let store = Container::open_store(config)?;
+        let dir = history::dir(config, &key);
+        let mut history = History::load(&dir, &key)?;
+        let removed = history.remove(name)?;
+        history.save(&dir)?;
+        collect(&history, &dir, std::slice::from_ref(&removed), store.as_ref(), &key);
+        Ok(removed)
+    }
+}
+
+/// Deletes the process images and snapshots of `dropped` that no remaining entry uses.
+fn collect(history: &History, dir: &Path, dropped: &[Entry], store: &dyn Store, key: &ContainerKey) {
+    let (images, snapshots) = history.referenced();
+    for e in dropped {
+        if let Some(seq) = e.process_image.filter(|s| !images.contains(s)) {
+            let _ = std::fs::remove_dir_all(history::image_dir(dir, seq));
+        }
+        if let Some(s) = e.fs_snapshot.as_ref().filter(|s| !snapshots.contains(*s)) {
+            if let Err(err) = store.delete_snapshot(key, s) {
+                tracing::warn!(%key, snapshot = %s, error = %err, "delete snapshot");
+            }
+        }
+    }
+}
+
+/// What a rollback to `entry` restores the processes from, if anything.
+pub fn process_image(config: &Config, key: &ContainerKey, entry: &Entry) -> Result<Option<(std::path::PathBuf, Dumped)>> {
+    let Some(seq) = entry.process_image else {
+        return Ok(None);
+    };
+    let dir = history::image_dir(&history::dir(config, key), seq);
+    let file = dir.join(STDIO_FILE);
+    let text = std::fs::read(&file).map_err(|e| Error::BadCheckpoint {
+        path: dir.clone(),
+        message: format!("{STDIO_FILE}: {e}"),
+    })?;
+    let dumped: Dumped = serde_json::from_slice(&text).map_err(|e| Error::BadCheckpoint {
+        path: dir.clone(),
+        message: format!("{STDIO_FILE}: {e}"),
+    })?;
+    if !dir.join(CRIU_DIR).join("inventory.img").is_file() {
+        return Err(Error::BadCheckpoint {
+            path: dir,
+            message: format!("{CRIU_DIR}/inventory.img is missing"),
+        });
+    }
+    Ok(Some((dir.join(CRIU_DIR), dumped)))
+}

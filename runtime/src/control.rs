@@ -1,0 +1,146 @@
+//! Crab's control API: one unix socket per container, served by its shim, for the
+//! operations containerd has no call for (checkpoint history, rollback in place).
+//!
+//! The socket is `<state_dir>/<namespace>/<id>.ctl`, mode 0600 in a root-only
+//! directory: only root on the host reaches it. A connection carries one request (a
+//! JSON line) and gets one response (a JSON line). Requests name the container's
+//! namespace and id, and the shim refuses any other.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::checkpoint::history::Entry;
+use crate::checkpoint::ops::CheckpointRequest;
+use crate::config::Config;
+use crate::{Error, Result};
+
+/// What a client asks.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "kebab-case")]
+pub enum Request {
+    /// Take a checkpoint.
+    Checkpoint {
+        /// containerd namespace.
+        namespace: String,
+        /// Container id.
+        id: String,
+        /// What to take.
+        #[serde(flatten)]
+        request: CheckpointRequest,
+    },
+    /// List the checkpoints.
+    List {
+        /// containerd namespace.
+        namespace: String,
+        /// Container id.
+        id: String,
+    },
+    /// Delete a checkpoint.
+    Remove {
+        /// containerd namespace.
+        namespace: String,
+        /// Container id.
+        id: String,
+        /// Its name or seq.
+        checkpoint: String,
+    },
+    /// Make the container's processes and files those of a checkpoint, in place.
+    Rollback {
+        /// containerd namespace.
+        namespace: String,
+        /// Container id.
+        id: String,
+        /// Its name or seq.
+        checkpoint: String,
+    },
+}
+
+impl Request {
+    /// The (namespace, id) the request names.
+    pub fn target(&self) -> (&str, &str) {
+        match self {
+            Request::Checkpoint { namespace, id, .. }
+            | Request::List { namespace, id }
+            | Request::Remove { namespace, id, .. }
+            | Request::Rollback { namespace, id, .. } => (namespace, id),
+        }
+    }
+}
+
+/// What a rollback did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rollback {
+    /// The checkpoint rolled back to.
+    pub checkpoint: Entry,
+    /// The init's pid afterwards (new when processes were restored).
+    pub pid: i32,
+    /// Whether the processes were restored (else only the files were rolled back).
+    pub processes: bool,
+    /// How long it took.
+    pub ms: u64,
+}
+
+/// The answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "result", rename_all = "kebab-case")]
+pub enum Response {
+    /// A checkpoint taken or removed.
+    Entry {
+        /// It.
+        entry: Entry,
+    },
+    /// The checkpoints, oldest first.
+    Entries {
+        /// They.
+        entries: Vec<Entry>,
+    },
+    /// A rollback's report.
+    RolledBack {
+        /// It.
+        report: Rollback,
+    },
+    /// The request failed.
+    Error {
+        /// What went wrong.
+        message: String,
+    },
+}
+
+/// Where the control socket of a container is.
+pub fn socket_path(config: &Config, namespace: &str, id: &str) -> PathBuf {
+    config.namespace_dir(namespace).join(format!("{id}.ctl"))
+}
+
+/// Sends `request` to the container's shim and waits (up to `timeout`) for the answer.
+pub fn call(config: &Config, request: &Request, timeout: Duration) -> Result<Response> {
+    let (namespace, id) = request.target();
+    let path = socket_path(config, namespace, id);
+    let mut conn = UnixStream::connect(&path).map_err(|e| {
+        if matches!(
+            e.kind(),
+            std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+        ) {
+            Error::NotFound(format!("{namespace}/{id} (no running task with a control socket at {})", path.display()))
+        } else {
+            Error::io(format!("connect to {}", path.display()))(e)
+        }
+    })?;
+    conn.set_read_timeout(Some(timeout))
+        .map_err(Error::io("set timeout"))?;
+    let mut line = serde_json::to_vec(request).expect("request serializes");
+    line.push(b'\n');
+    conn.write_all(&line)
+        .map_err(Error::io(format!("send to {}", path.display())))?;
+    let mut answer = String::new();
+    BufReader::new(conn)
+        .read_line(&mut answer)
+        .map_err(Error::io(format!("read from {}", path.display())))?;
+    serde_json::from_str(&answer).map_err(|e| Error::Io {
+        context: format!("answer from {}", path.display()),
+        source: std::io::Error::other(format!("{e}: {answer:?}")),
+    })
+}

@@ -1,0 +1,288 @@
+//! The shim's side of Crab's control API ([`crab_runtime::control`]): a listener per
+//! container, and the operations, each under the same state lock as the task API (so
+//! a checkpoint never runs beside a pause, an exec start or another checkpoint of the
+//! same container).
+
+use std::os::unix::fs::PermissionsExt;
+use std::time::{Duration, Instant};
+
+use containerd_shim::protos::api::Status;
+use containerd_shim::protos::events::task::TaskExit;
+use containerd_shim::protos::protobuf::MessageField;
+use crab_runtime::checkpoint::history::{self, Entry, History};
+use crab_runtime::checkpoint::ops::{self, CheckpointRequest, HistoryOp};
+use crab_runtime::config::Config;
+use crab_runtime::container::CreateOpts;
+use crab_runtime::control::{self, Request, Response, Rollback};
+use crab_runtime::storage::ContainerKey;
+use nix::sys::signal::Signal;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::UnixListener;
+use tokio::task::JoinHandle;
+
+use crate::error::{ShimError, ShimResult};
+use crate::instance::{status_name, Instance};
+use crate::process::Exit;
+use crate::task::{blocking, start_process, TaskService};
+
+/// How long a rollback waits for the old processes to be gone.
+const KILL_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl TaskService {
+    /// Binds the container's control socket and serves it until the task is deleted.
+    pub(crate) fn serve_control(&self, config: &Config, id: &str) -> ShimResult<JoinHandle<()>> {
+        let path = control::socket_path(config, &self.namespace, id);
+        let _ = std::fs::remove_file(&path);
+        let listener = UnixListener::bind(&path)
+            .map_err(|e| ShimError::Other(format!("bind {}: {e}", path.display())))?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| ShimError::Other(format!("chmod {}: {e}", path.display())))?;
+        let service = self.clone();
+        let id = id.to_string();
+        Ok(tokio::spawn(async move {
+            while let Ok((conn, _)) = listener.accept().await {
+                let service = service.clone();
+                let id = id.clone();
+                tokio::spawn(async move {
+                    let (r, mut w) = conn.into_split();
+                    let mut line = String::new();
+                    if BufReader::new(r).read_line(&mut line).await.is_err() {
+                        return;
+                    }
+                    let response = match serde_json::from_str::<Request>(&line) {
+                        Ok(req) => service.control(&id, req).await,
+                        Err(e) => Response::Error {
+                            message: format!("bad request: {e}"),
+                        },
+                    };
+                    let mut out = serde_json::to_vec(&response).expect("response serializes");
+                    out.push(b'\n');
+                    let _ = w.write_all(&out).await;
+                });
+            }
+        }))
+    }
+
+    async fn control(&self, served: &str, req: Request) -> Response {
+        let (namespace, id) = req.target();
+        if namespace != self.namespace || id != served {
+            return Response::Error {
+                message: format!(
+                    "this socket serves {}/{served}, not {namespace}/{id}",
+                    self.namespace
+                ),
+            };
+        }
+        let result = match req {
+            Request::Checkpoint { id, request, .. } => self
+                .crab_checkpoint(&id, request)
+                .await
+                .map(|entry| Response::Entry { entry }),
+            Request::List { id, .. } => self
+                .crab_list(&id)
+                .await
+                .map(|entries| Response::Entries { entries }),
+            Request::Remove { id, checkpoint, .. } => self
+                .crab_remove(&id, &checkpoint)
+                .await
+                .map(|entry| Response::Entry { entry }),
+            Request::Rollback { id, checkpoint, .. } => self
+                .crab_rollback(&id, &checkpoint)
+                .await
+                .map(|report| Response::RolledBack { report }),
+        };
+        result.unwrap_or_else(|e| Response::Error {
+            message: crab_runtime::helper::error_chain(&e),
+        })
+    }
+
+    /// `crabctl checkpoint`.
+    pub async fn crab_checkpoint(&self, id: &str, req: CheckpointRequest) -> ShimResult<Entry> {
+        let state = self.state.lock().await;
+        let inst = state.get(id)?;
+        check_dumpable(inst, id)?;
+        let (c, config) = (inst.container.clone(), inst.config.clone());
+        let entry = blocking(move || c.take_checkpoint(&config, req)).await?;
+        tracing::info!(%id, seq = entry.seq, kind = ?entry.kind, total_ms = entry.timings.total_ms,
+            fs_ms = entry.timings.fs_ms, dump_ms = entry.timings.dump_ms, "checkpoint");
+        Ok(entry)
+    }
+
+    /// `crabctl ls`.
+    pub async fn crab_list(&self, id: &str) -> ShimResult<Vec<Entry>> {
+        let state = self.state.lock().await;
+        let inst = state.get(id)?;
+        let key = ContainerKey::new(&self.namespace, id)?;
+        Ok(History::load(&history::dir(&inst.config, &key), &key)?.entries)
+    }
+
+    /// `crabctl rm`.
+    pub async fn crab_remove(&self, id: &str, name: &str) -> ShimResult<Entry> {
+        let state = self.state.lock().await;
+        let inst = state.get(id)?;
+        let (c, config, name) = (inst.container.clone(), inst.config.clone(), name.to_string());
+        let value = blocking(move || c.history(&config, HistoryOp::Remove(name))).await?;
+        serde_json::from_value(value).map_err(|e| ShimError::Other(format!("remove: {e}")))
+    }
+
+    /// `crabctl rollback`: the files, and (when the checkpoint has a process image)
+    /// the processes, become those of the checkpoint; the task keeps its id.
+    pub async fn crab_rollback(&self, id: &str, name: &str) -> ShimResult<Rollback> {
+        let started = Instant::now();
+        let mut state = self.state.lock().await;
+        let inst = state.get_mut(id)?;
+        if !matches!(inst.init.status, Status::RUNNING | Status::PAUSED) {
+            return Err(ShimError::FailedPrecondition(format!(
+                "cannot roll back container {id}: it is {}",
+                status_name(inst.init.status)
+            )));
+        }
+        let key = ContainerKey::new(&self.namespace, id)?;
+        let entry = History::load(&history::dir(&inst.config, &key), &key)?
+            .find(name)?
+            .clone();
+        let snapshot = entry.fs_snapshot.clone().ok_or_else(|| {
+            ShimError::FailedPrecondition(format!("checkpoint {name} has no file-system snapshot"))
+        })?;
+        let image = ops::process_image(&inst.config, &key, &entry)?;
+        let (c, config) = (inst.container.clone(), inst.config.clone());
+        let rollback_fs = {
+            let (c, config) = (c.clone(), config.clone());
+            move || c.history(&config, HistoryOp::RollbackFs(snapshot)).map(|_| ())
+        };
+        let Some((images, dumped)) = image else {
+            // Files only: the processes stay, frozen around the change.
+            let running = inst.init.status == Status::RUNNING;
+            if running {
+                let c = c.clone();
+                blocking(move || c.pause()).await?;
+            }
+            let rolled = blocking(rollback_fs).await;
+            if running {
+                let c = c.clone();
+                blocking(move || c.resume()).await?;
+            }
+            rolled?;
+            return Ok(Rollback {
+                checkpoint: entry,
+                pid: inst.init.pid,
+                processes: false,
+                ms: started.elapsed().as_millis() as u64,
+            });
+        };
+
+        // The old processes go first: their tree is replaced, not merged.
+        stop_processes(inst).await?;
+        let restored = async {
+            blocking(rollback_fs).await?;
+            let opts = CreateOpts {
+                namespace: self.namespace.clone(),
+                id: id.to_string(),
+                bundle: inst.bundle.clone(),
+                console_socket: None,
+            };
+            let criu = config.checkpoint.criu.clone();
+            start_process(&config, &inst.init.stdio, opts, move |_, _, child| {
+                c.restore(&images, &dumped, &criu, child)
+            })
+            .await
+        }
+        .await;
+        match restored {
+            Ok((pid, io)) => {
+                inst.init.pid = pid;
+                inst.init.io = Some(io);
+                inst.init.status = Status::RUNNING;
+                let ms = started.elapsed().as_millis() as u64;
+                tracing::info!(%id, seq = entry.seq, pid, ms, "rolled back");
+                Ok(Rollback {
+                    checkpoint: entry,
+                    pid,
+                    processes: true,
+                    ms,
+                })
+            }
+            Err(e) => {
+                // The old processes are gone and no new ones run: say so to containerd.
+                let exit = Exit::now(128 + Signal::SIGKILL as u32);
+                inst.init.set_exited(exit);
+                self.events
+                    .publish(TaskExit {
+                        container_id: id.to_string(),
+                        id: id.to_string(),
+                        pid: 0,
+                        exit_status: exit.code,
+                        exited_at: MessageField::some(exit.timestamp()),
+                        ..Default::default()
+                    })
+                    .await;
+                Err(ShimError::Other(format!(
+                    "rollback of {id} to {name} failed after its processes were stopped; \
+                     the task is now stopped: {}",
+                    crab_runtime::helper::error_chain(&e)
+                )))
+            }
+        }
+    }
+}
+
+/// Refuses what CRIU cannot dump, with the reason.
+pub(crate) fn check_dumpable(inst: &Instance, id: &str) -> ShimResult<()> {
+    if !matches!(inst.init.status, Status::RUNNING | Status::PAUSED) {
+        return Err(ShimError::FailedPrecondition(format!(
+            "cannot checkpoint container {id}: it is {}",
+            status_name(inst.init.status)
+        )));
+    }
+    if inst.init.stdio.terminal {
+        return Err(ShimError::FailedPrecondition(format!(
+            "cannot checkpoint container {id}: checkpoints of terminals are not supported yet"
+        )));
+    }
+    let running: Vec<&str> = inst
+        .execs
+        .values()
+        .filter(|p| matches!(p.status, Status::RUNNING | Status::PAUSED))
+        .map(|p| p.exec_id.as_str())
+        .collect();
+    if !running.is_empty() {
+        return Err(ShimError::FailedPrecondition(format!(
+            "cannot checkpoint container {id}: exec processes {running:?} are running \
+             (they are not descendants of the init, so they cannot be dumped); \
+             wait for them or kill them first"
+        )));
+    }
+    Ok(())
+}
+
+/// Kills every process of the container and waits until none is left; the init's exit
+/// is then not reported (its pid is forgotten before the reaper sees it).
+async fn stop_processes(inst: &mut Instance) -> ShimResult<()> {
+    let c = inst.container.clone();
+    let paused = inst.init.status == Status::PAUSED;
+    inst.init.pid = 0;
+    blocking(move || {
+        if paused {
+            c.resume()?;
+        }
+        c.kill(Signal::SIGKILL, true)?;
+        let tracking = c.tracking();
+        let deadline = Instant::now() + KILL_TIMEOUT;
+        while !tracking.pids()?.is_empty() {
+            if Instant::now() > deadline {
+                return Err(crab_runtime::Error::WrongState {
+                    id: c.id().to_string(),
+                    state: "still running processes after SIGKILL".into(),
+                    operation: "roll back",
+                });
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Ok(())
+    })
+    .await?;
+    if let Some(mut io) = inst.init.io.take() {
+        io.finish(Duration::from_millis(200)).await;
+    }
+    Ok(())
+}
