@@ -35,7 +35,12 @@ fn kind_name(k: Kind) -> &'static str {
 }
 
 /// `crabctl checkpoint`.
-pub fn checkpoint(config: &Config, namespace: &str, id: &str, request: CheckpointRequest) -> Result<()> {
+pub fn checkpoint(
+    config: &Config,
+    namespace: &str,
+    id: &str,
+    request: CheckpointRequest,
+) -> Result<()> {
     let r = call(
         config,
         Request::Checkpoint {

@@ -124,7 +124,10 @@ pub fn call(config: &Config, request: &Request, timeout: Duration) -> Result<Res
             e.kind(),
             std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
         ) {
-            Error::NotFound(format!("{namespace}/{id} (no running task with a control socket at {})", path.display()))
+            Error::NotFound(format!(
+                "{namespace}/{id} (no running task with a control socket at {})",
+                path.display()
+            ))
         } else {
             Error::io(format!("connect to {}", path.display()))(e)
         }

@@ -137,9 +137,9 @@ impl Request {
             Request::Create { stdio, .. }
             | Request::Exec { stdio, .. }
             | Request::Restore { stdio, .. } => *stdio,
-            Request::Checkpoint { .. }
-            | Request::ApplyFsDelta { .. }
-            | Request::History { .. } => StdioFds::default(),
+            Request::Checkpoint { .. } | Request::ApplyFsDelta { .. } | Request::History { .. } => {
+                StdioFds::default()
+            }
         }
     }
 }
@@ -310,7 +310,10 @@ fn serve(request: Request) -> Result<Reply> {
         pid,
         data: serde_json::Value::Null,
     };
-    let data = |value: serde_json::Value| Reply { pid: 0, data: value };
+    let data = |value: serde_json::Value| Reply {
+        pid: 0,
+        data: value,
+    };
     match request {
         Request::Restore { .. } => crate::checkpoint::restore_helper::serve(request).map(pid),
         Request::Checkpoint { root, state, opts } => {

@@ -3,7 +3,7 @@
 //! a checkpoint never runs beside a pause, an exec start or another checkpoint of the
 //! same container).
 
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::time::{Duration, Instant};
 
 use containerd_shim::protos::api::Status;
@@ -120,7 +120,11 @@ impl TaskService {
     pub async fn crab_remove(&self, id: &str, name: &str) -> ShimResult<Entry> {
         let state = self.state.lock().await;
         let inst = state.get(id)?;
-        let (c, config, name) = (inst.container.clone(), inst.config.clone(), name.to_string());
+        let (c, config, name) = (
+            inst.container.clone(),
+            inst.config.clone(),
+            name.to_string(),
+        );
         let value = blocking(move || c.history(&config, HistoryOp::Remove(name))).await?;
         serde_json::from_value(value).map_err(|e| ShimError::Other(format!("remove: {e}")))
     }
@@ -148,7 +152,10 @@ impl TaskService {
         let (c, config) = (inst.container.clone(), inst.config.clone());
         let rollback_fs = {
             let (c, config) = (c.clone(), config.clone());
-            move || c.history(&config, HistoryOp::RollbackFs(snapshot)).map(|_| ())
+            move || {
+                c.history(&config, HistoryOp::RollbackFs(snapshot))
+                    .map(|_| ())
+            }
         };
         let Some((images, dumped)) = image else {
             // Files only: the processes stay, frozen around the change.
@@ -171,6 +178,20 @@ impl TaskService {
             });
         };
 
+        // The client reading the output fifos must not see EOF while the old copy
+        // tasks end and the new ones start: hold a writer open across the change.
+        let _keep_open: Vec<std::fs::File> = [&inst.init.stdio.stdout, &inst.init.stdio.stderr]
+            .into_iter()
+            .filter(|p| !p.is_empty())
+            .filter_map(|p| {
+                std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .custom_flags(libc::O_NONBLOCK)
+                    .open(p)
+                    .ok()
+            })
+            .collect();
         // The old processes go first: their tree is replaced, not merged.
         stop_processes(inst).await?;
         let restored = async {

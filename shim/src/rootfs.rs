@@ -125,7 +125,10 @@ pub fn collect(config: &Config) {
                     let dir = crab_runtime::checkpoint::history::dir(&config, key);
                     let _ = std::fs::remove_dir_all(dir);
                 }
-                tracing::info!(?keys, "removed the trees and checkpoints of removed containers")
+                tracing::info!(
+                    ?keys,
+                    "removed the trees and checkpoints of removed containers"
+                )
             }
             Ok(_) => {}
             Err(e) => tracing::warn!(error = %e, "collect removed containers' trees"),

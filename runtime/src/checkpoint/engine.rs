@@ -239,7 +239,13 @@ impl Container {
     /// The second half (containerd's `Start`): runs CRIU in the helper, with the init's
     /// stdio on `stdio`. Returns the restored init's pid. On failure whatever CRIU left
     /// in the container's cgroup is killed: nothing half-restored keeps running.
-    pub fn restore(&self, images: &Path, from: &Dumped, criu: &Path, stdio: ChildStdio) -> Result<i32> {
+    pub fn restore(
+        &self,
+        images: &Path,
+        from: &Dumped,
+        criu: &Path,
+        stdio: ChildStdio,
+    ) -> Result<i32> {
         let request = {
             let dumped_id = from.id.clone();
             let (id, root, bundle, images, criu, keys, tracking) = (

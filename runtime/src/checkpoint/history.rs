@@ -68,11 +68,7 @@ pub struct History {
 
 /// The directory of a container's checkpoints.
 pub fn dir(config: &Config, key: &ContainerKey) -> PathBuf {
-    config
-        .checkpoint
-        .store
-        .join(key.namespace())
-        .join(key.id())
+    config.checkpoint.store.join(key.namespace()).join(key.id())
 }
 
 /// The process image directory of checkpoint `seq`.
@@ -109,7 +105,10 @@ impl History {
         if h.version != HISTORY_VERSION {
             return Err(Error::BadCheckpoint {
                 path: file,
-                message: format!("manifest version {} (this Crab reads {HISTORY_VERSION})", h.version),
+                message: format!(
+                    "manifest version {} (this Crab reads {HISTORY_VERSION})",
+                    h.version
+                ),
             });
         }
         Ok(h)
@@ -147,7 +146,11 @@ impl History {
     /// Removes the entry `name` from the manifest (the caller saves, then collects).
     pub fn remove(&mut self, name: &str) -> Result<Entry> {
         let seq = self.find(name)?.seq;
-        let at = self.entries.iter().position(|e| e.seq == seq).expect("found");
+        let at = self
+            .entries
+            .iter()
+            .position(|e| e.seq == seq)
+            .expect("found");
         Ok(self.entries.remove(at))
     }
 
@@ -170,7 +173,10 @@ impl History {
     /// Process images and snapshots still referenced by an entry.
     pub fn referenced(&self) -> (BTreeSet<u64>, BTreeSet<String>) {
         (
-            self.entries.iter().filter_map(|e| e.process_image).collect(),
+            self.entries
+                .iter()
+                .filter_map(|e| e.process_image)
+                .collect(),
             self.entries
                 .iter()
                 .filter_map(|e| e.fs_snapshot.clone())

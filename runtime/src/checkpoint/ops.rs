@@ -55,8 +55,7 @@ impl Container {
     fn open_store(config: &Config) -> Result<Box<dyn Store>> {
         storage::open(config, config.storage.backend)?.ok_or_else(|| Error::Storage {
             operation: "checkpoint",
-            message: "the passthrough backend keeps no snapshots: use btrfs, zfs or overlay"
-                .into(),
+            message: "the passthrough backend keeps no snapshots: use btrfs, zfs or overlay".into(),
         })
     }
 
@@ -89,7 +88,9 @@ impl Container {
     pub(crate) fn history_here(&self, config: &Config, op: HistoryOp) -> Result<serde_json::Value> {
         let json = |e: &Entry| serde_json::to_value(e).expect("entry serializes");
         match op {
-            HistoryOp::Checkpoint(req) => self.checkpoint_into_history(config, &req).map(|e| json(&e)),
+            HistoryOp::Checkpoint(req) => {
+                self.checkpoint_into_history(config, &req).map(|e| json(&e))
+            }
             HistoryOp::Remove(name) => self.remove_checkpoint(config, &name).map(|e| json(&e)),
             HistoryOp::RollbackFs(snapshot) => {
                 Container::open_store(config)?.rollback(&self.key()?, &snapshot)?;
@@ -114,7 +115,9 @@ impl Container {
             });
         }
         let prev = history.latest().cloned();
-        if req.kind == Kind::ProcessOnly && prev.as_ref().and_then(|p| p.fs_snapshot.as_ref()).is_none() {
+        if req.kind == Kind::ProcessOnly
+            && prev.as_ref().and_then(|p| p.fs_snapshot.as_ref()).is_none()
+        {
             return Err(Error::WrongState {
                 id: key.id().to_string(),
                 state: "without an earlier checkpoint of its files".into(),
@@ -157,8 +160,11 @@ impl Container {
                     id: key.id().to_string(),
                     stdio: stdio_keys(pid),
                 };
-                std::fs::write(tmp.join(STDIO_FILE), serde_json::to_vec(&dumped).expect("json"))
-                    .map_err(Error::io(format!("write {}", tmp.display())))?;
+                std::fs::write(
+                    tmp.join(STDIO_FILE),
+                    serde_json::to_vec(&dumped).expect("json"),
+                )
+                .map_err(Error::io(format!("write {}", tmp.display())))?;
                 criu::dump(&criu::Dump {
                     criu: config.checkpoint.criu.clone(),
                     pid,
@@ -209,7 +215,11 @@ impl Container {
                 prev.as_ref().and_then(|p| p.process_image)
             },
             created_ms: super::Manifest::now_ms(),
-            process_bytes: if with_proc { dir_bytes(&history::image_dir(&dir, seq)) } else { 0 },
+            process_bytes: if with_proc {
+                dir_bytes(&history::image_dir(&dir, seq))
+            } else {
+                0
+            },
             timings,
             marked: req.mark,
         };
@@ -232,13 +242,25 @@ impl Container {
         let mut history = History::load(&dir, &key)?;
         let removed = history.remove(name)?;
         history.save(&dir)?;
-        collect(&history, &dir, std::slice::from_ref(&removed), store.as_ref(), &key);
+        collect(
+            &history,
+            &dir,
+            std::slice::from_ref(&removed),
+            store.as_ref(),
+            &key,
+        );
         Ok(removed)
     }
 }
 
 /// Deletes the process images and snapshots of `dropped` that no remaining entry uses.
-fn collect(history: &History, dir: &Path, dropped: &[Entry], store: &dyn Store, key: &ContainerKey) {
+fn collect(
+    history: &History,
+    dir: &Path,
+    dropped: &[Entry],
+    store: &dyn Store,
+    key: &ContainerKey,
+) {
     let (images, snapshots) = history.referenced();
     for e in dropped {
         if let Some(seq) = e.process_image.filter(|s| !images.contains(s)) {
@@ -253,7 +275,11 @@ fn collect(history: &History, dir: &Path, dropped: &[Entry], store: &dyn Store, 
 }
 
 /// What a rollback to `entry` restores the processes from, if anything.
-pub fn process_image(config: &Config, key: &ContainerKey, entry: &Entry) -> Result<Option<(std::path::PathBuf, Dumped)>> {
+pub fn process_image(
+    config: &Config,
+    key: &ContainerKey,
+    entry: &Entry,
+) -> Result<Option<(std::path::PathBuf, Dumped)>> {
     let Some(seq) = entry.process_image else {
         return Ok(None);
     };

@@ -1,0 +1,272 @@
+//! Crab's own checkpoints through `crabctl` (the shim's control socket): history,
+//! retention, and rollback in place of processes and files.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crab_integration::*;
+
+/// Counts in memory and writes the count to a file, five times a second.
+const COUNTER: &str = "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.2; done";
+
+fn count(g: &Guard) -> u64 {
+    let out = g.exec_ok(&["cat", "/tmp/count"]);
+    out.trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("count {out:?}"))
+}
+
+fn counter(flags: &[&str]) -> Guard {
+    let g = Guard::run_detached(CRAB, BUSYBOX, flags, &["sh", "-c", COUNTER]);
+    assert!(
+        wait_until(Duration::from_secs(10), || count(&g) >= 5),
+        "counter did not count"
+    );
+    g
+}
+
+fn entries(id: &str) -> Vec<serde_json::Value> {
+    let out = crabctl_ok(&["ls", id, "--json"]);
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
+}
+
+fn seqs(id: &str) -> Vec<u64> {
+    entries(id)
+        .iter()
+        .map(|e| e["seq"].as_u64().unwrap())
+        .collect()
+}
+
+#[test]
+fn rollback_in_place_restores_memory_and_files_and_keeps_the_task() {
+    let g = counter(&[]);
+    let before = count(&g);
+    crabctl_ok(&["checkpoint", &g.id, "--name", "base"]);
+    let old_pid = g.pid();
+    g.exec_ok(&["sh", "-c", "echo later > /later.txt"]);
+    let later = count(&g) + 10;
+    assert!(wait_until(Duration::from_secs(10), || count(&g) >= later));
+
+    let out = crabctl_ok(&["rollback", &g.id, "base"]);
+    assert!(out.contains("processes and files restored"), "{out}");
+    assert_eq!(g.status().as_deref(), Some("RUNNING"));
+    assert_ne!(g.pid(), old_pid, "the init was not replaced");
+    let now = count(&g);
+    assert!(
+        (before..later).contains(&now),
+        "count {now} after rollback: expected the dumped value (>= {before}, < {later})"
+    );
+    assert!(
+        wait_until(Duration::from_secs(5), || count(&g) > now),
+        "the restored process does not count"
+    );
+    let gone = g.exec(&["test", "-e", "/later.txt"]);
+    assert_eq!(
+        gone.status.code(),
+        Some(1),
+        "a file written after the checkpoint survived"
+    );
+}
+
+#[test]
+fn checkpoint_and_rollback_repeat_many_times() {
+    let g = counter(&[]);
+    for round in 0..5 {
+        let name = format!("round{round}");
+        crabctl_ok(&["checkpoint", &g.id, "--name", &name]);
+        let at = count(&g);
+        g.exec_ok(&["sh", "-c", &format!("echo {round} > /round")]);
+        crabctl_ok(&["rollback", &g.id, &name]);
+        let now = count(&g);
+        assert!(
+            now >= at.saturating_sub(1) && now < at + 5,
+            "round {round}: {now} vs {at}"
+        );
+        let round_file = g.exec(&["cat", "/round"]);
+        let expected = if round == 0 {
+            None
+        } else {
+            Some(format!("{}", round - 1))
+        };
+        let (o, _) = text(&round_file);
+        assert_eq!(
+            round_file.status.success().then(|| o.trim().to_string()),
+            expected,
+            "round {round}: /round"
+        );
+        // Write it again, as the next round's checkpoint should see it.
+        g.exec_ok(&["sh", "-c", &format!("echo {round} > /round")]);
+    }
+    assert_eq!(seqs(&g.id), vec![1, 2, 3, 4, 5]);
+}
+
+#[test]
+fn output_after_a_rollback_still_reaches_the_client() {
+    let id = unique_id("out");
+    let _guard = Guard::new(&id);
+    let mut run = ctr()
+        .args(["run", "--runtime", CRAB, BUSYBOX, &id, "sh", "-c"])
+        .arg("i=0; while true; do i=$((i+1)); echo tick $i; sleep 0.2; done")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("ctr run");
+    let lines = Arc::new(Mutex::new(Vec::<String>::new()));
+    let sink = lines.clone();
+    let stdout = run.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for l in BufReader::new(stdout).lines().map_while(Result::ok) {
+            sink.lock().unwrap().push(l);
+        }
+    });
+    assert!(wait_until(Duration::from_secs(10), || lines
+        .lock()
+        .unwrap()
+        .len()
+        >= 5));
+    crabctl_ok(&["checkpoint", &id]);
+    assert!(wait_until(Duration::from_secs(10), || lines
+        .lock()
+        .unwrap()
+        .len()
+        >= 15));
+    crabctl_ok(&["rollback", &id, "1"]);
+    let seen = lines.lock().unwrap().len();
+    assert!(
+        wait_until(Duration::from_secs(10), || lines.lock().unwrap().len()
+            >= seen + 5),
+        "no output after the rollback"
+    );
+    // The restored process repeats numbers it had printed: it went back in time.
+    let all = lines.lock().unwrap().clone();
+    let last: Vec<u64> = all
+        .iter()
+        .filter_map(|l| l.strip_prefix("tick ")?.parse().ok())
+        .collect();
+    assert!(
+        last.windows(2).any(|w| w[1] < w[0]),
+        "the counter never went back: {last:?}"
+    );
+    let _ = run.kill();
+    let _ = run.wait();
+}
+
+#[test]
+fn fs_only_checkpoint_rolls_back_files_and_keeps_processes() {
+    let g = counter(&[]);
+    g.exec_ok(&["sh", "-c", "echo one > /state"]);
+    crabctl_ok(&["checkpoint", &g.id, "--kind", "fs-only", "--name", "files"]);
+    g.exec_ok(&["sh", "-c", "echo two > /state && echo new > /new"]);
+    let pid = g.pid();
+    let before = count(&g);
+    let out = crabctl_ok(&["rollback", &g.id, "files"]);
+    assert!(out.contains("processes kept"), "{out}");
+    assert_eq!(g.pid(), pid);
+    assert_eq!(g.exec_ok(&["cat", "/state"]).trim(), "one");
+    assert_eq!(g.exec(&["test", "-e", "/new"]).status.code(), Some(1));
+    // The process kept its memory: it goes on from where it was.
+    assert!(wait_until(Duration::from_secs(5), || count(&g) > before));
+}
+
+#[test]
+fn process_only_checkpoint_shares_the_earlier_snapshot() {
+    let g = counter(&[]);
+    let refused = crabctl(&["checkpoint", &g.id, "--kind", "process-only"], &[]);
+    assert!(
+        !refused.status.success(),
+        "a first process-only checkpoint was accepted"
+    );
+    crabctl_ok(&["checkpoint", &g.id]);
+    crabctl_ok(&["checkpoint", &g.id, "--kind", "process-only"]);
+    crabctl_ok(&["checkpoint", &g.id, "--kind", "fs-only"]);
+    let e = entries(&g.id);
+    assert_eq!(e[1]["kind"], "process-only");
+    assert_eq!(e[1]["fs_snapshot"], "ckpt-1");
+    assert_eq!(e[1]["process_image"], 2);
+    assert_eq!(e[2]["kind"], "fs-only");
+    assert_eq!(e[2]["fs_snapshot"], "ckpt-3");
+    assert_eq!(e[2]["process_image"], 2);
+    assert_eq!(e[2]["process_bytes"], 0);
+    let before = count(&g);
+    crabctl_ok(&["rollback", &g.id, "2"]);
+    let now = count(&g);
+    assert!(
+        now <= before + 2,
+        "rollback to the process-only checkpoint: {now} vs {before}"
+    );
+}
+
+#[test]
+fn retention_keeps_the_last_n_and_the_marked_and_rm_deletes() {
+    let base = std::env::var("CRAB_CONFIG")
+        .ok()
+        .and_then(|p| std::fs::read_to_string(p).ok())
+        .unwrap_or_default();
+    let config = std::env::temp_dir().join(format!("{}.toml", unique_id("keep")));
+    std::fs::write(&config, format!("{base}\n[checkpoint]\nkeep_last = 2\n")).unwrap();
+    let path = config.display().to_string();
+    let g = counter(&["--runtime-config-path", &path]);
+    crabctl_ok(&["checkpoint", &g.id, "--mark"]);
+    for _ in 0..3 {
+        crabctl_ok(&["checkpoint", &g.id]);
+    }
+    assert_eq!(seqs(&g.id), vec![1, 3, 4]);
+    let snaps = crabctl_ok(&["fs", "ls", &g.id]);
+    assert!(
+        !snaps.contains("ckpt-2"),
+        "snapshot of a dropped checkpoint is left:\n{snaps}"
+    );
+    assert!(
+        snaps.contains("ckpt-1") && snaps.contains("ckpt-4"),
+        "{snaps}"
+    );
+    crabctl_ok(&["rm", &g.id, "3"]);
+    assert_eq!(seqs(&g.id), vec![1, 4]);
+    crabctl_ok(&["rollback", &g.id, "1"]);
+    assert_eq!(g.status().as_deref(), Some("RUNNING"));
+    let _ = std::fs::remove_file(&config);
+}
+
+#[test]
+fn bad_requests_get_clear_errors_and_change_nothing() {
+    let g = counter(&[]);
+    crabctl_ok(&["checkpoint", &g.id]);
+    let pid = g.pid();
+    let out = crabctl(&["rollback", &g.id, "no-such"], &[]);
+    let (_, e) = text(&out);
+    assert!(!out.status.success());
+    assert!(e.contains("no-such"), "{e}");
+    assert_eq!(g.pid(), pid, "a failed rollback touched the processes");
+    let out = crabctl(&["checkpoint", &g.id, "--name", "1"], &[]);
+    assert!(!out.status.success(), "a duplicate name was accepted");
+    let out = crabctl(&["checkpoint", "no-such-container"], &[]);
+    let (_, e) = text(&out);
+    assert!(!out.status.success());
+    assert!(e.contains("no running task"), "{e}");
+    assert_eq!(seqs(&g.id), vec![1]);
+}
+
+#[test]
+fn the_control_socket_is_root_only_and_refuses_other_namespaces() {
+    let g = counter(&[]);
+    let socket = state_dir().join(namespace()).join(format!("{}.ctl", g.id));
+    let mode = std::fs::metadata(&socket)
+        .unwrap_or_else(|e| panic!("{}: {e}", socket.display()))
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600, "socket mode {mode:o}");
+    let mut conn = UnixStream::connect(&socket).unwrap();
+    let request = serde_json::json!({"op": "list", "namespace": "other", "id": g.id});
+    conn.write_all(format!("{request}\n").as_bytes()).unwrap();
+    let mut answer = String::new();
+    BufReader::new(conn).read_line(&mut answer).unwrap();
+    assert!(
+        answer.contains("\"error\"") && answer.contains("other"),
+        "{answer}"
+    );
+}
