@@ -1,8 +1,10 @@
 //! `crabctl`: Crab's command-line client for this host.
 
 mod ckpt;
+mod containerd;
 mod fs;
 mod inspect;
+mod recover;
 
 use std::path::PathBuf;
 
@@ -22,6 +24,15 @@ struct Cli {
     /// containerd namespace of the container.
     #[arg(long, short = 'n', global = true, default_value = "default")]
     namespace: String,
+    /// containerd's socket (for restore, fork and import).
+    #[arg(
+        long,
+        short = 'a',
+        global = true,
+        env = "CONTAINERD_ADDRESS",
+        default_value = "/run/containerd/containerd.sock"
+    )]
+    address: String,
     #[command(subcommand)]
     command: Command,
 }
@@ -66,6 +77,28 @@ enum Command {
         /// Checkpoint name or sequence number.
         checkpoint: String,
     },
+    /// Bring a container whose task died (shim and processes killed) back from its
+    /// newest checkpoint, or a named one, under the same id.
+    Restore {
+        /// Container id.
+        id: String,
+        /// Checkpoint name or sequence number (default: the newest).
+        checkpoint: Option<String>,
+    },
+    /// Start N new containers from a checkpoint of a container (a new full checkpoint
+    /// when none is named), each with its own copy of the files and namespaces.
+    Fork {
+        /// Container id.
+        id: String,
+        /// Checkpoint name or sequence number.
+        checkpoint: Option<String>,
+        /// How many.
+        #[arg(long, default_value_t = 1)]
+        count: usize,
+        /// Their ids are PREFIX-1 ... PREFIX-N (default: ID-fork).
+        #[arg(long)]
+        prefix: Option<String>,
+    },
     /// Roll a running container back to a checkpoint, in place (same id, same task).
     Rollback {
         /// Container id.
@@ -100,6 +133,27 @@ fn main() -> Result<()> {
         ),
         Command::Ls { id, json } => ckpt::list(&config, &cli.namespace, &id, json),
         Command::Rm { id, checkpoint } => ckpt::remove(&config, &cli.namespace, &id, &checkpoint),
+        Command::Restore { id, checkpoint } => recover::restore(
+            &config,
+            &cli.address,
+            &cli.namespace,
+            &id,
+            checkpoint.as_deref(),
+        ),
+        Command::Fork {
+            id,
+            checkpoint,
+            count,
+            prefix,
+        } => recover::fork(
+            &config,
+            &cli.address,
+            &cli.namespace,
+            &id,
+            checkpoint.as_deref(),
+            count,
+            prefix.as_deref(),
+        ),
         Command::Rollback { id, checkpoint } => {
             ckpt::rollback(&config, &cli.namespace, &id, &checkpoint)
         }

@@ -50,8 +50,10 @@ pub struct Dump {
 pub struct Restore {
     /// The CRIU binary.
     pub criu: PathBuf,
-    /// The images written by [`dump`].
+    /// The images written by [`dump`] (only read: several restores may share them).
     pub images: PathBuf,
+    /// Where CRIU writes its log.
+    pub work: PathBuf,
     /// The container's root file system, already in the dumped state.
     pub root: PathBuf,
     /// Where CRIU writes the restored init's pid.
@@ -93,6 +95,8 @@ pub fn restore(r: &Restore) -> Result<i32> {
     cmd.arg("restore")
         .arg("--images-dir")
         .arg(&r.images)
+        .arg("--work-dir")
+        .arg(&r.work)
         .args(["--log-file", "restore.log", "-v4"])
         .arg("--root")
         .arg(&r.root)
@@ -108,7 +112,7 @@ pub fn restore(r: &Restore) -> Result<i32> {
             .arg(format!("mnt[{dst}]:{}", src.display()));
     }
     let _ = std::fs::remove_file(&r.pidfile);
-    run(cmd, "restore", &r.criu, &r.images.join("restore.log"))?;
+    run(cmd, "restore", &r.criu, &r.work.join("restore.log"))?;
     let text = std::fs::read_to_string(&r.pidfile).map_err(Error::io(format!(
         "read CRIU's pid file {}",
         r.pidfile.display()
@@ -116,7 +120,7 @@ pub fn restore(r: &Restore) -> Result<i32> {
     text.trim().parse().map_err(|_| Error::Criu {
         operation: "restore",
         message: format!("pid file holds {text:?}"),
-        log: r.images.join("restore.log"),
+        log: r.work.join("restore.log"),
     })
 }
 

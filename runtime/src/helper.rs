@@ -195,7 +195,9 @@ pub fn run_reply(make: Box<RequestFn>, stdio: ChildStdio) -> Result<Reply> {
             .flatten()
             .collect()
     };
-    let exe = std::env::current_exe().map_err(Error::io("find the shim's own binary"))?;
+    // /proc/self/exe, not the path: a shim keeps working after its binary is
+    // upgraded (the path then names another file, or none).
+    let exe = std::path::PathBuf::from("/proc/self/exe");
     let json = serde_json::to_string(&request).expect("request serializes");
     let mut cmd = Command::new(&exe);
     cmd.arg(HELPER_ARG)

@@ -7,24 +7,43 @@ use std::time::Instant;
 use containerd_shim::api::*;
 use containerd_shim::protos::events::task::*;
 use crab_runtime::checkpoint::engine::{apply_fs_delta, CheckpointOpts, Dumped};
+use crab_runtime::checkpoint::history::{self, Entry, History};
+use crab_runtime::checkpoint::ops::{self, HistoryOp};
+use crab_runtime::checkpoint::source::{RestoreOptions, Source};
 use crab_runtime::checkpoint::Manifest;
 use crab_runtime::config::Config;
 use crab_runtime::container::{Container, CreateOpts};
 use crab_runtime::storage::layers::MountSpec;
+use crab_runtime::storage::ContainerKey;
 use crab_runtime::storage::ImageSource;
 
 use crate::error::{ShimError, ShimResult};
 use crate::instance::Instance;
 use crate::options::CheckpointOptions;
+use crate::rootfs;
 use crate::task::{blocking, start_process, State, TaskService};
 
-/// A checkpoint waiting for `Start`: CRIU images staged in the container's state dir.
+/// A checkpoint waiting for `Start`.
 #[derive(Debug)]
 pub struct PendingRestore {
-    /// The staged CRIU images.
+    /// The CRIU images.
     pub images: PathBuf,
-    /// The checkpoint's manifest.
-    pub manifest: Manifest,
+    /// What the restore needs to know about the dumped container.
+    pub dumped: Dumped,
+    /// Whether the images are the shim's to remove once restored.
+    pub remove_after: bool,
+}
+
+/// Where a restored task's files and processes come from.
+enum Plan {
+    /// A checkpoint directory (containerd's when the flag is set, else an import).
+    Dir(PathBuf, bool),
+    /// A checkpoint in a history on this host.
+    History(ContainerKey, Entry),
+}
+
+fn c_key(c: &Container) -> crab_runtime::Result<ContainerKey> {
+    ContainerKey::new(&c.state().namespace, c.id())
 }
 
 impl TaskService {
@@ -81,45 +100,116 @@ impl TaskService {
         Ok(())
     }
 
-    /// `Create` with a checkpoint: the rootfs (already prepared) gets the checkpoint's
-    /// files, the CRIU images are staged; the processes come back at `Start`.
+    /// `Create` of a task whose processes come from a checkpoint: containerd's (its
+    /// `checkpoint` dir), or Crab's (a [`RestoreOptions`] task option: a checkpoint in a
+    /// history on this host, or an imported directory). The rootfs is made to hold the
+    /// checkpoint's files; the processes come back at `Start`.
     pub(crate) async fn create_restored(
         &self,
         state: &mut State,
         req: &CreateTaskRequest,
         config: Config,
         bundle: PathBuf,
-        rootfs_mounted: bool,
+        restore: Option<RestoreOptions>,
     ) -> ShimResult<CreateTaskResponse> {
-        let dir = PathBuf::from(&req.checkpoint);
+        let key = ContainerKey::new(&self.namespace, &req.id)?;
+        let target = bundle.join("rootfs");
+        let plan = match restore.map(|r| r.source) {
+            None => Plan::Dir(PathBuf::from(&req.checkpoint), true),
+            Some(Source::Dir { path }) => Plan::Dir(path, false),
+            Some(Source::History {
+                namespace,
+                id,
+                checkpoint,
+            }) => {
+                let src = ContainerKey::new(&namespace, &id)?;
+                let entry = History::load(&history::dir(&config, &src), &src)?
+                    .find(&checkpoint)?
+                    .clone();
+                if entry.process_image.is_none() {
+                    return Err(ShimError::FailedPrecondition(format!(
+                        "checkpoint {checkpoint} of {src} holds no processes"
+                    )));
+                }
+                Plan::History(src, entry)
+            }
+        };
+        if req.terminal && !matches!(plan, Plan::Dir(..)) {
+            return Err(ShimError::InvalidArgument(
+                "checkpoints of terminals are not supported yet".into(),
+            ));
+        }
+        let rootfs_mounted = match &plan {
+            Plan::History(src, entry) if *src != key => {
+                let snapshot = entry.fs_snapshot.clone().unwrap_or_default();
+                rootfs::prepare_clone(&config, src, &snapshot, &key, &req.rootfs, &target).await?
+            }
+            _ => rootfs::prepare(&config, &key, &req.rootfs, &target).await?,
+        };
         let opts = CreateOpts {
             namespace: self.namespace.clone(),
             id: req.id.clone(),
             bundle: bundle.clone(),
             console_socket: None,
         };
-        let rootfs = bundle.join("rootfs");
-        let cfg = config.clone();
-        let cfg_for_control = config.clone();
-        let (container, images, manifest) = blocking(move || {
-            let manifest = Manifest::read(&dir)?;
-            apply_fs_delta(&dir, &manifest, &rootfs)?;
-            Container::prepare_restore(&cfg, opts, &dir)
-        })
-        .await?;
-        if manifest.terminal != req.terminal {
-            let _ = blocking({
-                let c = container.clone();
-                move || c.delete()
-            })
-            .await;
-            return Err(ShimError::InvalidArgument(format!(
-                "checkpoint was taken {} a terminal, the new task asks {} one",
-                if manifest.terminal { "with" } else { "without" },
-                if req.terminal { "for" } else { "for no" },
-            )));
-        }
-        let mut init = crate::process::Process::new(
+        let (cfg, terminal) = (config.clone(), req.terminal);
+        let prepared = blocking(
+            move || -> crab_runtime::Result<(Container, PendingRestore)> {
+                match plan {
+                    Plan::Dir(dir, from_containerd) => {
+                        let manifest = Manifest::read(&dir)?;
+                        if manifest.terminal != terminal {
+                            return Err(crab_runtime::Error::BadCheckpoint {
+                                path: dir,
+                                message: "taken with a terminal setting other than the new task's"
+                                    .into(),
+                            });
+                        }
+                        apply_fs_delta(&dir, &manifest, &target)?;
+                        let (c, images, manifest) = Container::prepare_restore(&cfg, opts, &dir)?;
+                        let dumped = Dumped::from(&manifest);
+                        Ok((
+                            c,
+                            PendingRestore {
+                                images,
+                                dumped,
+                                remove_after: from_containerd,
+                            },
+                        ))
+                    }
+                    Plan::History(src, entry) => {
+                        let (images, dumped) =
+                            ops::process_image(&cfg, &src, &entry)?.expect("checked above");
+                        let c = Container::for_restore(&cfg, opts)?;
+                        if src == c_key(&c)? {
+                            // The same container after a crash: its tree goes back first.
+                            let snapshot = entry.fs_snapshot.clone().unwrap_or_default();
+                            if let Err(e) = c.history(&cfg, HistoryOp::RollbackFs(snapshot)) {
+                                let _ = c.delete();
+                                return Err(e);
+                            }
+                        }
+                        Ok((
+                            c,
+                            PendingRestore {
+                                images,
+                                dumped,
+                                remove_after: false,
+                            },
+                        ))
+                    }
+                }
+            },
+        )
+        .await;
+        let (container, pending) = match prepared {
+            Ok(v) => v,
+            Err(e) => {
+                rootfs::release(&config, &key, &bundle.join("rootfs"), rootfs_mounted).await;
+                return Err(e);
+            }
+        };
+        let init = crate::process::Process::new(
             "",
             crate::io::StdioPaths {
                 stdin: req.stdin.clone(),
@@ -128,7 +218,7 @@ impl TaskService {
                 terminal: req.terminal,
             },
         );
-        init.pid = 0;
+        let control = self.serve_control(&config, &req.id).ok();
         state.containers.insert(
             req.id.clone(),
             Instance {
@@ -140,8 +230,8 @@ impl TaskService {
                 init,
                 execs: Default::default(),
                 oom: None,
-                restore: Some(PendingRestore { images, manifest }),
-                control: self.serve_control(&cfg_for_control, &req.id).ok(),
+                restore: Some(pending),
+                control,
             },
         );
         Ok(CreateTaskResponse::default())
@@ -158,10 +248,10 @@ impl TaskService {
             bundle: inst.bundle.clone(),
             console_socket: None,
         };
-        let (images, manifest) = (pending.images.clone(), pending.manifest.clone());
+        let (images, dumped) = (pending.images.clone(), pending.dumped.clone());
         let started = Instant::now();
         let result = start_process(&inst.config, &inst.init.stdio, opts, move |_, _, child| {
-            container.restore(&images, &Dumped::from(&manifest), &criu, child)
+            container.restore(&images, &dumped, &criu, child)
         })
         .await;
         let (pid, io) = match result {
@@ -172,13 +262,17 @@ impl TaskService {
             }
         };
         tracing::info!(id = %inst.container.id(), pid, ms = started.elapsed().as_millis() as u64, "restored");
-        let _ = std::fs::remove_dir_all(&pending.images);
-        // An unpacked checkpoint left by containerd (which removes it never).
-        if let Some(parent) = pending.images.parent().filter(|p| {
+        if !pending.remove_after {
+            // (nothing to clean: the images belong to a history or an import)
+        } else if let Some(parent) = pending.images.parent().filter(|p| {
             p.file_name()
                 .is_some_and(|n| n.to_string_lossy().starts_with("ctrd-checkpoint"))
         }) {
+            // An unpacked checkpoint left by containerd (which never removes it).
+            let _ = std::fs::remove_dir_all(&pending.images);
             let _ = std::fs::remove_dir_all(parent);
+        } else {
+            let _ = std::fs::remove_dir_all(&pending.images);
         }
         inst.init.pid = pid;
         inst.init.io = Some(io);

@@ -40,6 +40,19 @@ impl RuntimeOptions {
     }
 }
 
+/// Crab's restore task option, when the request carries one.
+pub fn restore_options(
+    any: Option<&Any>,
+) -> Result<Option<crab_runtime::checkpoint::source::RestoreOptions>, String> {
+    use crab_runtime::checkpoint::source::{RestoreOptions, RESTORE_OPTIONS_TYPE};
+    match any {
+        Some(a) if a.type_url.ends_with(RESTORE_OPTIONS_TYPE) => {
+            RestoreOptions::decode(&a.value).map(Some)
+        }
+        _ => Ok(None),
+    }
+}
+
 /// What Crab takes from runc's `CheckpointOptions` (`ctr container checkpoint` always
 /// sends them; `ctr task checkpoint` sends none to a non-runc runtime).
 #[derive(Debug, Default, Clone, PartialEq, Eq)]

@@ -180,3 +180,58 @@ pub async fn unmount(target: &Path) {
         Err(e) => tracing::warn!(error = %e, "unmount task"),
     }
 }
+
+/// Makes `target` the rootfs of container `key` as a clone of snapshot `snapshot` of
+/// container `src` (a fork), owned by containerd's writable layer in `mounts`.
+pub async fn prepare_clone(
+    config: &Config,
+    src: &ContainerKey,
+    snapshot: &str,
+    key: &ContainerKey,
+    mounts: &[Mount],
+    target: &Path,
+) -> ShimResult<bool> {
+    if config.storage.backend == Backend::Passthrough {
+        return Err(ShimError::FailedPrecondition(
+            "forks need a store with snapshots (btrfs, zfs or overlay), not passthrough".into(),
+        ));
+    }
+    let specs: Vec<MountSpec> = mounts
+        .iter()
+        .map(|m| MountSpec {
+            kind: m.type_.clone(),
+            source: m.source.clone(),
+            options: m.options.clone(),
+        })
+        .collect();
+    let (config, src, snapshot, key, target) = (
+        config.clone(),
+        src.clone(),
+        snapshot.to_string(),
+        key.clone(),
+        target.to_path_buf(),
+    );
+    tokio::task::spawn_blocking(move || -> crab_runtime::Result<bool> {
+        let image = ImageSource::from_mounts(&specs)?;
+        let store = storage::open(&config, config.storage.backend)?.expect("not passthrough");
+        let live = match store.clone_snapshot(&src, &snapshot, &key) {
+            // A tree left by a removed container of the same id: collect, then retry.
+            Err(crab_runtime::Error::AlreadyExists(_)) => {
+                store.collect()?;
+                store.clone_snapshot(&src, &snapshot, &key)?
+            }
+            other => other?,
+        };
+        if let Some(owner) = &image.owner {
+            store.set_owner(&key, owner)?;
+        }
+        std::fs::create_dir_all(&target).map_err(crab_runtime::Error::io(format!(
+            "create {}",
+            target.display()
+        )))?;
+        bind(&live, &target).map(|()| true)
+    })
+    .await
+    .map_err(|e| ShimError::Other(format!("rootfs task: {e}")))?
+    .map_err(ShimError::from)
+}

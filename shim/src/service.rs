@@ -46,6 +46,12 @@ impl Shim for Service {
     }
 
     async fn start_shim(&mut self, opts: StartOpts) -> containerd_shim::Result<String> {
+        // containerd writes the task's options to `start`'s stdin. The shim crate would
+        // parse them as runc's `Options` (to move the shim into `shim_cgroup`), which
+        // Crab's options are not: a config body would be taken for a cgroup path, and
+        // a restore option would fail to parse. Crab reads its options in `Create`.
+        let mut ignored = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut ignored);
         let grouping = sandbox_group(&self.bundle).unwrap_or_else(|| opts.id.clone());
         let address = spawn(opts, &grouping, Vec::new()).await?;
         std::fs::write(self.bundle.join("address"), &address)

@@ -95,8 +95,16 @@ impl TaskService {
                 req.id
             )));
         }
-        let opts =
-            RuntimeOptions::from_any(req.options.as_ref()).map_err(ShimError::InvalidArgument)?;
+        let restore = crate::options::restore_options(req.options.as_ref())
+            .map_err(ShimError::InvalidArgument)?;
+        let opts = match &restore {
+            Some(r) => RuntimeOptions {
+                config_path: r.config_path.clone(),
+                config_body: r.config_body.clone(),
+            },
+            None => RuntimeOptions::from_any(req.options.as_ref())
+                .map_err(ShimError::InvalidArgument)?,
+        };
         let (mut config, source) = Config::load_with_env(
             opts.config_body.as_deref(),
             opts.config_path.as_deref().map(Path::new),
@@ -110,20 +118,17 @@ impl TaskService {
         std::fs::write(bundle.join(BUNDLE_CONFIG), config.to_toml())
             .map_err(|e| ShimError::Other(format!("write {BUNDLE_CONFIG}: {e}")))?;
 
-        let rootfs_mounted =
-            rootfs::prepare(&config, &key, &req.rootfs, &bundle.join("rootfs")).await?;
-        if !req.checkpoint.is_empty() {
-            let (cfg, b) = (config.clone(), bundle.clone());
+        if !req.checkpoint.is_empty() || restore.is_some() {
             let created = self
-                .create_restored(&mut state, &req, cfg, b, rootfs_mounted)
+                .create_restored(&mut state, &req, config, bundle, restore)
                 .await;
-            if created.is_err() {
-                rootfs::release(&config, &key, &bundle.join("rootfs"), rootfs_mounted).await;
-            } else {
+            if created.is_ok() {
                 self.publish_create(&req, 0).await;
             }
             return created;
         }
+        let rootfs_mounted =
+            rootfs::prepare(&config, &key, &req.rootfs, &bundle.join("rootfs")).await?;
         let stdio = StdioPaths {
             stdin: req.stdin.clone(),
             stdout: req.stdout.clone(),

@@ -236,6 +236,16 @@ impl Container {
         Ok((container, staged, manifest))
     }
 
+    /// The first half of a restore from a history (the images stay where they are):
+    /// a container whose processes do not exist yet, with its tracking cgroup.
+    pub fn for_restore(config: &Config, opts: CreateOpts) -> Result<Self> {
+        load_spec(&opts.bundle)?;
+        let (container, _) = Container::new_unsaved(config, &opts)?;
+        std::fs::create_dir_all(container.dir())
+            .map_err(Error::io(format!("create {}", container.dir().display())))?;
+        Ok(container)
+    }
+
     /// The second half (containerd's `Start`): runs CRIU in the helper, with the init's
     /// stdio on `stdio`. Returns the restored init's pid. On failure whatever CRIU left
     /// in the container's cgroup is killed: nothing half-restored keeps running.

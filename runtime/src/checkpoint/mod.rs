@@ -13,6 +13,7 @@ pub mod fs_diff;
 pub mod history;
 pub mod ops;
 pub mod restore_helper;
+pub mod source;
 
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};

@@ -74,6 +74,7 @@ pub fn serve(request: Request) -> Result<i32> {
     let pid = criu::restore(&criu::Restore {
         criu: criu_bin,
         images,
+        work: dir.clone(),
         root: rootfs,
         pidfile: dir.join("restored.pid"),
         inherit,

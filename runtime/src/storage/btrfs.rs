@@ -313,6 +313,11 @@ impl Store for BtrfsStore {
         ioctl::delete(&p)
     }
 
+    fn set_owner(&self, key: &ContainerKey, owner: &Path) -> Result<()> {
+        self.rootfs(key)?;
+        write_durably(&self.owner_file(key), owner.as_os_str().as_encoded_bytes())
+    }
+
     fn destroy(&self, key: &ContainerKey) -> Result<()> {
         let dir = self.snapshots_dir(key);
         if let Ok(entries) = std::fs::read_dir(&dir) {

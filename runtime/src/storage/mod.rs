@@ -91,6 +91,12 @@ pub trait Store: Send + Sync {
         new_key: &ContainerKey,
     ) -> Result<PathBuf>;
 
+    /// Records that the container's tree belongs to containerd's writable layer
+    /// `owner` (as [`Store::prepare`] does), for a tree made by
+    /// [`Store::clone_snapshot`]: it is then reused by the same owner and collected
+    /// when that owner is gone.
+    fn set_owner(&self, key: &ContainerKey, owner: &std::path::Path) -> Result<()>;
+
     /// Deletes one snapshot.
     fn delete_snapshot(&self, key: &ContainerKey, name: &str) -> Result<()>;
 

@@ -422,6 +422,14 @@ impl Store for OverlayStore {
         )
     }
 
+    fn set_owner(&self, key: &ContainerKey, owner: &Path) -> Result<()> {
+        self.rootfs(key)?;
+        write_durably(
+            &self.dir(key).join("owner"),
+            owner.as_os_str().as_encoded_bytes(),
+        )
+    }
+
     fn delete_snapshot(&self, key: &ContainerKey, name: &str) -> Result<()> {
         let p = self.existing_snapshot(key, name)?;
         // Unpublish first (rename away), then remove: a crash never leaves half a

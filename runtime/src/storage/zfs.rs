@@ -865,6 +865,12 @@ impl Store for ZfsStore {
         self.clone_into(&snap, new_key, None)
     }
 
+    fn set_owner(&self, key: &ContainerKey, owner: &Path) -> Result<()> {
+        let ds = self.dataset(key)?;
+        let prop = format!("{OWNER}={}", owner.display());
+        zfs(&["set", &prop, &ds]).map(|_| ())
+    }
+
     fn delete_snapshot(&self, key: &ContainerKey, name: &str) -> Result<()> {
         let snap = self.existing_snapshot(key, name)?;
         if !self.dependents()?.contains_key(&snap) {

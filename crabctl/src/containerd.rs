@@ -1,0 +1,205 @@
+//! The few calls of containerd's gRPC API that `crabctl` makes to bring up tasks from
+//! Crab's checkpoints (restore, fork, import): containers, snapshots and tasks.
+
+use std::collections::HashMap;
+
+use anyhow::{anyhow, Context, Result};
+use containerd_client::services::v1::container::Runtime;
+use containerd_client::services::v1::containers_client::ContainersClient;
+use containerd_client::services::v1::snapshots::snapshots_client::SnapshotsClient;
+use containerd_client::services::v1::snapshots::{
+    MountsRequest, PrepareSnapshotRequest, StatSnapshotRequest,
+};
+use containerd_client::services::v1::tasks_client::TasksClient;
+use containerd_client::services::v1::{
+    Container, CreateContainerRequest, CreateTaskRequest, DeleteTaskRequest, GetContainerRequest,
+    StartRequest,
+};
+use containerd_client::tonic::transport::Channel;
+use containerd_client::tonic::{Code, Request};
+use containerd_client::types::Mount;
+use containerd_client::with_namespace;
+use crab_runtime::checkpoint::source::{RestoreOptions, Source, RESTORE_OPTIONS_TYPE};
+
+/// A connection to one containerd, in one namespace.
+pub struct Client {
+    channel: Channel,
+    namespace: String,
+}
+
+/// `runtimeoptions.v1.Options`: how a crab container was given its configuration.
+#[derive(Clone, PartialEq, prost::Message)]
+struct RuntimeOptions {
+    #[prost(string, tag = "2")]
+    config_path: String,
+    #[prost(string, tag = "3")]
+    config_body: String,
+}
+
+impl Client {
+    /// Connects to containerd's socket.
+    pub async fn connect(address: &str, namespace: &str) -> Result<Client> {
+        let channel = containerd_client::connect(address)
+            .await
+            .with_context(|| format!("connect to containerd at {address}"))?;
+        Ok(Client {
+            channel,
+            namespace: namespace.to_string(),
+        })
+    }
+
+    /// The container record `id`.
+    pub async fn container(&self, id: &str) -> Result<Container> {
+        let req = GetContainerRequest { id: id.to_string() };
+        let resp = ContainersClient::new(self.channel.clone())
+            .get(with_namespace!(req, self.namespace))
+            .await
+            .with_context(|| format!("container {id} in namespace {}", self.namespace))?;
+        resp.into_inner()
+            .container
+            .ok_or_else(|| anyhow!("containerd returned no container {id}"))
+    }
+
+    /// Creates a container record like `from`, named `id`, with its own snapshot key.
+    pub async fn create_container_like(&self, from: &Container, id: &str) -> Result<Container> {
+        let c = Container {
+            id: id.to_string(),
+            snapshot_key: id.to_string(),
+            created_at: None,
+            updated_at: None,
+            ..from.clone()
+        };
+        let req = CreateContainerRequest { container: Some(c) };
+        let resp = ContainersClient::new(self.channel.clone())
+            .create(with_namespace!(req, self.namespace))
+            .await
+            .with_context(|| format!("create container {id}"))?;
+        resp.into_inner()
+            .container
+            .ok_or_else(|| anyhow!("containerd returned no container {id}"))
+    }
+
+    /// Creates a container record from its parts (an import).
+    pub async fn create_container(&self, c: Container) -> Result<()> {
+        let id = c.id.clone();
+        let req = CreateContainerRequest { container: Some(c) };
+        ContainersClient::new(self.channel.clone())
+            .create(with_namespace!(req, self.namespace))
+            .await
+            .with_context(|| format!("create container {id}"))?;
+        Ok(())
+    }
+
+    /// The mounts of an existing snapshot.
+    pub async fn mounts(&self, snapshotter: &str, key: &str) -> Result<Vec<Mount>> {
+        let req = MountsRequest {
+            snapshotter: snapshotter.to_string(),
+            key: key.to_string(),
+        };
+        let resp = SnapshotsClient::new(self.channel.clone())
+            .mounts(with_namespace!(req, self.namespace))
+            .await
+            .with_context(|| format!("mounts of snapshot {key}"))?;
+        Ok(resp.into_inner().mounts)
+    }
+
+    /// The parent (the image's top layer) of snapshot `key`.
+    pub async fn snapshot_parent(&self, snapshotter: &str, key: &str) -> Result<String> {
+        let req = StatSnapshotRequest {
+            snapshotter: snapshotter.to_string(),
+            key: key.to_string(),
+        };
+        let resp = SnapshotsClient::new(self.channel.clone())
+            .stat(with_namespace!(req, self.namespace))
+            .await
+            .with_context(|| format!("stat snapshot {key}"))?;
+        Ok(resp.into_inner().info.map(|i| i.parent).unwrap_or_default())
+    }
+
+    /// Prepares a writable snapshot `key` on `parent`; returns its mounts.
+    pub async fn prepare(&self, snapshotter: &str, key: &str, parent: &str) -> Result<Vec<Mount>> {
+        let req = PrepareSnapshotRequest {
+            snapshotter: snapshotter.to_string(),
+            key: key.to_string(),
+            parent: parent.to_string(),
+            labels: HashMap::new(),
+        };
+        let resp = SnapshotsClient::new(self.channel.clone())
+            .prepare(with_namespace!(req, self.namespace))
+            .await
+            .with_context(|| format!("prepare snapshot {key}"))?;
+        Ok(resp.into_inner().mounts)
+    }
+
+    /// Removes a stopped task left behind (after a crash); absent is fine.
+    pub async fn delete_stale_task(&self, id: &str) -> Result<()> {
+        let req = DeleteTaskRequest {
+            container_id: id.to_string(),
+        };
+        match TasksClient::new(self.channel.clone())
+            .delete(with_namespace!(req, self.namespace))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(s) if s.code() == Code::NotFound => Ok(()),
+            Err(s) => Err(anyhow!("delete the old task of {id}: {}", s.message())),
+        }
+    }
+
+    /// Creates and starts the task of container `c` (with the mounts of its snapshot),
+    /// its processes restored from `source`. Returns the init's pid.
+    pub async fn start_restored(
+        &self,
+        c: &Container,
+        rootfs: Vec<Mount>,
+        source: Source,
+    ) -> Result<u32> {
+        let (config_path, config_body) = runtime_config(c.runtime.as_ref());
+        let options = RestoreOptions {
+            source,
+            config_path,
+            config_body,
+        };
+        let req = CreateTaskRequest {
+            container_id: c.id.clone(),
+            rootfs,
+            options: Some(prost_types::Any {
+                type_url: RESTORE_OPTIONS_TYPE.to_string(),
+                value: options.encode(),
+            }),
+            ..Default::default()
+        };
+        let mut tasks = TasksClient::new(self.channel.clone());
+        tasks
+            .create(with_namespace!(req, self.namespace))
+            .await
+            .map_err(|s| anyhow!("create the task of {}: {}", c.id, s.message()))?;
+        let req = StartRequest {
+            container_id: c.id.clone(),
+            exec_id: String::new(),
+        };
+        let started = tasks
+            .start(with_namespace!(req, self.namespace))
+            .await
+            .map_err(|s| anyhow!("start the task of {}: {}", c.id, s.message()))?;
+        Ok(started.into_inner().pid)
+    }
+}
+
+/// The crab configuration a container was created with (`--runtime-config-path`).
+fn runtime_config(runtime: Option<&Runtime>) -> (Option<String>, Option<String>) {
+    use prost::Message;
+    let Some(any) = runtime.and_then(|r| r.options.as_ref()) else {
+        return (None, None);
+    };
+    if !any.type_url.ends_with("runtimeoptions.v1.Options") {
+        return (None, None);
+    }
+    match RuntimeOptions::decode(any.value.as_slice()) {
+        Ok(o) => (
+            Some(o.config_path).filter(|s| !s.is_empty()),
+            Some(o.config_body).filter(|s| !s.is_empty()),
+        ),
+        Err(_) => (None, None),
+    }
+}

@@ -1,0 +1,136 @@
+//! `crabctl restore` and `crabctl fork`: new tasks from Crab's checkpoints, made
+//! through containerd (so `ctr task ls` and every client see them).
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use crab_runtime::checkpoint::history::{self, History};
+use crab_runtime::checkpoint::ops::CheckpointRequest;
+use crab_runtime::checkpoint::source::Source;
+use crab_runtime::checkpoint::Kind;
+use crab_runtime::config::Config;
+use crab_runtime::control::{self, Request, Response};
+use crab_runtime::storage::ContainerKey;
+
+use crate::containerd::Client;
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("start the async runtime")
+}
+
+/// The checkpoint `name`, or the newest one, of container `key`.
+fn checkpoint_name(config: &Config, key: &ContainerKey, name: Option<&str>) -> Result<String> {
+    let h = History::load(&history::dir(config, key), key)?;
+    let entry = match name {
+        Some(n) => h.find(n)?,
+        None => match h.latest() {
+            Some(e) => e,
+            None => bail!("{key} has no checkpoints"),
+        },
+    };
+    Ok(entry.name.clone())
+}
+
+/// `crabctl restore ID [CKPT]`: after the container's task died (its shim and
+/// processes killed), a new task under the same id, from the checkpoint.
+pub fn restore(
+    config: &Config,
+    address: &str,
+    namespace: &str,
+    id: &str,
+    ckpt: Option<&str>,
+) -> Result<()> {
+    let key = ContainerKey::new(namespace, id)?;
+    let checkpoint = checkpoint_name(config, &key, ckpt)?;
+    let started = Instant::now();
+    let pid = runtime()?.block_on(async {
+        let client = Client::connect(address, namespace).await?;
+        let c = client.container(id).await?;
+        client.delete_stale_task(id).await?;
+        let mounts = client.mounts(&c.snapshotter, &c.snapshot_key).await?;
+        let source = Source::History {
+            namespace: namespace.into(),
+            id: id.into(),
+            checkpoint: checkpoint.clone(),
+        };
+        client.start_restored(&c, mounts, source).await
+    })?;
+    println!(
+        "{id}: restored from checkpoint {checkpoint} in {} ms; init pid {pid}",
+        started.elapsed().as_millis()
+    );
+    Ok(())
+}
+
+/// `crabctl fork ID [CKPT] --count N`: N new containers running from the checkpoint
+/// (a new full one when none is named), each with its own clone of the files.
+pub fn fork(
+    config: &Config,
+    address: &str,
+    namespace: &str,
+    id: &str,
+    ckpt: Option<&str>,
+    count: usize,
+    prefix: Option<&str>,
+) -> Result<()> {
+    let key = ContainerKey::new(namespace, id)?;
+    let started = Instant::now();
+    let checkpoint = match ckpt {
+        Some(n) => checkpoint_name(config, &key, Some(n))?,
+        None => {
+            let request = Request::Checkpoint {
+                namespace: namespace.into(),
+                id: id.into(),
+                request: CheckpointRequest {
+                    kind: Kind::Full,
+                    name: None,
+                    mark: false,
+                },
+            };
+            match control::call(config, &request, Duration::from_secs(600))? {
+                Response::Entry { entry } => entry.name,
+                Response::Error { message } => bail!("checkpoint {id}: {message}"),
+                other => bail!("unexpected answer {other:?}"),
+            }
+        }
+    };
+    let checkpointed = started.elapsed();
+    let prefix = prefix
+        .map(str::to_string)
+        .unwrap_or_else(|| format!("{id}-fork"));
+    let rt = runtime()?;
+    let client = rt.block_on(Client::connect(address, namespace))?;
+    let src = rt.block_on(client.container(id))?;
+    let parent = rt.block_on(client.snapshot_parent(&src.snapshotter, &src.snapshot_key))?;
+    let mut made = Vec::new();
+    for i in 1..=count {
+        let new_id = format!("{prefix}-{i}");
+        let t = Instant::now();
+        let pid = rt.block_on(async {
+            let c = client.create_container_like(&src, &new_id).await?;
+            let mounts = client
+                .prepare(&c.snapshotter, &c.snapshot_key, &parent)
+                .await?;
+            let source = Source::History {
+                namespace: namespace.into(),
+                id: id.into(),
+                checkpoint: checkpoint.clone(),
+            };
+            client.start_restored(&c, mounts, source).await
+        })?;
+        println!(
+            "{new_id}: forked from {id} checkpoint {checkpoint} in {} ms; init pid {pid}",
+            t.elapsed().as_millis()
+        );
+        made.push(new_id);
+    }
+    println!(
+        "{count} forks of {id} in {} ms ({} ms of them for the checkpoint)",
+        started.elapsed().as_millis(),
+        checkpointed.as_millis()
+    );
+    Ok(())
+}
