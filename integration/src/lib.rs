@@ -366,7 +366,9 @@ pub fn shim_pids_of(binary: &str, id: &str) -> Vec<i32> {
 /// Runs `crabctl -n <namespace> ARGS` with extra environment variables.
 pub fn crabctl(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new("crabctl");
-    cmd.arg("-n")
+    cmd.arg("-a")
+        .arg(address())
+        .arg("-n")
         .arg(namespace())
         .args(args)
         .stdin(Stdio::null());
