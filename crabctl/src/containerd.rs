@@ -3,9 +3,11 @@
 
 use std::collections::HashMap;
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use containerd_client::services::v1::container::Runtime;
 use containerd_client::services::v1::containers_client::ContainersClient;
+use containerd_client::services::v1::content_client::ContentClient;
+use containerd_client::services::v1::images_client::ImagesClient;
 use containerd_client::services::v1::snapshots::snapshots_client::SnapshotsClient;
 use containerd_client::services::v1::snapshots::{
     MountsRequest, PrepareSnapshotRequest, StatSnapshotRequest,
@@ -13,7 +15,7 @@ use containerd_client::services::v1::snapshots::{
 use containerd_client::services::v1::tasks_client::TasksClient;
 use containerd_client::services::v1::{
     Container, CreateContainerRequest, CreateTaskRequest, DeleteTaskRequest, GetContainerRequest,
-    StartRequest,
+    GetImageRequest, ReadContentRequest, StartRequest,
 };
 use containerd_client::tonic::transport::Channel;
 use containerd_client::tonic::{Code, Request};
@@ -88,6 +90,98 @@ impl Client {
             .await
             .with_context(|| format!("create container {id}"))?;
         Ok(())
+    }
+
+    /// A blob of the content store.
+    async fn read_blob(&self, digest: &str) -> Result<Vec<u8>> {
+        let req = ReadContentRequest {
+            digest: digest.to_string(),
+            offset: 0,
+            size: 0,
+        };
+        let mut stream = ContentClient::new(self.channel.clone())
+            .read(with_namespace!(req, self.namespace))
+            .await
+            .with_context(|| format!("read blob {digest}"))?
+            .into_inner();
+        let mut data = Vec::new();
+        while let Some(chunk) = stream
+            .message()
+            .await
+            .with_context(|| format!("read blob {digest}"))?
+        {
+            data.extend_from_slice(&chunk.data);
+        }
+        Ok(data)
+    }
+
+    /// The chain id of image `name`'s layers: the snapshot a container of it starts
+    /// from (the image must be unpacked for the snapshotter, as `ctr images import`
+    /// does).
+    pub async fn image_chain_id(&self, name: &str) -> Result<String> {
+        use sha2::{Digest, Sha256};
+        let req = GetImageRequest {
+            name: name.to_string(),
+        };
+        let image = ImagesClient::new(self.channel.clone())
+            .get(with_namespace!(req, self.namespace))
+            .await
+            .map_err(|s| {
+                anyhow!(
+                    "image {name} is not in this containerd ({}): import it first",
+                    s.message()
+                )
+            })?
+            .into_inner()
+            .image
+            .ok_or_else(|| anyhow!("image {name} not found"))?;
+        let target = image
+            .target
+            .ok_or_else(|| anyhow!("image {name} has no target"))?;
+        let mut doc: serde_json::Value =
+            serde_json::from_slice(&self.read_blob(&target.digest).await?)?;
+        if doc["manifests"].is_array() {
+            // An index: this host's platform, else the first manifest.
+            let manifests = doc["manifests"].as_array().cloned().unwrap_or_default();
+            let pick = manifests
+                .iter()
+                .find(|m| {
+                    m["platform"]["architecture"] == "amd64" && m["platform"]["os"] == "linux"
+                })
+                .or(manifests.first())
+                .ok_or_else(|| anyhow!("image {name}: empty index"))?;
+            let digest = pick["digest"].as_str().unwrap_or_default().to_string();
+            doc = serde_json::from_slice(&self.read_blob(&digest).await?)?;
+        }
+        let config_digest = doc["config"]["digest"]
+            .as_str()
+            .ok_or_else(|| anyhow!("image {name}: manifest without config"))?
+            .to_string();
+        let config: serde_json::Value =
+            serde_json::from_slice(&self.read_blob(&config_digest).await?)?;
+        let diff_ids: Vec<String> = config["rootfs"]["diff_ids"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|d| d.as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let mut chain = String::new();
+        for d in diff_ids {
+            chain = if chain.is_empty() {
+                d
+            } else {
+                format!(
+                    "sha256:{:x}",
+                    Sha256::digest(format!("{chain} {d}").as_bytes())
+                )
+            };
+        }
+        if chain.is_empty() {
+            bail!("image {name} has no layers");
+        }
+        Ok(chain)
     }
 
     /// The mounts of an existing snapshot.

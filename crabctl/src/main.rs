@@ -4,6 +4,7 @@ mod ckpt;
 mod containerd;
 mod fs;
 mod inspect;
+mod migrate;
 mod recover;
 
 use std::path::PathBuf;
@@ -99,6 +100,26 @@ enum Command {
         #[arg(long)]
         prefix: Option<String>,
     },
+    /// Write a checkpoint (a new full one when none is named) as one archive for
+    /// another host: processes, files (as a delta against the image), spec, manifest.
+    Export {
+        /// Container id.
+        id: String,
+        /// Checkpoint name or sequence number.
+        checkpoint: Option<String>,
+        /// The archive to write.
+        #[arg(short = 'o', long)]
+        output: PathBuf,
+    },
+    /// Create a container from an archive written by export and start it restored
+    /// (the image must be in this containerd).
+    Import {
+        /// The archive.
+        file: PathBuf,
+        /// The new container's id.
+        #[arg(long)]
+        id: String,
+    },
     /// Roll a running container back to a checkpoint, in place (same id, same task).
     Rollback {
         /// Container id.
@@ -154,6 +175,21 @@ fn main() -> Result<()> {
             count,
             prefix.as_deref(),
         ),
+        Command::Export {
+            id,
+            checkpoint,
+            output,
+        } => migrate::export(
+            &config,
+            &cli.address,
+            &cli.namespace,
+            &id,
+            checkpoint.as_deref(),
+            &output,
+        ),
+        Command::Import { file, id } => {
+            migrate::import(&config, &cli.address, &cli.namespace, &file, &id)
+        }
         Command::Rollback { id, checkpoint } => {
             ckpt::rollback(&config, &cli.namespace, &id, &checkpoint)
         }

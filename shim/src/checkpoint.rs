@@ -30,8 +30,9 @@ pub struct PendingRestore {
     pub images: PathBuf,
     /// What the restore needs to know about the dumped container.
     pub dumped: Dumped,
-    /// Whether the images are the shim's to remove once restored.
-    pub remove_after: bool,
+    /// What the shim removes once the processes are back (an unpacked checkpoint of
+    /// containerd's, which containerd never removes; an unpacked import).
+    pub cleanup: Vec<PathBuf>,
 }
 
 /// Where a restored task's files and processes come from.
@@ -168,12 +169,22 @@ impl TaskService {
                         apply_fs_delta(&dir, &manifest, &target)?;
                         let (c, images, manifest) = Container::prepare_restore(&cfg, opts, &dir)?;
                         let dumped = Dumped::from(&manifest);
+                        // containerd never removes its unpacked checkpoint; an import's
+                        // unpacked archive is the shim's to remove too.
+                        let whole = !from_containerd
+                            || dir.file_name().is_some_and(|n| {
+                                n.to_string_lossy().starts_with("ctrd-checkpoint")
+                            });
+                        let mut cleanup = vec![images.clone()];
+                        if whole {
+                            cleanup.push(dir);
+                        }
                         Ok((
                             c,
                             PendingRestore {
                                 images,
                                 dumped,
-                                remove_after: from_containerd,
+                                cleanup,
                             },
                         ))
                     }
@@ -194,7 +205,7 @@ impl TaskService {
                             PendingRestore {
                                 images,
                                 dumped,
-                                remove_after: false,
+                                cleanup: Vec::new(),
                             },
                         ))
                     }
@@ -262,17 +273,8 @@ impl TaskService {
             }
         };
         tracing::info!(id = %inst.container.id(), pid, ms = started.elapsed().as_millis() as u64, "restored");
-        if !pending.remove_after {
-            // (nothing to clean: the images belong to a history or an import)
-        } else if let Some(parent) = pending.images.parent().filter(|p| {
-            p.file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with("ctrd-checkpoint"))
-        }) {
-            // An unpacked checkpoint left by containerd (which never removes it).
-            let _ = std::fs::remove_dir_all(&pending.images);
-            let _ = std::fs::remove_dir_all(parent);
-        } else {
-            let _ = std::fs::remove_dir_all(&pending.images);
+        for p in &pending.cleanup {
+            let _ = std::fs::remove_dir_all(p);
         }
         inst.init.pid = pid;
         inst.init.io = Some(io);

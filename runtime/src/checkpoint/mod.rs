@@ -8,6 +8,7 @@
 //!   gets them even without `ctr ... --rw`), with the deleted paths in the manifest;
 //! - [`MANIFEST`], written last: a checkpoint without it is incomplete.
 
+pub mod archive;
 pub mod engine;
 pub mod fs_diff;
 pub mod history;

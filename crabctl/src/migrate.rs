@@ -1,0 +1,160 @@
+//! `crabctl export` and `crabctl import`: a checkpoint moved to another host (another
+//! containerd, with its own root and state) as one archive.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use containerd_client::services::v1::container::Runtime;
+use containerd_client::services::v1::Container;
+use crab_runtime::checkpoint::archive::{self, ContainerRecord};
+use crab_runtime::checkpoint::history::{self, History};
+use crab_runtime::checkpoint::ops::CheckpointRequest;
+use crab_runtime::checkpoint::source::Source;
+use crab_runtime::checkpoint::Kind;
+use crab_runtime::config::Config;
+use crab_runtime::control::{self, Request, Response};
+use crab_runtime::storage::layers::MountSpec;
+use crab_runtime::storage::{ContainerKey, ImageSource};
+
+use crate::containerd::Client;
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("start the async runtime")
+}
+
+/// `crabctl export ID [CKPT] -o FILE` (a new full checkpoint when none is named).
+pub fn export(
+    config: &Config,
+    address: &str,
+    namespace: &str,
+    id: &str,
+    ckpt: Option<&str>,
+    out: &Path,
+) -> Result<()> {
+    let key = ContainerKey::new(namespace, id)?;
+    let started = Instant::now();
+    let name = match ckpt {
+        Some(n) => n.to_string(),
+        None => {
+            let request = Request::Checkpoint {
+                namespace: namespace.into(),
+                id: id.into(),
+                request: CheckpointRequest {
+                    kind: Kind::Full,
+                    name: None,
+                    mark: false,
+                },
+            };
+            match control::call(config, &request, Duration::from_secs(600))? {
+                Response::Entry { entry } => entry.name,
+                Response::Error { message } => bail!("checkpoint {id}: {message}"),
+                other => bail!("unexpected answer {other:?}"),
+            }
+        }
+    };
+    let entry = History::load(&history::dir(config, &key), &key)?
+        .find(&name)?
+        .clone();
+    let rt = runtime()?;
+    let client = rt.block_on(Client::connect(address, namespace))?;
+    let c = rt.block_on(client.container(id))?;
+    let mounts = rt.block_on(client.mounts(&c.snapshotter, &c.snapshot_key))?;
+    let specs: Vec<MountSpec> = mounts
+        .iter()
+        .map(|m| MountSpec {
+            kind: m.r#type.clone(),
+            source: m.source.clone(),
+            options: m.options.clone(),
+        })
+        .collect();
+    let image = ImageSource::from_mounts(&specs)?;
+    let spec = c.spec.clone().context("the container has no spec")?;
+    let record = ContainerRecord {
+        image: c.image.clone(),
+        runtime: c
+            .runtime
+            .as_ref()
+            .map(|r| r.name.clone())
+            .unwrap_or_default(),
+        spec_type: spec.type_url.clone(),
+        spec: serde_json::from_slice(&spec.value).context("the container's spec is not JSON")?,
+        snapshotter: c.snapshotter.clone(),
+    };
+    let mut config = config.clone();
+    config.storage.backend = backend_of(&config, &record)?;
+    let report = archive::export(&config, &key, &entry, &image, &record, out)?;
+    println!(
+        "{id}: checkpoint {} exported to {} ({} bytes, {} changed files) in {} ms",
+        entry.name,
+        out.display(),
+        report.bytes,
+        report.changed,
+        started.elapsed().as_millis()
+    );
+    Ok(())
+}
+
+/// The store a container uses: its spec's annotation, else the configuration's.
+fn backend_of(config: &Config, record: &ContainerRecord) -> Result<crab_runtime::config::Backend> {
+    match record.spec["annotations"][crab_runtime::storage::BACKEND_ANNOTATION].as_str() {
+        Some(name) => serde_json::from_str(&format!("\"{name}\""))
+            .with_context(|| format!("unknown backend {name}")),
+        None => Ok(config.storage.backend),
+    }
+}
+
+/// `crabctl import FILE --id NEWID`: the container created in this containerd and its
+/// task started from the archive's checkpoint.
+pub fn import(
+    config: &Config,
+    address: &str,
+    namespace: &str,
+    file: &Path,
+    new_id: &str,
+) -> Result<()> {
+    let key = ContainerKey::new(namespace, new_id)?;
+    let started = Instant::now();
+    let dir = archive::import_dir(config, &key);
+    let record = archive::unpack(file, &dir)?;
+    let result = runtime()?.block_on(async {
+        let client = Client::connect(address, namespace).await?;
+        let chain = client.image_chain_id(&record.image).await?;
+        let c = Container {
+            id: new_id.to_string(),
+            image: record.image.clone(),
+            runtime: Some(Runtime {
+                name: record.runtime.clone(),
+                options: None,
+            }),
+            spec: Some(prost_types::Any {
+                type_url: record.spec_type.clone(),
+                value: serde_json::to_vec(&record.spec)?,
+            }),
+            snapshotter: record.snapshotter.clone(),
+            snapshot_key: new_id.to_string(),
+            ..Default::default()
+        };
+        client.create_container(c.clone()).await?;
+        let mounts = client.prepare(&c.snapshotter, new_id, &chain).await?;
+        client
+            .start_restored(&c, mounts, Source::Dir { path: dir.clone() })
+            .await
+    });
+    let pid = match result {
+        Ok(pid) => pid,
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&dir);
+            return Err(e);
+        }
+    };
+    println!(
+        "{new_id}: imported from {} and running in {} ms; init pid {pid}",
+        file.display(),
+        started.elapsed().as_millis()
+    );
+    Ok(())
+}
