@@ -24,6 +24,7 @@ use containerd_client::with_namespace;
 use crab_runtime::checkpoint::source::{RestoreOptions, Source, RESTORE_OPTIONS_TYPE};
 
 /// A connection to one containerd, in one namespace.
+#[derive(Clone)]
 pub struct Client {
     channel: Channel,
     namespace: String,

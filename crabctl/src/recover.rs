@@ -105,27 +105,53 @@ pub fn fork(
     let client = rt.block_on(Client::connect(address, namespace))?;
     let src = rt.block_on(client.container(id))?;
     let parent = rt.block_on(client.snapshot_parent(&src.snapshotter, &src.snapshot_key))?;
-    let mut made = Vec::new();
-    for i in 1..=count {
-        let new_id = format!("{prefix}-{i}");
-        let t = Instant::now();
-        let pid = rt.block_on(async {
-            let c = client.create_container_like(&src, &new_id).await?;
-            let mounts = client
-                .prepare(&c.snapshotter, &c.snapshot_key, &parent)
-                .await?;
+    // All at once: the work is in containerd, the shims and CRIU, which run in
+    // parallel; this process only waits.
+    let results = rt.block_on(async {
+        let mut set = tokio::task::JoinSet::new();
+        for i in 1..=count {
+            let (client, src, parent) = (client.clone(), src.clone(), parent.clone());
+            let new_id = format!("{prefix}-{i}");
             let source = Source::History {
                 namespace: namespace.into(),
                 id: id.into(),
                 checkpoint: checkpoint.clone(),
             };
-            client.start_restored(&c, mounts, source).await
-        })?;
-        println!(
-            "{new_id}: forked from {id} checkpoint {checkpoint} in {} ms; init pid {pid}",
-            t.elapsed().as_millis()
+            set.spawn(async move {
+                let t = Instant::now();
+                let pid = async {
+                    let c = client.create_container_like(&src, &new_id).await?;
+                    let mounts = client
+                        .prepare(&c.snapshotter, &c.snapshot_key, &parent)
+                        .await?;
+                    client.start_restored(&c, mounts, source).await
+                }
+                .await;
+                (new_id, pid, t.elapsed())
+            });
+        }
+        let mut out = Vec::new();
+        while let Some(r) = set.join_next().await {
+            out.push(r.context("fork task")?);
+        }
+        anyhow::Ok(out)
+    })?;
+    let mut failed = Vec::new();
+    for (new_id, pid, took) in results {
+        match pid {
+            Ok(pid) => println!(
+                "{new_id}: forked from {id} checkpoint {checkpoint} in {} ms; init pid {pid}",
+                took.as_millis()
+            ),
+            Err(e) => failed.push(format!("{new_id}: {e:#}")),
+        }
+    }
+    if !failed.is_empty() {
+        bail!(
+            "{} of {count} forks failed:\n{}",
+            failed.len(),
+            failed.join("\n")
         );
-        made.push(new_id);
     }
     println!(
         "{count} forks of {id} in {} ms ({} ms of them for the checkpoint)",
