@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
-# Benchmark: container start and exec latency and shim memory, crab next to runc's
-# shim in the same run. Prints a Markdown table (see docs/benchmarks.md).
+# Benchmarks, crab next to runc's shim in the same run where runc has the operation.
+# Each prints a Markdown table (recorded in docs/benchmarks.md).
 #
-#   hack/bench.sh [--iterations N] [--containers K]
+#   hack/bench.sh [start|cr|ops|all] [bench arguments]
+#     start  container start, exec and shim memory      (crab-bench)
+#     cr     checkpoint/restore through containerd, by written memory (crab-cr-bench)
+#     ops    Crab's checkpoint, rollback, fork, migration (crab-ops-bench)
+#     all    the three, with their default arguments (default)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
+suite="${1:-all}"
+[ $# -gt 0 ] && shift
 "$ROOT/hack/setup.sh"
 export CRAB_CONFIG=/var/lib/crab/test/config.toml
 mkdir -p "$(dirname "$CRAB_CONFIG")"
@@ -14,5 +20,17 @@ mkdir -p "$(dirname "$CRAB_CONFIG")"
 "$ROOT/hack/containerd.sh" start >/dev/null
 eval "$("$ROOT/hack/containerd.sh" env)"
 trap '"$ROOT/hack/containerd.sh" stop >/dev/null 2>&1 || true' EXIT
-cargo build --release -q -p crab-integration --bin crab-bench
-"$ROOT/target/release/crab-bench" "$@"
+cargo build --release -q -p crab-integration --bins
+case "$suite" in
+    start) "$ROOT/target/release/crab-bench" "$@" ;;
+    cr) "$ROOT/target/release/crab-cr-bench" "$@" ;;
+    ops) "$ROOT/target/release/crab-ops-bench" "$@" ;;
+    all)
+        for b in crab-bench crab-cr-bench crab-ops-bench; do
+            echo "## $b"
+            "$ROOT/target/release/$b"
+            echo
+        done
+        ;;
+    *) echo "usage: hack/bench.sh [start|cr|ops|all] [args]" >&2; exit 2 ;;
+esac
