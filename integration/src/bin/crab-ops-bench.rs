@@ -32,7 +32,11 @@ fn second_containerd(action: &str) {
         .env("CRAB_CONTAINERD_STATE", "/run/crab/containerd-b")
         .output()
         .expect("containerd.sh");
-    assert!(out.status.success() || action == "stop", "second containerd: {:?}", text(&out));
+    assert!(
+        out.status.success() || action == "stop",
+        "second containerd: {:?}",
+        text(&out)
+    );
 }
 
 fn main() {
@@ -47,19 +51,43 @@ fn main() {
     let listing: serde_json::Value =
         serde_json::from_str(&crabctl_ok(&["ls", &g.id, "--json"])).unwrap_or_default();
     let bytes = listing[0]["process_bytes"].as_u64().unwrap_or(0);
-    row("`crabctl checkpoint` (full)", stats(full), &format!("{:.0} KiB of CRIU images each", bytes as f64 / 1024.0));
+    row(
+        "`crabctl checkpoint` (full)",
+        stats(full),
+        &format!("{:.0} KiB of CRIU images each", bytes as f64 / 1024.0),
+    );
     let fs: Vec<Duration> = (0..n)
         .map(|_| timed(&["checkpoint", &g.id, "--kind", "fs-only"]))
         .collect();
-    row("`crabctl checkpoint --kind fs-only`", stats(fs), "no process image");
+    row(
+        "`crabctl checkpoint --kind fs-only`",
+        stats(fs),
+        "no process image",
+    );
     crabctl_ok(&["checkpoint", &g.id, "--name", "base", "--mark"]);
-    let rollback: Vec<Duration> = (0..n).map(|_| timed(&["rollback", &g.id, "base"])).collect();
-    row("`crabctl rollback` (processes and files)", stats(rollback), "same task, new init");
+    let rollback: Vec<Duration> = (0..n)
+        .map(|_| timed(&["rollback", &g.id, "base"]))
+        .collect();
+    row(
+        "`crabctl rollback` (processes and files)",
+        stats(rollback),
+        "same task, new init",
+    );
 
     for k in forks {
         let prefix = unique_id("bf");
-        let guards: Vec<Guard> = (1..=k).map(|i| Guard::new(&format!("{prefix}-{i}"))).collect();
-        let t = timed(&["fork", &g.id, "base", "--count", &k.to_string(), "--prefix", &prefix]);
+        let guards: Vec<Guard> = (1..=k)
+            .map(|i| Guard::new(&format!("{prefix}-{i}")))
+            .collect();
+        let t = timed(&[
+            "fork",
+            &g.id,
+            "base",
+            "--count",
+            &k.to_string(),
+            "--prefix",
+            &prefix,
+        ]);
         row(
             &format!("`crabctl fork --count {k}`"),
             Stats { median: t, p95: t },
@@ -75,7 +103,13 @@ fn main() {
         let archive = std::env::temp_dir().join(format!("{}.tar", unique_id("mv")));
         let new_id = unique_id("mv");
         let t = Instant::now();
-        crabctl_ok(&["export", &g.id, "base", "-o", &archive.display().to_string()]);
+        crabctl_ok(&[
+            "export",
+            &g.id,
+            "base",
+            "-o",
+            &archive.display().to_string(),
+        ]);
         let out = Command::new("crabctl")
             .args(["-a", address_b, "-n", &namespace(), "import"])
             .arg(&archive)
@@ -97,6 +131,13 @@ fn main() {
         let _ = std::fs::remove_file(&archive);
     }
     second_containerd("stop");
-    row("migration: `crabctl export` + `crabctl import`", stats(moves), "to a second containerd");
-    println!("\n{n} iterations per figure (migration: at most 5); {} cores.", cores());
+    row(
+        "migration: `crabctl export` + `crabctl import`",
+        stats(moves),
+        "to a second containerd",
+    );
+    println!(
+        "\n{n} iterations per figure (migration: at most 5); {} cores.",
+        cores()
+    );
 }
