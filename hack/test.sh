@@ -39,7 +39,7 @@ if [ ${#FILTER[@]} -eq 0 ]; then
     cargo test --release --workspace --exclude crab-integration
 fi
 log "integration tests (real containerd at $CRAB_CONTAINERD_ADDRESS)"
-cargo test --release -p crab-integration -- --test-threads=1 "${FILTER[@]}" 2>&1 | tee "$TEST_DIR/integration.log"
+cargo test --release --no-fail-fast -p crab-integration -- --test-threads=1 "${FILTER[@]}" 2>&1 | tee "$TEST_DIR/integration.log"
 status=${PIPESTATUS[0]}
 # One closing line that counts every integration test of the run.
 awk '/^test result:/ { p += $4; f += $6 } END { printf "integration: %d passed, %d failed\n", p, f }' \

@@ -106,6 +106,8 @@ pub struct Checkpoint {
     pub keep_last: u32,
     /// The CRIU binary (4.2 or later): a path, or a name looked up in `PATH`.
     pub criu: PathBuf,
+    /// How many dumps and restores may run at once on this host (0: no bound).
+    pub max_parallel: u32,
 }
 
 /// Checkpoint policy settings.
@@ -159,6 +161,7 @@ impl Default for Checkpoint {
             store: PathBuf::from("/var/lib/crab/checkpoints"),
             keep_last: 16,
             criu: PathBuf::from("criu"),
+            max_parallel: 4,
         }
     }
 }

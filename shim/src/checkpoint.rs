@@ -10,7 +10,7 @@ use crab_runtime::checkpoint::engine::{apply_fs_delta, CheckpointOpts, Dumped};
 use crab_runtime::checkpoint::history::{self, Entry, History};
 use crab_runtime::checkpoint::ops::{self, HistoryOp};
 use crab_runtime::checkpoint::source::{RestoreOptions, Source};
-use crab_runtime::checkpoint::Manifest;
+use crab_runtime::checkpoint::{bounded, Manifest};
 use crab_runtime::config::Config;
 use crab_runtime::container::{Container, CreateOpts};
 use crab_runtime::storage::layers::MountSpec;
@@ -76,9 +76,9 @@ impl TaskService {
             criu: inst.config.checkpoint.criu.clone(),
             durable: false,
         };
-        let c = inst.container.clone();
+        let (c, config) = (inst.container.clone(), inst.config.clone());
         let started = Instant::now();
-        let m = blocking(move || c.checkpoint(&copts)).await?;
+        let m = blocking(move || bounded(&config, || c.checkpoint(&copts))).await?;
         tracing::info!(
             id = %req.id,
             exit = opts.exit,
@@ -261,9 +261,12 @@ impl TaskService {
         };
         let (images, dumped) = (pending.images.clone(), pending.dumped.clone());
         let started = Instant::now();
-        let result = start_process(&inst.config, &inst.init.stdio, opts, move |_, _, child| {
-            container.restore(&images, &dumped, &criu, child)
-        })
+        let result = start_process(
+            &inst.config,
+            &inst.init.stdio,
+            opts,
+            move |cfg, _, child| bounded(cfg, || container.restore(&images, &dumped, &criu, child)),
+        )
         .await;
         let (pid, io) = match result {
             Ok(v) => v,

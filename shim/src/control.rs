@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use containerd_shim::protos::api::Status;
 use containerd_shim::protos::events::task::TaskExit;
 use containerd_shim::protos::protobuf::MessageField;
+use crab_runtime::checkpoint::bounded;
 use crab_runtime::checkpoint::history::{self, Entry, History};
 use crab_runtime::checkpoint::ops::{self, CheckpointRequest, HistoryOp};
 use crab_runtime::config::Config;
@@ -102,7 +103,7 @@ impl TaskService {
         let inst = state.get(id)?;
         check_dumpable(inst, id)?;
         let (c, config) = (inst.container.clone(), inst.config.clone());
-        let entry = blocking(move || c.take_checkpoint(&config, req)).await?;
+        let entry = blocking(move || bounded(&config, || c.take_checkpoint(&config, req))).await?;
         tracing::info!(%id, seq = entry.seq, kind = ?entry.kind, total_ms = entry.timings.total_ms,
             fs_ms = entry.timings.fs_ms, dump_ms = entry.timings.dump_ms, "checkpoint");
         Ok(entry)
@@ -203,8 +204,8 @@ impl TaskService {
                 console_socket: None,
             };
             let criu = config.checkpoint.criu.clone();
-            start_process(&config, &inst.init.stdio, opts, move |_, _, child| {
-                c.restore(&images, &dumped, &criu, child)
+            start_process(&config, &inst.init.stdio, opts, move |cfg, _, child| {
+                bounded(cfg, || c.restore(&images, &dumped, &criu, child))
             })
             .await
         }

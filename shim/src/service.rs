@@ -79,6 +79,11 @@ impl Shim for Service {
             Err(e) => tracing::warn!(error = %e, "cleanup task"),
         }
         let config = bundle_config(&self.bundle);
+        let _ = std::fs::remove_file(crab_runtime::control::socket_path(
+            &config,
+            &self.namespace,
+            &self.id,
+        ));
         let target = self.bundle.join("rootfs");
         match crab_runtime::storage::ContainerKey::new(&self.namespace, &self.id) {
             Ok(key) => crate::rootfs::release(&config, &key, &target, true).await,

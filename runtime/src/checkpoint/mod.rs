@@ -14,6 +14,7 @@ pub mod fs_diff;
 pub mod history;
 pub mod ops;
 pub mod restore_helper;
+pub mod slots;
 pub mod source;
 
 use std::path::{Path, PathBuf};
@@ -163,6 +164,16 @@ impl Manifest {
         }
         Ok(m)
     }
+}
+
+/// Runs `f` holding one of the host's checkpoint slots (`checkpoint.max_parallel`):
+/// dumps and restores of different containers run in parallel, within the bound.
+pub fn bounded<T>(config: &crate::config::Config, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    let _slot = slots::acquire(
+        &config.state_dir.join("slots"),
+        config.checkpoint.max_parallel,
+    )?;
+    f()
 }
 
 /// Total size of the regular files under `dir`.
