@@ -270,3 +270,77 @@ fn the_control_socket_is_root_only_and_refuses_other_namespaces() {
         "{answer}"
     );
 }
+
+fn config_with(extra: &str) -> std::path::PathBuf {
+    let base = std::env::var("CRAB_CONFIG")
+        .ok()
+        .and_then(|p| std::fs::read_to_string(p).ok())
+        .unwrap_or_default();
+    let config = std::env::temp_dir().join(format!("{}.toml", unique_id("cfg")));
+    std::fs::write(&config, format!("{base}\n{extra}\n")).unwrap();
+    config
+}
+
+#[test]
+fn a_failing_criu_dump_leaves_the_container_running_and_the_history_unchanged() {
+    let config = config_with("[checkpoint]\ncriu = \"/bin/false\"");
+    let path = config.display().to_string();
+    let g = counter(&["--runtime-config-path", &path]);
+    let out = crabctl(&["checkpoint", &g.id], &[]);
+    let (_, e) = text(&out);
+    assert!(
+        !out.status.success(),
+        "a checkpoint with a failing CRIU succeeded"
+    );
+    assert!(e.contains("CRIU dump failed"), "{e}");
+    assert!(seqs(&g.id).is_empty(), "a failed checkpoint was recorded");
+    let snaps = crabctl_ok(&["fs", "ls", &g.id]);
+    assert!(
+        !snaps.contains("ckpt-"),
+        "a failed checkpoint left its snapshot:\n{snaps}"
+    );
+    let before = count(&g);
+    assert!(
+        wait_until(Duration::from_secs(5), || count(&g) > before),
+        "the container was left frozen"
+    );
+    let _ = std::fs::remove_file(&config);
+}
+
+#[test]
+fn a_rollback_whose_restore_fails_reports_the_task_stopped() {
+    let g = counter(&[]);
+    crabctl_ok(&["checkpoint", &g.id, "--name", "broken"]);
+    // Damage the process image: CRIU cannot restore without the memory pages.
+    let dir = std::path::Path::new("/var/lib/crab/checkpoints")
+        .join(namespace())
+        .join(&g.id)
+        .join("1/criu");
+    let mode = std::fs::metadata(dir.parent().unwrap().parent().unwrap())
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(
+        mode & 0o077,
+        0,
+        "the checkpoint dir is open to others: {mode:o}"
+    );
+    for e in std::fs::read_dir(&dir).unwrap().flatten() {
+        if e.file_name().to_string_lossy().starts_with("pages-") {
+            std::fs::write(e.path(), b"").unwrap();
+        }
+    }
+    let out = crabctl(&["rollback", &g.id, "broken"], &[]);
+    let (_, e) = text(&out);
+    assert!(
+        !out.status.success(),
+        "a rollback from a damaged image succeeded"
+    );
+    assert!(e.contains("the task is now stopped"), "{e}");
+    assert!(
+        wait_until(Duration::from_secs(10), || g.status().as_deref()
+            == Some("STOPPED")),
+        "containerd was not told: {:?}",
+        g.status()
+    );
+}

@@ -108,6 +108,8 @@ pub struct Checkpoint {
     pub criu: PathBuf,
     /// How many dumps and restores may run at once on this host (0: no bound).
     pub max_parallel: u32,
+    /// Seconds after which a CRIU run is killed.
+    pub criu_timeout_s: u64,
 }
 
 /// Checkpoint policy settings.
@@ -162,6 +164,7 @@ impl Default for Checkpoint {
             keep_last: 16,
             criu: PathBuf::from("criu"),
             max_parallel: 4,
+            criu_timeout_s: 300,
         }
     }
 }

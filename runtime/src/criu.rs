@@ -12,9 +12,32 @@
 
 use std::os::fd::RawFd;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
+use serde::{Deserialize, Serialize};
+
+use crate::config::Config;
 use crate::{Error, Result};
+
+/// The CRIU binary and how long one run of it may take.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tool {
+    /// Path, or a name looked up in `PATH`.
+    pub path: PathBuf,
+    /// Seconds after which a run is killed (CRIU can spin on a damaged image).
+    pub timeout_s: u64,
+}
+
+impl Tool {
+    /// The configured one (`checkpoint.criu`, `checkpoint.criu_timeout_s`).
+    pub fn from_config(config: &Config) -> Tool {
+        Tool {
+            path: config.checkpoint.criu.clone(),
+            timeout_s: config.checkpoint.criu_timeout_s,
+        }
+    }
+}
 
 /// Largest deleted-but-open file carried inside the image.
 pub const GHOST_LIMIT: &str = "256M";
@@ -29,8 +52,8 @@ const COMMON: &[&str] = &[
 /// What to dump.
 #[derive(Debug, Clone)]
 pub struct Dump {
-    /// The CRIU binary.
-    pub criu: PathBuf,
+    /// CRIU.
+    pub criu: Tool,
     /// The root of the process tree (the container's init).
     pub pid: i32,
     /// Where the images go (it must exist).
@@ -48,8 +71,8 @@ pub struct Dump {
 /// What to restore.
 #[derive(Debug, Clone)]
 pub struct Restore {
-    /// The CRIU binary.
-    pub criu: PathBuf,
+    /// CRIU.
+    pub criu: Tool,
     /// The images written by [`dump`] (only read: several restores may share them).
     pub images: PathBuf,
     /// Where CRIU writes its log.
@@ -67,7 +90,7 @@ pub struct Restore {
 
 /// Dumps the process tree.
 pub fn dump(d: &Dump) -> Result<()> {
-    let mut cmd = Command::new(&d.criu);
+    let mut cmd = Command::new(&d.criu.path);
     cmd.arg("dump")
         .arg("--tree")
         .arg(d.pid.to_string())
@@ -91,7 +114,7 @@ pub fn dump(d: &Dump) -> Result<()> {
 /// Restores the tree as a sibling of the caller (so a child of the caller's parent),
 /// detached, and returns the host pid of its root.
 pub fn restore(r: &Restore) -> Result<i32> {
-    let mut cmd = Command::new(&r.criu);
+    let mut cmd = Command::new(&r.criu.path);
     cmd.arg("restore")
         .arg("--images-dir")
         .arg(&r.images)
@@ -147,17 +170,48 @@ fn missing(criu: &Path, e: std::io::Error) -> Error {
     }
 }
 
-fn run(mut cmd: Command, operation: &'static str, criu: &Path, log: &Path) -> Result<()> {
-    let out = cmd.output().map_err(|e| missing(criu, e))?;
-    if out.status.success() {
+/// Runs CRIU to its end, or kills it at its deadline. Its output goes to a file beside
+/// its log, never to a pipe: restored tasks could inherit a pipe and keep it open.
+fn run(mut cmd: Command, operation: &'static str, criu: &Tool, log: &Path) -> Result<()> {
+    let err_file = log.with_extension("stderr");
+    let stderr = std::fs::File::create(&err_file)
+        .map_err(Error::io(format!("create {}", err_file.display())))?;
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(stderr);
+    let mut child = cmd.spawn().map_err(|e| missing(&criu.path, e))?;
+    let deadline = Instant::now() + Duration::from_secs(criu.timeout_s.max(1));
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if Instant::now() >= deadline => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(Error::Criu {
+                    operation,
+                    message: format!(
+                        "no end after {} s (checkpoint.criu_timeout_s): killed",
+                        criu.timeout_s
+                    ),
+                    log: log.to_path_buf(),
+                });
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(2)),
+            Err(e) => return Err(Error::io("wait for CRIU")(e)),
+        }
+    };
+    if status.success() {
         return Ok(());
     }
     let mut message = log_errors(log);
     if message.is_empty() {
-        message = String::from_utf8_lossy(&out.stderr).trim().to_string();
+        message = std::fs::read_to_string(&err_file)
+            .unwrap_or_default()
+            .trim()
+            .to_string();
     }
     if message.is_empty() {
-        message = format!("exited with {}", out.status);
+        message = format!("exited with {status}");
     }
     Err(Error::Criu {
         operation,

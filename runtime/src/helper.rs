@@ -107,14 +107,12 @@ pub enum Request {
         bundle: PathBuf,
         /// The CRIU images.
         images: PathBuf,
-        /// The CRIU binary.
-        criu: PathBuf,
+        /// CRIU.
+        criu: crate::criu::Tool,
         /// New stdio for the restored init.
         stdio: StdioFds,
-        /// What the init's stdio were at the dump (CRIU's keys).
-        keys: crate::checkpoint::Stdio,
-        /// The id of the container that was dumped.
-        dumped_id: String,
+        /// What the restore needs to know about the dumped container.
+        dumped: crate::checkpoint::engine::Dumped,
         /// The tracking cgroup to join first.
         tracking: PathBuf,
     },

@@ -73,7 +73,7 @@ impl TaskService {
             exit: opts.exit,
             rootfs: inst.bundle.join("rootfs"),
             image,
-            criu: inst.config.checkpoint.criu.clone(),
+            criu: crab_runtime::criu::Tool::from_config(&inst.config),
             durable: false,
         };
         let (c, config) = (inst.container.clone(), inst.config.clone());
@@ -252,7 +252,7 @@ impl TaskService {
     pub(crate) async fn start_restored(&self, inst: &mut Instance) -> ShimResult<i32> {
         let pending = inst.restore.take().expect("caller checked");
         let container = inst.container.clone();
-        let criu = inst.config.checkpoint.criu.clone();
+        let criu = crab_runtime::criu::Tool::from_config(&inst.config);
         let opts = CreateOpts {
             namespace: self.namespace.clone(),
             id: container.id().to_string(),

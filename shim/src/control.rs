@@ -203,7 +203,7 @@ impl TaskService {
                 bundle: inst.bundle.clone(),
                 console_socket: None,
             };
-            let criu = config.checkpoint.criu.clone();
+            let criu = crab_runtime::criu::Tool::from_config(&config);
             start_process(&config, &inst.init.stdio, opts, move |cfg, _, child| {
                 bounded(cfg, || c.restore(&images, &dumped, &criu, child))
             })

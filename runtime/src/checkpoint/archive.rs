@@ -92,6 +92,7 @@ pub fn export(
             process_bytes: dir_bytes(&staging.join(CRIU_DIR)),
             terminal: false,
             timings: Timings::default(),
+            criu_files: super::engine::image_files(&staging.join(CRIU_DIR)),
         };
         manifest.write(&staging, false)?;
         let json = serde_json::to_vec_pretty(record).expect("record serializes");

@@ -10,6 +10,7 @@
 //! joins the container's cgroups and runs `criu restore`, so that the restored init is
 //! a child of the shim, in the right cgroups, with its stdio on new pipes.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -30,6 +31,50 @@ pub struct Dumped {
     pub id: String,
     /// Its init's stdio keys.
     pub stdio: Stdio,
+    /// The size of every file CRIU wrote, checked before a restore: a truncated or
+    /// damaged image is refused, not fed to CRIU (which can spin on one).
+    #[serde(default)]
+    pub files: BTreeMap<String, u64>,
+}
+
+/// The files of a CRIU image directory and their sizes.
+pub fn image_files(dir: &Path) -> BTreeMap<String, u64> {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_type().map(|t| t.is_file()).unwrap_or(false))
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".img"))
+        .map(|e| {
+            let len = e.metadata().map(|m| m.len()).unwrap_or(0);
+            (e.file_name().to_string_lossy().into_owned(), len)
+        })
+        .collect()
+}
+
+/// Refuses an image directory whose files differ from what the dump wrote.
+pub fn verify_images(dir: &Path, files: &BTreeMap<String, u64>) -> Result<()> {
+    for (name, size) in files {
+        let actual = std::fs::metadata(dir.join(name)).map(|m| m.len());
+        match actual {
+            Ok(a) if a == *size => {}
+            Ok(a) => {
+                return Err(Error::BadCheckpoint {
+                    path: dir.to_path_buf(),
+                    message: format!(
+                        "{name} holds {a} bytes, the dump wrote {size}: the checkpoint is truncated or damaged"
+                    ),
+                })
+            }
+            Err(e) => {
+                return Err(Error::BadCheckpoint {
+                    path: dir.to_path_buf(),
+                    message: format!("{name}: {e}"),
+                })
+            }
+        }
+    }
+    Ok(())
 }
 
 impl From<&Manifest> for Dumped {
@@ -37,6 +82,7 @@ impl From<&Manifest> for Dumped {
         Dumped {
             id: m.id.clone(),
             stdio: m.stdio.clone(),
+            files: m.criu_files.clone(),
         }
     }
 }
@@ -52,8 +98,8 @@ pub struct CheckpointOpts {
     pub rootfs: PathBuf,
     /// The image the rootfs was made from (`None`: the whole tree is the delta).
     pub image: Option<ImageSource>,
-    /// The CRIU binary.
-    pub criu: PathBuf,
+    /// CRIU.
+    pub criu: criu::Tool,
     /// fsync the checkpoint before its manifest (not needed when containerd copies it
     /// into its content store).
     pub durable: bool,
@@ -161,7 +207,7 @@ impl Container {
                 tracing::warn!(id = %self.id(), error = %e, "thaw after checkpoint");
             }
         }
-        let (fs, process_bytes) = result?;
+        let (fs, process_bytes, criu_files) = result?;
         let manifest = Manifest {
             version: super::VERSION,
             kind: Kind::Full,
@@ -173,6 +219,7 @@ impl Container {
             process_bytes,
             terminal,
             timings,
+            criu_files,
         };
         let mut manifest = manifest;
         manifest.timings.total_ms = started.elapsed().as_millis() as u64;
@@ -186,7 +233,7 @@ impl Container {
         pid: i32,
         spec: &Spec,
         timings: &mut Timings,
-    ) -> Result<(FsPart, u64)> {
+    ) -> Result<(FsPart, u64, BTreeMap<String, u64>)> {
         let t = Instant::now();
         let fs = write_fs_delta(opts)?;
         timings.fs_ms = t.elapsed().as_millis() as u64;
@@ -203,7 +250,7 @@ impl Container {
             external_mounts: bind_mounts(spec).into_iter().map(|(d, _)| d).collect(),
         })?;
         timings.dump_ms = t.elapsed().as_millis() as u64;
-        Ok((fs, dir_bytes(&images)))
+        Ok((fs, dir_bytes(&images), image_files(&images)))
     }
 
     /// The first half of a restore (containerd's `Create`): a container whose
@@ -253,18 +300,17 @@ impl Container {
         &self,
         images: &Path,
         from: &Dumped,
-        criu: &Path,
+        criu: &criu::Tool,
         stdio: ChildStdio,
     ) -> Result<i32> {
         let request = {
-            let dumped_id = from.id.clone();
-            let (id, root, bundle, images, criu, keys, tracking) = (
+            let (id, root, bundle, images, criu, dumped, tracking) = (
                 self.state.id.clone(),
                 self.root.clone(),
                 self.state.bundle.clone(),
                 images.to_path_buf(),
-                criu.to_path_buf(),
-                from.stdio.clone(),
+                criu.clone(),
+                from.clone(),
                 self.state.tracking_cgroup.clone(),
             );
             Box::new(move |stdio| Request::Restore {
@@ -274,9 +320,8 @@ impl Container {
                 images,
                 criu,
                 stdio,
-                keys,
+                dumped,
                 tracking,
-                dumped_id,
             })
         };
         match helper::run(request, stdio).and_then(|pid| {

@@ -91,6 +91,9 @@ pub struct Manifest {
     /// Where the time went.
     #[serde(default)]
     pub timings: Timings,
+    /// The size of every CRIU image file (checked before a restore).
+    #[serde(default)]
+    pub criu_files: std::collections::BTreeMap<String, u64>,
 }
 
 /// Milliseconds spent in each step of a checkpoint.

@@ -12,7 +12,7 @@ use std::time::Instant;
 use libcontainer::container::ContainerStatus;
 use serde::{Deserialize, Serialize};
 
-use super::engine::{bind_mounts, freezer_cgroup, stdio_keys, Dumped};
+use super::engine::{bind_mounts, freezer_cgroup, image_files, stdio_keys, Dumped};
 use super::history::{self, create_private_dir, Entry, History};
 use super::{dir_bytes, sync_path, sync_tree, Kind, Timings, CRIU_DIR};
 use crate::config::Config;
@@ -156,17 +156,8 @@ impl Container {
                 let _ = std::fs::remove_dir_all(&tmp);
                 create_private_dir(&tmp.join(CRIU_DIR))?;
                 let spec = load_spec(&self.state.bundle)?;
-                let dumped = Dumped {
-                    id: key.id().to_string(),
-                    stdio: stdio_keys(pid),
-                };
-                std::fs::write(
-                    tmp.join(STDIO_FILE),
-                    serde_json::to_vec(&dumped).expect("json"),
-                )
-                .map_err(Error::io(format!("write {}", tmp.display())))?;
                 criu::dump(&criu::Dump {
-                    criu: config.checkpoint.criu.clone(),
+                    criu: criu::Tool::from_config(config),
                     pid,
                     images: tmp.join(CRIU_DIR),
                     leave_running: true,
@@ -174,6 +165,16 @@ impl Container {
                     external_mounts: bind_mounts(&spec).into_iter().map(|(d, _)| d).collect(),
                 })?;
                 timings.dump_ms = t.elapsed().as_millis() as u64;
+                let dumped = Dumped {
+                    id: key.id().to_string(),
+                    stdio: stdio_keys(pid),
+                    files: image_files(&tmp.join(CRIU_DIR)),
+                };
+                std::fs::write(
+                    tmp.join(STDIO_FILE),
+                    serde_json::to_vec(&dumped).expect("json"),
+                )
+                .map_err(Error::io(format!("write {}", tmp.display())))?;
             }
             Ok(())
         })();

@@ -30,9 +30,8 @@ pub fn serve(request: Request) -> Result<i32> {
         images,
         criu: criu_bin,
         stdio,
-        keys,
+        dumped,
         tracking,
-        dumped_id,
     } = request
     else {
         unreachable!("only restore requests come here");
@@ -43,7 +42,8 @@ pub fn serve(request: Request) -> Result<i32> {
         bundle: bundle.clone(),
         message: e.to_string(),
     })?;
-    youki.cgroup_path = own_cgroup_path(&youki.cgroup_path, &dumped_id, &id);
+    youki.cgroup_path = own_cgroup_path(&youki.cgroup_path, &dumped.id, &id);
+    super::engine::verify_images(&images, &dumped.files)?;
     join_cgroups(&id, &youki.cgroup_path, &spec)?;
 
     // The new pipes replace the dumped ones, by CRIU's key. A key seen twice (fd 2
@@ -53,6 +53,7 @@ pub fn serve(request: Request) -> Result<i32> {
         .map(inherited_or_null)
         .collect::<Result<_>>()?;
     let mut inherit: Vec<(RawFd, String)> = Vec::new();
+    let keys = &dumped.stdio;
     for (key, fd) in [&keys.stdin, &keys.stdout, &keys.stderr]
         .into_iter()
         .zip(&fds)
