@@ -68,6 +68,30 @@ echo "counter one second after resume: $(counter)"
 step "what Crab records: the container's cgroup2 id, for the eBPF inspector"
 show crabctl inspect -n "$CRAB_NAMESPACE" "$ID"
 
+export CONTAINERD_ADDRESS="$CRAB_CONTAINERD_ADDRESS"
+K=(crabctl -n "$CRAB_NAMESPACE")
+step "checkpoint the sandbox (processes and files), then let the agent do damage"
+show "${K[@]}" checkpoint "$ID" --name before
+show "${C[@]}" task exec --exec-id e2 "$ID" sh -c 'rm -rf /usr/lib/python3* 2>/dev/null; echo broken > /etc/motd'
+echo "counter now: $(counter); /etc/motd: $(cat "$BUNDLE/rootfs/etc/motd")"
+step "roll back in place: same task, processes and files as they were"
+show "${K[@]}" rollback "$ID" before
+echo "counter right after the rollback: $(counter)"
+show "${C[@]}" task exec --exec-id e3 "$ID" python3 -c 'print("python is back")'
+show "${K[@]}" ls "$ID"
+
+step "fork: three sandboxes running on from the same checkpoint"
+show "${K[@]}" fork "$ID" before --count 3 --prefix "$ID-fork"
+show "${C[@]}" task ls
+for i in 1 2 3; do
+    "${C[@]}" task kill -s KILL "$ID-fork-$i" >/dev/null 2>&1 || true
+done
+sleep 0.5
+for i in 1 2 3; do
+    "${C[@]}" task rm -f "$ID-fork-$i" >/dev/null 2>&1 || true
+    "${C[@]}" container rm "$ID-fork-$i" >/dev/null 2>&1 || true
+done
+
 step "kill and clean up"
 show "${C[@]}" task kill -s KILL "$ID"
 sleep 0.5
