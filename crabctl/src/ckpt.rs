@@ -64,6 +64,23 @@ pub fn checkpoint(
     Ok(())
 }
 
+/// Takes a new full checkpoint of a running container; returns its name.
+pub fn take_full(config: &Config, namespace: &str, id: &str) -> Result<String> {
+    let request = Request::Checkpoint {
+        namespace: namespace.into(),
+        id: id.into(),
+        request: CheckpointRequest {
+            kind: Kind::Full,
+            name: None,
+            mark: false,
+        },
+    };
+    match call(config, request)? {
+        Response::Entry { entry } => Ok(entry.name),
+        other => bail!("checkpoint {id}: unexpected answer {other:?}"),
+    }
+}
+
 /// `crabctl ls`.
 pub fn list(config: &Config, namespace: &str, id: &str, json: bool) -> Result<()> {
     let r = call(

@@ -23,6 +23,14 @@ use containerd_client::types::Mount;
 use containerd_client::with_namespace;
 use crab_runtime::checkpoint::source::{RestoreOptions, Source, RESTORE_OPTIONS_TYPE};
 
+/// A single-threaded async runtime for the gRPC calls.
+pub fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("start the async runtime")
+}
+
 /// A connection to one containerd, in one namespace.
 #[derive(Clone)]
 pub struct Client {

@@ -2,29 +2,19 @@
 //! containerd, with its own root and state) as one archive.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use containerd_client::services::v1::container::Runtime;
 use containerd_client::services::v1::Container;
 use crab_runtime::checkpoint::archive::{self, ContainerRecord};
 use crab_runtime::checkpoint::history::{self, History};
-use crab_runtime::checkpoint::ops::CheckpointRequest;
 use crab_runtime::checkpoint::source::Source;
-use crab_runtime::checkpoint::Kind;
 use crab_runtime::config::Config;
-use crab_runtime::control::{self, Request, Response};
 use crab_runtime::storage::layers::MountSpec;
 use crab_runtime::storage::{ContainerKey, ImageSource};
 
 use crate::containerd::Client;
-
-fn runtime() -> Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("start the async runtime")
-}
 
 /// `crabctl export ID [CKPT] -o FILE` (a new full checkpoint when none is named).
 pub fn export(
@@ -39,27 +29,12 @@ pub fn export(
     let started = Instant::now();
     let name = match ckpt {
         Some(n) => n.to_string(),
-        None => {
-            let request = Request::Checkpoint {
-                namespace: namespace.into(),
-                id: id.into(),
-                request: CheckpointRequest {
-                    kind: Kind::Full,
-                    name: None,
-                    mark: false,
-                },
-            };
-            match control::call(config, &request, Duration::from_secs(600))? {
-                Response::Entry { entry } => entry.name,
-                Response::Error { message } => bail!("checkpoint {id}: {message}"),
-                other => bail!("unexpected answer {other:?}"),
-            }
-        }
+        None => crate::ckpt::take_full(config, namespace, id)?,
     };
     let entry = History::load(&history::dir(config, &key), &key)?
         .find(&name)?
         .clone();
-    let rt = runtime()?;
+    let rt = crate::containerd::runtime()?;
     let client = rt.block_on(Client::connect(address, namespace))?;
     let c = rt.block_on(client.container(id))?;
     let mounts = rt.block_on(client.mounts(&c.snapshotter, &c.snapshot_key))?;
@@ -120,7 +95,7 @@ pub fn import(
     let started = Instant::now();
     let dir = archive::import_dir(config, &key);
     let record = archive::unpack(file, &dir)?;
-    let result = runtime()?.block_on(async {
+    let result = crate::containerd::runtime()?.block_on(async {
         let client = Client::connect(address, namespace).await?;
         let chain = client.image_chain_id(&record.image).await?;
         let c = Container {

@@ -1,25 +1,15 @@
 //! `crabctl restore` and `crabctl fork`: new tasks from Crab's checkpoints, made
 //! through containerd (so `ctr task ls` and every client see them).
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use crab_runtime::checkpoint::history::{self, History};
-use crab_runtime::checkpoint::ops::CheckpointRequest;
 use crab_runtime::checkpoint::source::Source;
-use crab_runtime::checkpoint::Kind;
 use crab_runtime::config::Config;
-use crab_runtime::control::{self, Request, Response};
 use crab_runtime::storage::ContainerKey;
 
 use crate::containerd::Client;
-
-fn runtime() -> Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("start the async runtime")
-}
 
 /// The checkpoint `name`, or the newest one, of container `key`.
 fn checkpoint_name(config: &Config, key: &ContainerKey, name: Option<&str>) -> Result<String> {
@@ -46,7 +36,7 @@ pub fn restore(
     let key = ContainerKey::new(namespace, id)?;
     let checkpoint = checkpoint_name(config, &key, ckpt)?;
     let started = Instant::now();
-    let pid = runtime()?.block_on(async {
+    let pid = crate::containerd::runtime()?.block_on(async {
         let client = Client::connect(address, namespace).await?;
         let c = client.container(id).await?;
         client.delete_stale_task(id).await?;
@@ -80,28 +70,13 @@ pub fn fork(
     let started = Instant::now();
     let checkpoint = match ckpt {
         Some(n) => checkpoint_name(config, &key, Some(n))?,
-        None => {
-            let request = Request::Checkpoint {
-                namespace: namespace.into(),
-                id: id.into(),
-                request: CheckpointRequest {
-                    kind: Kind::Full,
-                    name: None,
-                    mark: false,
-                },
-            };
-            match control::call(config, &request, Duration::from_secs(600))? {
-                Response::Entry { entry } => entry.name,
-                Response::Error { message } => bail!("checkpoint {id}: {message}"),
-                other => bail!("unexpected answer {other:?}"),
-            }
-        }
+        None => crate::ckpt::take_full(config, namespace, id)?,
     };
     let checkpointed = started.elapsed();
     let prefix = prefix
         .map(str::to_string)
         .unwrap_or_else(|| format!("{id}-fork"));
-    let rt = runtime()?;
+    let rt = crate::containerd::runtime()?;
     let client = rt.block_on(Client::connect(address, namespace))?;
     let src = rt.block_on(client.container(id))?;
     let parent = rt.block_on(client.snapshot_parent(&src.snapshotter, &src.snapshot_key))?;

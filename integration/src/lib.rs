@@ -146,6 +146,11 @@ impl Guard {
         guard
     }
 
+    /// A detached busybox container of the crab runtime running `sh -c script`.
+    pub fn sh(script: &str) -> Guard {
+        Guard::run_detached(CRAB, BUSYBOX, &[], &["sh", "-c", script])
+    }
+
     /// The init's pid, from `ctr task ls`.
     pub fn pid(&self) -> i32 {
         let out = ctr_ok(&["task", "ls"]);
@@ -186,6 +191,14 @@ impl Guard {
         o
     }
 
+    /// The number in file `path` inside the container (read through an exec).
+    pub fn number(&self, path: &str) -> u64 {
+        let out = self.exec_ok(&["cat", path]);
+        out.trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("{path} in {}: {out:?}", self.id))
+    }
+
     /// Kills, deletes the task and the container; waits until gone.
     pub fn remove(&self) {
         let _ = ctr_run(
@@ -210,6 +223,18 @@ impl Drop for Guard {
     fn drop(&mut self) {
         self.remove();
     }
+}
+
+/// A configuration file: the one the test containerd passes its shims
+/// (`CRAB_CONFIG`) with `extra` TOML appended; for `--runtime-config-path`.
+pub fn config_with(extra: &str) -> PathBuf {
+    let base = std::env::var("CRAB_CONFIG")
+        .ok()
+        .and_then(|p| std::fs::read_to_string(p).ok())
+        .unwrap_or_default();
+    let config = std::env::temp_dir().join(format!("{}.toml", unique_id("cfg")));
+    std::fs::write(&config, format!("{base}\n{extra}\n")).expect("write config");
+    config
 }
 
 /// Polls `f` until it is true or `timeout` passes; returns the last value.

@@ -19,14 +19,11 @@ impl Drop for Ref {
 }
 
 fn count(g: &Guard) -> u64 {
-    let out = g.exec_ok(&["cat", "/tmp/count"]);
-    out.trim()
-        .parse()
-        .unwrap_or_else(|_| panic!("count {out:?}"))
+    g.number("/tmp/count")
 }
 
 fn counter() -> Guard {
-    let g = Guard::run_detached(CRAB, BUSYBOX, &[], &["sh", "-c", COUNTER]);
+    let g = Guard::sh(COUNTER);
     assert!(
         wait_until(Duration::from_secs(10), || count(&g) >= 10),
         "counter did not count"
@@ -136,16 +133,9 @@ fn restore_live_continues_the_counter_in_memory_and_has_the_files_without_rw() {
 
 #[test]
 fn a_restored_http_server_answers_on_loopback() {
-    let g = Guard::run_detached(
-        CRAB,
-        BUSYBOX,
-        &[],
-        &[
-            "sh",
-            "-c",
-            "mkdir -p /www && echo served-before > /www/index.html && \
+    let g = Guard::sh(
+        "mkdir -p /www && echo served-before > /www/index.html && \
              exec httpd -f -p 127.0.0.1:8080 -h /www",
-        ],
     );
     let get = ["wget", "-qO-", "http://127.0.0.1:8080/index.html"];
     assert!(
@@ -208,16 +198,7 @@ fn checkpoint_while_an_exec_runs_is_refused_and_the_container_keeps_running() {
 
 #[test]
 fn checkpoint_without_criu_fails_clearly_and_the_container_keeps_running() {
-    let base = std::env::var("CRAB_CONFIG")
-        .ok()
-        .and_then(|p| std::fs::read_to_string(p).ok())
-        .unwrap_or_default();
-    let config = std::env::temp_dir().join(format!("{}.toml", unique_id("nocriu")));
-    std::fs::write(
-        &config,
-        format!("{base}\n[checkpoint]\ncriu = \"/nonexistent/criu\"\n"),
-    )
-    .unwrap();
+    let config = config_with("[checkpoint]\ncriu = \"/nonexistent/criu\"");
     let path = config.display().to_string();
     let g = Guard::run_detached(
         CRAB,

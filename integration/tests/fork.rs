@@ -13,14 +13,11 @@ const SERVER_AND_COUNTER: &str = "mkdir -p /www && echo served > /www/index.html
 const GET: [&str; 3] = ["wget", "-qO-", "http://127.0.0.1:8080/index.html"];
 
 fn count(g: &Guard) -> u64 {
-    let out = g.exec_ok(&["cat", "/tmp/count"]);
-    out.trim()
-        .parse()
-        .unwrap_or_else(|_| panic!("count {out:?}"))
+    g.number("/tmp/count")
 }
 
 fn server() -> Guard {
-    let g = Guard::run_detached(CRAB, BUSYBOX, &[], &["sh", "-c", SERVER_AND_COUNTER]);
+    let g = Guard::sh(SERVER_AND_COUNTER);
     assert!(wait_until(Duration::from_secs(10), || count(&g) >= 5));
     g
 }

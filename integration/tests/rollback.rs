@@ -14,10 +14,7 @@ use crab_integration::*;
 const COUNTER: &str = "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.2; done";
 
 fn count(g: &Guard) -> u64 {
-    let out = g.exec_ok(&["cat", "/tmp/count"]);
-    out.trim()
-        .parse()
-        .unwrap_or_else(|_| panic!("count {out:?}"))
+    g.number("/tmp/count")
 }
 
 fn counter(flags: &[&str]) -> Guard {
@@ -203,12 +200,7 @@ fn process_only_checkpoint_shares_the_earlier_snapshot() {
 
 #[test]
 fn retention_keeps_the_last_n_and_the_marked_and_rm_deletes() {
-    let base = std::env::var("CRAB_CONFIG")
-        .ok()
-        .and_then(|p| std::fs::read_to_string(p).ok())
-        .unwrap_or_default();
-    let config = std::env::temp_dir().join(format!("{}.toml", unique_id("keep")));
-    std::fs::write(&config, format!("{base}\n[checkpoint]\nkeep_last = 2\n")).unwrap();
+    let config = config_with("[checkpoint]\nkeep_last = 2");
     let path = config.display().to_string();
     let g = counter(&["--runtime-config-path", &path]);
     crabctl_ok(&["checkpoint", &g.id, "--mark"]);
@@ -269,16 +261,6 @@ fn the_control_socket_is_root_only_and_refuses_other_namespaces() {
         answer.contains("\"error\"") && answer.contains("other"),
         "{answer}"
     );
-}
-
-fn config_with(extra: &str) -> std::path::PathBuf {
-    let base = std::env::var("CRAB_CONFIG")
-        .ok()
-        .and_then(|p| std::fs::read_to_string(p).ok())
-        .unwrap_or_default();
-    let config = std::env::temp_dir().join(format!("{}.toml", unique_id("cfg")));
-    std::fs::write(&config, format!("{base}\n{extra}\n")).unwrap();
-    config
 }
 
 #[test]

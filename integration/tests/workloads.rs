@@ -17,22 +17,14 @@ fn wait_for_file(g: &Guard, path: &str, timeout: Duration) -> String {
 }
 
 fn number(g: &Guard, path: &str) -> u64 {
-    let s = g.exec_ok(&["cat", path]);
-    s.trim().parse().unwrap_or_else(|_| panic!("{path}: {s:?}"))
+    g.number(path)
 }
 
 #[test]
 fn a_pipeline_of_processes_joined_by_pipes_continues_after_rollback() {
-    let g = Guard::run_detached(
-        CRAB,
-        BUSYBOX,
-        &[],
-        &[
-            "sh",
-            "-c",
-            "i=0; while true; do i=$((i+1)); echo $i; sleep 0.1; done | \
+    let g = Guard::sh(
+        "i=0; while true; do i=$((i+1)); echo $i; sleep 0.1; done | \
              while read n; do echo $n > /tmp/p; done",
-        ],
     );
     wait_for_file(&g, "/tmp/p", Duration::from_secs(10));
     crabctl_ok(&["checkpoint", &g.id, "--name", "pipe"]);
@@ -46,16 +38,9 @@ fn a_pipeline_of_processes_joined_by_pipes_continues_after_rollback() {
 
 #[test]
 fn a_deleted_but_open_file_and_an_appended_log_come_back() {
-    let g = Guard::run_detached(
-        CRAB,
-        BUSYBOX,
-        &[],
-        &[
-            "sh",
-            "-c",
-            "echo secret-$$ > /tmp/ghost && exec 3</tmp/ghost && rm /tmp/ghost && \
+    let g = Guard::sh(
+        "echo secret-$$ > /tmp/ghost && exec 3</tmp/ghost && rm /tmp/ghost && \
              exec 4>>/tmp/log && i=0; while true; do i=$((i+1)); echo $i >&4; sleep 0.1; done",
-        ],
     );
     wait_for_file(&g, "/tmp/log", Duration::from_secs(10));
     let ghost = g.exec_ok(&["cat", "/proc/1/fd/3"]);
@@ -82,16 +67,9 @@ fn a_deleted_but_open_file_and_an_appended_log_come_back() {
 
 #[test]
 fn a_process_tree_three_levels_deep_comes_back_whole() {
-    let g = Guard::run_detached(
-        CRAB,
-        BUSYBOX,
-        &[],
-        &[
-            "sh",
-            "-c",
-            "sh -c 'sh -c \"while true; do sleep 1; done\" & wait' & \
+    let g = Guard::sh(
+        "sh -c 'sh -c \"while true; do sleep 1; done\" & wait' & \
              i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.2; done",
-        ],
     );
     wait_for_file(&g, "/tmp/count", Duration::from_secs(10));
     let before = ctr_ok(&["task", "ps", &g.id]).lines().count();

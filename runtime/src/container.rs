@@ -288,16 +288,7 @@ impl Container {
 
     /// Applies new resource limits.
     pub fn update(&self, resources: &LinuxResources) -> Result<()> {
-        let opt = ControllerOpt {
-            resources,
-            disable_oom_killer: resources
-                .memory()
-                .as_ref()
-                .and_then(|m| m.disable_oom_killer())
-                .unwrap_or(false),
-            oom_score_adj: None,
-            freezer_state: None,
-        };
+        let opt = controller_opt(resources);
         self.cgroup_manager()?
             .apply(&opt)
             .map_err(|e| Error::Cgroup {
@@ -329,6 +320,20 @@ impl Container {
         if let Err(e) = self.delete() {
             tracing::warn!(id = %self.state.id, error = %e, "cleanup after failed create");
         }
+    }
+}
+
+/// What libcgroups applies for `resources`.
+pub(crate) fn controller_opt(resources: &LinuxResources) -> ControllerOpt<'_> {
+    ControllerOpt {
+        resources,
+        disable_oom_killer: resources
+            .memory()
+            .as_ref()
+            .and_then(|m| m.disable_oom_killer())
+            .unwrap_or(false),
+        oom_score_adj: None,
+        freezer_state: None,
     }
 }
 

@@ -289,12 +289,5 @@ impl TaskService {
 /// The image layers of a create request, kept for the file-system delta of a later
 /// checkpoint.
 pub fn image_mounts(req: &CreateTaskRequest) -> Vec<MountSpec> {
-    req.rootfs
-        .iter()
-        .map(|m| MountSpec {
-            kind: m.type_.clone(),
-            source: m.source.clone(),
-            options: m.options.clone(),
-        })
-        .collect()
+    rootfs::mount_specs(&req.rootfs)
 }

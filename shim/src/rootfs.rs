@@ -32,6 +32,18 @@ pub fn backend_for(config: &Config, bundle: &Path) -> ShimResult<Backend> {
     })
 }
 
+/// containerd's mounts as the store reads them.
+pub fn mount_specs(mounts: &[Mount]) -> Vec<MountSpec> {
+    mounts
+        .iter()
+        .map(|m| MountSpec {
+            kind: m.type_.clone(),
+            source: m.source.clone(),
+            options: m.options.clone(),
+        })
+        .collect()
+}
+
 /// Makes `target` the container's root file system. Returns whether the shim mounted
 /// something there (and must unmount it).
 pub async fn prepare(
@@ -45,28 +57,26 @@ pub async fn prepare(
     if config.storage.backend == Backend::Passthrough || mounts.is_empty() {
         return mount_all(mounts, target).await;
     }
-    let specs: Vec<MountSpec> = mounts
-        .iter()
-        .map(|m| MountSpec {
-            kind: m.type_.clone(),
-            source: m.source.clone(),
-            options: m.options.clone(),
-        })
-        .collect();
+    let specs = mount_specs(mounts);
     let (config, key, target) = (config.clone(), key.clone(), target.to_path_buf());
     tokio::task::spawn_blocking(move || -> crab_runtime::Result<bool> {
         let image = ImageSource::from_mounts(&specs)?;
         let store = storage::open(&config, config.storage.backend)?.expect("not passthrough");
         let live = store.prepare(&key, &image)?;
-        std::fs::create_dir_all(&target).map_err(crab_runtime::Error::io(format!(
-            "create {}",
-            target.display()
-        )))?;
-        bind(&live, &target).map(|()| true)
+        bind_at(&live, &target).map(|()| true)
     })
     .await
     .map_err(|e| ShimError::Other(format!("rootfs task: {e}")))?
     .map_err(ShimError::from)
+}
+
+/// Bind-mounts the store's tree `live` on `target` (made if missing).
+fn bind_at(live: &Path, target: &Path) -> crab_runtime::Result<()> {
+    std::fs::create_dir_all(target).map_err(crab_runtime::Error::io(format!(
+        "create {}",
+        target.display()
+    )))?;
+    bind(live, target)
 }
 
 fn bind(src: &Path, target: &Path) -> crab_runtime::Result<()> {
@@ -196,14 +206,7 @@ pub async fn prepare_clone(
             "forks need a store with snapshots (btrfs, zfs or overlay), not passthrough".into(),
         ));
     }
-    let specs: Vec<MountSpec> = mounts
-        .iter()
-        .map(|m| MountSpec {
-            kind: m.type_.clone(),
-            source: m.source.clone(),
-            options: m.options.clone(),
-        })
-        .collect();
+    let specs = mount_specs(mounts);
     let (config, src, snapshot, key, target) = (
         config.clone(),
         src.clone(),
@@ -225,11 +228,7 @@ pub async fn prepare_clone(
         if let Some(owner) = &image.owner {
             store.set_owner(&key, owner)?;
         }
-        std::fs::create_dir_all(&target).map_err(crab_runtime::Error::io(format!(
-            "create {}",
-            target.display()
-        )))?;
-        bind(&live, &target).map(|()| true)
+        bind_at(&live, &target).map(|()| true)
     })
     .await
     .map_err(|e| ShimError::Other(format!("rootfs task: {e}")))?

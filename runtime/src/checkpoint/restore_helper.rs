@@ -10,7 +10,7 @@
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 
-use libcgroups::common::{CgroupConfig, CgroupManager, ControllerOpt};
+use libcgroups::common::{CgroupConfig, CgroupManager};
 use libcontainer::config::YoukiConfig;
 use libcontainer::container::{Container as LcContainer, ContainerStatus};
 use oci_spec::runtime::LinuxResources;
@@ -124,16 +124,7 @@ fn join_cgroups(id: &str, path: &Path, spec: &oci_spec::runtime::Spec) -> Result
         .and_then(|l| l.resources().as_ref())
         .unwrap_or(&none);
     manager
-        .apply(&ControllerOpt {
-            resources,
-            disable_oom_killer: resources
-                .memory()
-                .as_ref()
-                .and_then(|m| m.disable_oom_killer())
-                .unwrap_or(false),
-            oom_score_adj: None,
-            freezer_state: None,
-        })
+        .apply(&crate::container::controller_opt(resources))
         .map_err(cgroup_err("apply resources"))
 }
 
