@@ -290,10 +290,10 @@ fn a_failing_criu_dump_leaves_the_container_running_and_the_history_unchanged() 
 }
 
 #[test]
-fn a_rollback_whose_restore_fails_reports_the_task_stopped() {
+fn a_rollback_to_a_damaged_image_is_refused_and_the_container_runs_on() {
     let g = counter(&[]);
-    crabctl_ok(&["checkpoint", &g.id, "--name", "broken"]);
-    // Damage the process image: CRIU cannot restore without the memory pages.
+    crabctl_ok(&["checkpoint", &g.id, "--name", "damaged"]);
+    // Truncate the memory pages: the sizes recorded at the dump no longer match.
     let dir = std::path::Path::new("/var/lib/crab/checkpoints")
         .join(namespace())
         .join(&g.id)
@@ -312,17 +312,55 @@ fn a_rollback_whose_restore_fails_reports_the_task_stopped() {
             std::fs::write(e.path(), b"").unwrap();
         }
     }
-    let out = crabctl(&["rollback", &g.id, "broken"], &[]);
+    let pid = g.pid();
+    let out = crabctl(&["rollback", &g.id, "damaged"], &[]);
     let (_, e) = text(&out);
     assert!(
         !out.status.success(),
         "a rollback from a damaged image succeeded"
     );
+    assert!(e.contains("truncated or damaged"), "{e}");
+    assert_eq!(g.status().as_deref(), Some("RUNNING"));
+    assert_eq!(g.pid(), pid, "the processes were touched");
+    let before = count(&g);
+    assert!(wait_until(Duration::from_secs(5), || count(&g) > before));
+}
+
+#[test]
+fn a_rollback_whose_restore_fails_reports_the_task_stopped() {
+    // CRIU that dumps but fails every restore half-way (after the old processes are
+    // gone, which a rollback cannot avoid).
+    let wrapper = std::env::temp_dir().join(format!("{}.sh", unique_id("criu")));
+    std::fs::write(
+        &wrapper,
+        "#!/bin/sh\nif [ \"$1\" = restore ]; then echo 'injected restore failure' >&2; exit 1; fi\nexec criu \"$@\"\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let config = config_with(&format!("[checkpoint]\ncriu = \"{}\"", wrapper.display()));
+    let g = counter(&["--runtime-config-path", &config.display().to_string()]);
+    crabctl_ok(&["checkpoint", &g.id, "--name", "doomed"]);
+    let out = crabctl(&["rollback", &g.id, "doomed"], &[]);
+    let (_, e) = text(&out);
+    assert!(!out.status.success(), "a failing restore reported success");
     assert!(e.contains("the task is now stopped"), "{e}");
+    assert!(e.contains("injected restore failure"), "{e}");
     assert!(
         wait_until(Duration::from_secs(10), || g.status().as_deref()
             == Some("STOPPED")),
         "containerd was not told: {:?}",
         g.status()
     );
+    let procs = std::fs::read_to_string(format!(
+        "/sys/fs/cgroup/unified/crab/{}/{}/cgroup.procs",
+        namespace(),
+        g.id
+    ))
+    .unwrap_or_default();
+    assert!(
+        procs.trim().is_empty(),
+        "processes left after a failed restore: {procs}"
+    );
+    let _ = std::fs::remove_file(&wrapper);
+    let _ = std::fs::remove_file(&config);
 }

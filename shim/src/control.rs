@@ -179,6 +179,12 @@ impl TaskService {
             });
         };
 
+        // A damaged image is refused while the old processes still run.
+        {
+            let (images, files) = (images.clone(), dumped.files.clone());
+            blocking(move || crab_runtime::checkpoint::engine::verify_images(&images, &files))
+                .await?;
+        }
         // The client reading the output fifos must not see EOF while the old copy
         // tasks end and the new ones start: hold a writer open across the change.
         let _keep_open: Vec<std::fs::File> = [&inst.init.stdio.stdout, &inst.init.stdio.stderr]
