@@ -131,6 +131,8 @@ build_images() {
 
 storage_pools() {
     "$ROOT/hack/pool.sh"
+    # ZFS for the zfs backend (the zfs-fuse daemon where the kernel has no ZFS).
+    "$ROOT/hack/zfs.sh"
 }
 
 need_root

@@ -364,3 +364,26 @@ fn a_rollback_whose_restore_fails_reports_the_task_stopped() {
     let _ = std::fs::remove_file(&wrapper);
     let _ = std::fs::remove_file(&config);
 }
+
+#[test]
+fn rollback_in_place_works_on_every_backend() {
+    for backend in ["btrfs", "zfs", "overlay"] {
+        let annotation = format!("io.crab.storage.backend={backend}");
+        let g = counter(&["--annotation", &annotation]);
+        crabctl_ok(&["checkpoint", &g.id, "--name", "a"]);
+        let at = count(&g);
+        g.exec_ok(&["sh", "-c", "echo later > /later"]);
+        crabctl_ok(&["rollback", &g.id, "a"]);
+        let now = count(&g);
+        assert!(now + 2 >= at && now < at + 10, "{backend}: {now} vs {at}");
+        assert_eq!(
+            g.exec(&["test", "-e", "/later"]).status.code(),
+            Some(1),
+            "{backend}: a file written after the checkpoint survived"
+        );
+        assert!(
+            wait_until(Duration::from_secs(5), || count(&g) > now),
+            "{backend}: not counting"
+        );
+    }
+}

@@ -90,6 +90,13 @@ pub enum Request {
         /// What to do.
         op: crate::checkpoint::ops::HistoryOp,
     },
+    /// A store operation (the stores exec tools).
+    Store {
+        /// The configuration (which store).
+        config: crate::config::Config,
+        /// What to do.
+        op: crate::storage::in_helper::StoreOp,
+    },
     /// Apply a checkpoint's file-system delta to a rootfs.
     ApplyFsDelta {
         /// The checkpoint directory.
@@ -126,6 +133,7 @@ impl Request {
             Request::Restore { .. } => "restore container",
             Request::Checkpoint { .. } => "checkpoint container",
             Request::History { .. } => "change the checkpoint history",
+            Request::Store { .. } => "operate the store",
             Request::ApplyFsDelta { .. } => "apply a file-system delta",
         }
     }
@@ -135,9 +143,10 @@ impl Request {
             Request::Create { stdio, .. }
             | Request::Exec { stdio, .. }
             | Request::Restore { stdio, .. } => *stdio,
-            Request::Checkpoint { .. } | Request::ApplyFsDelta { .. } | Request::History { .. } => {
-                StdioFds::default()
-            }
+            Request::Checkpoint { .. }
+            | Request::ApplyFsDelta { .. }
+            | Request::History { .. }
+            | Request::Store { .. } => StdioFds::default(),
         }
     }
 }
@@ -320,6 +329,7 @@ fn serve(request: Request) -> Result<Reply> {
             let c = crate::container::Container { root, state };
             Ok(data(json(&c.checkpoint_here(&opts)?)))
         }
+        Request::Store { config, op } => crate::storage::in_helper::serve(&config, op).map(data),
         Request::History {
             config,
             root,

@@ -6,9 +6,9 @@ use std::path::Path;
 
 use containerd_shim::protos::api::Mount;
 use crab_runtime::config::{Backend, Config};
+use crab_runtime::storage::in_helper::{self, StoreOp};
 use crab_runtime::storage::layers::MountSpec;
 use crab_runtime::storage::{self, ContainerKey, ImageSource};
-use nix::mount::{mount, MsFlags};
 
 use crate::error::{ShimError, ShimResult};
 
@@ -57,41 +57,22 @@ pub async fn prepare(
     if config.storage.backend == Backend::Passthrough || mounts.is_empty() {
         return mount_all(mounts, target).await;
     }
-    let specs = mount_specs(mounts);
-    let (config, key, target) = (config.clone(), key.clone(), target.to_path_buf());
-    tokio::task::spawn_blocking(move || -> crab_runtime::Result<bool> {
-        let image = ImageSource::from_mounts(&specs)?;
-        let store = storage::open(&config, config.storage.backend)?.expect("not passthrough");
-        let live = store.prepare(&key, &image)?;
-        bind_at(&live, &target).map(|()| true)
-    })
-    .await
-    .map_err(|e| ShimError::Other(format!("rootfs task: {e}")))?
-    .map_err(ShimError::from)
+    let image = ImageSource::from_mounts(&mount_specs(mounts))?;
+    let op = StoreOp::Prepare {
+        key: key.clone(),
+        image,
+        target: target.to_path_buf(),
+    };
+    store_op(config, op).await.map(|_| true)
 }
 
-/// Bind-mounts the store's tree `live` on `target` (made if missing).
-fn bind_at(live: &Path, target: &Path) -> crab_runtime::Result<()> {
-    std::fs::create_dir_all(target).map_err(crab_runtime::Error::io(format!(
-        "create {}",
-        target.display()
-    )))?;
-    bind(live, target)
-}
-
-fn bind(src: &Path, target: &Path) -> crab_runtime::Result<()> {
-    mount(
-        Some(src),
-        target,
-        None::<&str>,
-        MsFlags::MS_BIND | MsFlags::MS_REC,
-        None::<&str>,
-    )
-    .map_err(crab_runtime::Error::sys(format!(
-        "bind {} on {}",
-        src.display(),
-        target.display()
-    )))
+/// Runs a store operation in the helper process.
+async fn store_op(config: &Config, op: StoreOp) -> ShimResult<serde_json::Value> {
+    let config = config.clone();
+    tokio::task::spawn_blocking(move || in_helper::run(&config, op))
+        .await
+        .map_err(|e| ShimError::Other(format!("store task: {e}")))?
+        .map_err(ShimError::from)
 }
 
 /// Unmounts the rootfs. A store-backed tree stays in the store, with its writes and
@@ -104,18 +85,8 @@ pub async fn release(config: &Config, key: &ContainerKey, target: &Path, mounted
     if config.storage.backend == Backend::Passthrough {
         return;
     }
-    let (config, key) = (config.clone(), key.clone());
-    let r = tokio::task::spawn_blocking(move || -> crab_runtime::Result<()> {
-        match storage::open(&config, config.storage.backend)? {
-            Some(store) => store.release(&key),
-            None => Ok(()),
-        }
-    })
-    .await;
-    match r {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => tracing::warn!(error = %e, "release the container's tree"),
-        Err(e) => tracing::warn!(error = %e, "release task"),
+    if let Err(e) = store_op(config, StoreOp::Release { key: key.clone() }).await {
+        tracing::warn!(error = %e, "release the container's tree");
     }
 }
 
@@ -125,16 +96,9 @@ pub fn collect(config: &Config) {
         return;
     }
     let config = config.clone();
-    tokio::task::spawn_blocking(move || {
-        let collected = storage::open(&config, config.storage.backend)
-            .and_then(|s| s.map(|s| s.collect()).transpose());
-        match collected {
-            Ok(Some(keys)) if !keys.is_empty() => {
-                // Their checkpoint histories go with them (the snapshots already did).
-                for key in &keys {
-                    let dir = crab_runtime::checkpoint::history::dir(&config, key);
-                    let _ = std::fs::remove_dir_all(dir);
-                }
+    tokio::spawn(async move {
+        match store_op(&config, StoreOp::Collect).await {
+            Ok(serde_json::Value::Array(keys)) if !keys.is_empty() => {
                 tracing::info!(
                     ?keys,
                     "removed the trees and checkpoints of removed containers"
@@ -206,31 +170,13 @@ pub async fn prepare_clone(
             "forks need a store with snapshots (btrfs, zfs or overlay), not passthrough".into(),
         ));
     }
-    let specs = mount_specs(mounts);
-    let (config, src, snapshot, key, target) = (
-        config.clone(),
-        src.clone(),
-        snapshot.to_string(),
-        key.clone(),
-        target.to_path_buf(),
-    );
-    tokio::task::spawn_blocking(move || -> crab_runtime::Result<bool> {
-        let image = ImageSource::from_mounts(&specs)?;
-        let store = storage::open(&config, config.storage.backend)?.expect("not passthrough");
-        let live = match store.clone_snapshot(&src, &snapshot, &key) {
-            // A tree left by a removed container of the same id: collect, then retry.
-            Err(crab_runtime::Error::AlreadyExists(_)) => {
-                store.collect()?;
-                store.clone_snapshot(&src, &snapshot, &key)?
-            }
-            other => other?,
-        };
-        if let Some(owner) = &image.owner {
-            store.set_owner(&key, owner)?;
-        }
-        bind_at(&live, &target).map(|()| true)
-    })
-    .await
-    .map_err(|e| ShimError::Other(format!("rootfs task: {e}")))?
-    .map_err(ShimError::from)
+    let image = ImageSource::from_mounts(&mount_specs(mounts))?;
+    let op = StoreOp::Clone {
+        src: src.clone(),
+        snapshot: snapshot.to_string(),
+        key: key.clone(),
+        image,
+        target: target.to_path_buf(),
+    };
+    store_op(config, op).await.map(|_| true)
 }

@@ -27,6 +27,7 @@ pub mod btrfs;
 mod btrfs_ioctl;
 pub mod cmd;
 pub mod fault;
+pub mod in_helper;
 pub mod layers;
 pub mod names;
 pub mod overlay;

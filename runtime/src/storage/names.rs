@@ -8,7 +8,7 @@ use std::fmt;
 use crate::{Error, Result};
 
 /// A container in the pool: its containerd namespace and id.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct ContainerKey {
     namespace: String,
     id: String,

@@ -1,6 +1,3 @@
-//! Not yet run by the test command: the ZFS store's tests against zfs-fuse. Move this
-//! file back to `runtime/tests/` once `hack/setup.sh` runs `hack/zfs.sh` and a full run of
-//! the test command has passed with it (see docs/storage.md).
 //! The ZFS store against a real pool: `hack/zfs.sh` starts ZFS (the zfs-fuse daemon
 //! where the kernel has no ZFS) and makes the pool `crab` with Crab's dataset
 //! `crab/crab`. Nothing here is skipped: without ZFS every test fails, loudly.
@@ -733,19 +730,16 @@ fn reconcile_removes_dead_work_and_keeps_live_work() {
     assert!(datasets_under(&live_ds).is_empty());
 }
 
-/// Runs a store operation in a child process that dies (SIGKILL) at fault point
-/// `point`, the way a crash would stop it.
+/// Runs a store operation in a child process (`src/bin/zfs-store-op.rs`, which cargo
+/// builds for these tests) that dies (SIGKILL) at fault point `point`, the way a crash
+/// would stop it.
 fn die_at(point: &str, op: &str, args: &[&str]) {
-    let status = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "crash_child",
-            "--exact",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
+    let child = env!("CARGO_BIN_EXE_zfs-store-op");
+    let status = Command::new(child)
+        .arg(ROOT)
+        .arg(op)
+        .args(args)
         .env("CRAB_FAULT", point)
-        .env("CRAB_ZFS_CHILD", format!("{op} {}", args.join(" ")))
         .stdout(Stdio::null())
         .status()
         .unwrap();
@@ -755,33 +749,6 @@ fn die_at(point: &str, op: &str, args: &[&str]) {
         Some(libc::SIGKILL),
         "the child should have died at {point}: {status:?}"
     );
-}
-
-/// The child of [`die_at`]: `CRAB_ZFS_CHILD` says what to do.
-#[test]
-#[ignore = "run by the crash tests in a child process"]
-fn crash_child() {
-    let what = std::env::var("CRAB_ZFS_CHILD").expect("CRAB_ZFS_CHILD");
-    let w: Vec<&str> = what.split(' ').collect();
-    let s = ZfsStore::open(ROOT).unwrap();
-    let key = |ns: &str, id: &str| ContainerKey::new(ns, id).unwrap();
-    match w.as_slice() {
-        ["rollback", ns, id, snap] => s.rollback(&key(ns, id), snap).unwrap(),
-        ["prepare", ns, id, dir] => {
-            s.prepare(
-                &key(ns, id),
-                &ImageSource::from_layers(vec![PathBuf::from(dir)]),
-            )
-            .unwrap();
-        }
-        ["import", ns, id, file] => {
-            s.import(&key(ns, id), &mut fs::File::open(file).unwrap())
-                .unwrap();
-        }
-        ["delete", ns, id, snap] => s.delete_snapshot(&key(ns, id), snap).unwrap(),
-        ["destroy", ns, id] => s.destroy(&key(ns, id)).unwrap(),
-        other => panic!("unknown child operation {other:?}"),
-    }
 }
 
 #[test]

@@ -1,0 +1,125 @@
+//! Store operations as the shim runs them: in the helper process.
+//!
+//! Stores exec tools (`zfs`, `btrfs send`, `tar`) whose exit status the shim's SIGCHLD
+//! reaper would collect first (ECHILD: measured with every ZFS container create). The
+//! helper is single-threaded and no reaper, so the shim sends it the whole operation,
+//! the bind mount of the tree included (the helper shares the shim's mount namespace).
+
+use std::path::{Path, PathBuf};
+
+use nix::mount::{mount, MsFlags};
+use serde::{Deserialize, Serialize};
+
+use super::{ContainerKey, ImageSource};
+use crate::config::Config;
+use crate::helper::{self, ChildStdio, Request};
+use crate::{Error, Result};
+
+/// What to do.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum StoreOp {
+    /// Make (or reuse) the container's tree from `image` and bind it on `target`.
+    Prepare {
+        /// The container.
+        key: ContainerKey,
+        /// Its image.
+        image: ImageSource,
+        /// Where to bind it.
+        target: PathBuf,
+    },
+    /// Make the container's tree a clone of `snapshot` of `src` (a fork), owned by the
+    /// image's containerd layer, and bind it on `target`.
+    Clone {
+        /// The forked container.
+        src: ContainerKey,
+        /// Its snapshot.
+        snapshot: String,
+        /// The new container.
+        key: ContainerKey,
+        /// The new container's image (for its owner).
+        image: ImageSource,
+        /// Where to bind it.
+        target: PathBuf,
+    },
+    /// Undo what prepare set up beside the bind mount (the caller unmounts).
+    Release {
+        /// The container.
+        key: ContainerKey,
+    },
+    /// Destroy the trees of removed containers; answers their keys.
+    Collect,
+}
+
+/// Runs `op` on the configured store in a helper process; answers what it answers.
+pub fn run(config: &Config, op: StoreOp) -> Result<serde_json::Value> {
+    let config = config.clone();
+    let reply = helper::run_reply(
+        Box::new(move |_| Request::Store { config, op }),
+        ChildStdio::default(),
+    )?;
+    Ok(reply.data)
+}
+
+/// [`run`] itself, in the helper.
+pub(crate) fn serve(config: &Config, op: StoreOp) -> Result<serde_json::Value> {
+    let store = super::open(config, config.storage.backend)?.ok_or_else(|| Error::Storage {
+        operation: "open",
+        message: "the passthrough backend has no store".into(),
+    })?;
+    let null = serde_json::Value::Null;
+    match op {
+        StoreOp::Prepare { key, image, target } => {
+            let live = store.prepare(&key, &image)?;
+            bind_at(&live, &target).map(|()| null)
+        }
+        StoreOp::Clone {
+            src,
+            snapshot,
+            key,
+            image,
+            target,
+        } => {
+            let live = match store.clone_snapshot(&src, &snapshot, &key) {
+                // A tree left by a removed container of the same id: collect, retry.
+                Err(Error::AlreadyExists(_)) => {
+                    store.collect()?;
+                    store.clone_snapshot(&src, &snapshot, &key)?
+                }
+                other => other?,
+            };
+            if let Some(owner) = &image.owner {
+                store.set_owner(&key, owner)?;
+            }
+            bind_at(&live, &target).map(|()| null)
+        }
+        StoreOp::Release { key } => store.release(&key).map(|()| null),
+        StoreOp::Collect => {
+            let keys = store.collect()?;
+            // Their checkpoint histories go with them (their snapshots already did).
+            for key in &keys {
+                let _ = std::fs::remove_dir_all(crate::checkpoint::history::dir(config, key));
+            }
+            Ok(
+                serde_json::to_value(keys.iter().map(|k| k.to_string()).collect::<Vec<_>>())
+                    .expect("keys serialize"),
+            )
+        }
+    }
+}
+
+/// Bind-mounts the store's tree `live` on `target` (made if missing).
+fn bind_at(live: &Path, target: &Path) -> Result<()> {
+    std::fs::create_dir_all(target).map_err(Error::io(format!("create {}", target.display())))?;
+    mount(
+        Some(live),
+        target,
+        None::<&str>,
+        MsFlags::MS_BIND | MsFlags::MS_REC,
+        None::<&str>,
+    )
+    .map_err(Error::sys(format!(
+        "bind {} on {}",
+        live.display(),
+        target.display()
+    )))
+}
