@@ -95,119 +95,13 @@ fn reconcile_finishes_an_interrupted_rollback_and_removes_dead_work() {
 
 #[test]
 fn fifty_containers_snapshot_concurrently_and_every_snapshot_is_right() {
-    let s = std::sync::Arc::new(store());
-    let image = temp_dir("img");
-    populate_image(&image);
-    let img = ImageSource::from_layers(vec![image.clone()]);
-    let threads: Vec<_> = (0..50)
-        .map(|i| {
-            let (s, img) = (s.clone(), img.clone());
-            std::thread::spawn(move || {
-                let k = ContainerKey::new("conformance", &unique(&format!("many{i}"))).unwrap();
-                let live = s.prepare(&k, &img).unwrap();
-                std::fs::write(live.join("who"), format!("{i}")).unwrap();
-                s.snapshot(&k, "turn").unwrap();
-                std::fs::write(live.join("who"), "later").unwrap();
-                k
-            })
-        })
-        .collect();
-    let keys: Vec<ContainerKey> = threads.into_iter().map(|t| t.join().unwrap()).collect();
-    for (i, k) in keys.iter().enumerate() {
-        assert_eq!(s.list(k).unwrap().len(), 1);
-        s.rollback(k, "turn").unwrap();
-        let who = std::fs::read_to_string(s.rootfs(k).unwrap().join("who")).unwrap();
-        assert_eq!(who, i.to_string());
-        s.destroy(k).unwrap();
-    }
-    let _ = std::fs::remove_dir_all(image);
-}
-
-/// A pool of its own, small enough to fill.
-struct SmallPool {
-    dir: std::path::PathBuf,
-    file: std::path::PathBuf,
-}
-
-impl SmallPool {
-    fn new(size: &str) -> SmallPool {
-        let file = std::env::temp_dir().join(unique("small-pool.img"));
-        let dir = temp_dir("small-pool");
-        let run = |c: &mut std::process::Command| {
-            let out = c.output().unwrap();
-            assert!(
-                out.status.success(),
-                "{c:?}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        };
-        run(std::process::Command::new("truncate")
-            .args(["-s", size])
-            .arg(&file));
-        run(std::process::Command::new("mkfs.btrfs")
-            .args(["-q", "-f"])
-            .arg(&file));
-        run(std::process::Command::new("mount")
-            .args(["-o", "loop"])
-            .arg(&file)
-            .arg(&dir));
-        SmallPool { dir, file }
-    }
-}
-
-impl Drop for SmallPool {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount").arg(&self.dir).status();
-        let _ = std::fs::remove_file(&self.file);
-        let _ = std::fs::remove_dir(&self.dir);
-    }
+    support::conformance::fifty_concurrent_snapshots(std::sync::Arc::new(store()));
 }
 
 #[test]
 fn a_full_pool_fails_with_pool_full_and_keeps_earlier_snapshots() {
     let pool = SmallPool::new("300M");
-    let s = BtrfsStore::open(&pool.dir).unwrap();
-    let image = temp_dir("img");
-    populate_image(&image);
-    let k = ContainerKey::new("conformance", &unique("full")).unwrap();
-    let live = s
-        .prepare(&k, &ImageSource::from_layers(vec![image.clone()]))
-        .unwrap();
-    std::fs::write(live.join("before"), b"safe").unwrap();
-    s.snapshot(&k, "before-full").unwrap();
-    let want = fingerprint(&live);
-    // Fill the pool with data; further snapshots and rollbacks either work or fail
-    // with PoolFull, never with anything else, and never lose a snapshot.
-    let mut filled = false;
-    for i in 0..100 {
-        let chunk: Vec<u8> = (0..8 << 20).map(|j| (i + j) as u8).collect();
-        if std::fs::write(live.join(format!("fill-{i}")), &chunk).is_err() {
-            filled = true;
-            break;
-        }
-    }
-    assert!(filled, "the pool never filled up");
-    let mut saw_full = false;
-    for n in 0..20 {
-        match s.snapshot(&k, &format!("after-{n}")) {
-            Ok(_) => {}
-            Err(crab_runtime::Error::PoolFull { .. }) => saw_full = true,
-            Err(e) => panic!("unexpected error on a full pool: {e}"),
-        }
-        // Writing into the tree of a full pool fails, as it should.
-        let _ = std::fs::write(live.join(format!("more-{n}")), vec![1u8; 1 << 20]);
-    }
-    let names: Vec<String> = s.list(&k).unwrap().into_iter().map(|i| i.name).collect();
-    assert!(names.contains(&"before-full".to_string()), "{names:?}");
-    // Rolling back frees the filled data and restores the earlier state exactly.
-    match s.rollback(&k, "before-full") {
-        Ok(()) => assert_same("after rollback on a full pool", &fingerprint(&live), &want),
-        Err(crab_runtime::Error::PoolFull { .. }) => saw_full = true,
-        Err(e) => panic!("unexpected rollback error on a full pool: {e}"),
-    }
-    println!("pool full reported: {saw_full}");
-    s.destroy(&k).unwrap();
-    let _ = std::fs::remove_dir_all(image);
+    support::conformance::full_pool(&BtrfsStore::open(&pool.dir).unwrap());
 }
 
 #[test]

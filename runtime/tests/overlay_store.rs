@@ -22,6 +22,22 @@ fn overlay_store_passes_the_conformance_suite_with_reflinks() {
 }
 
 #[test]
+fn fifty_containers_snapshot_concurrently_and_every_snapshot_is_right() {
+    let dir = temp_dir("overlay-pool");
+    support::conformance::fifty_concurrent_snapshots(std::sync::Arc::new(
+        OverlayStore::open(&dir).unwrap(),
+    ));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_full_pool_fails_with_pool_full_and_keeps_earlier_snapshots() {
+    // The overlay store's directory on a small file system of its own.
+    let pool = SmallPool::new("300M");
+    support::conformance::full_pool(&OverlayStore::open(pool.dir.join("overlay")).unwrap());
+}
+
+#[test]
 fn snapshot_cost_follows_the_changes_not_the_image() {
     let dir = temp_dir("overlay-pool");
     let s = OverlayStore::open(&dir).unwrap();

@@ -247,6 +247,12 @@ impl Drop for Resident {
 }
 
 #[test]
+fn fifty_containers_snapshot_concurrently_and_every_snapshot_is_right() {
+    let _l = shared();
+    support::conformance::fifty_concurrent_snapshots(std::sync::Arc::new(store()));
+}
+
+#[test]
 fn snapshot_rollback_clone_export_import_and_destroy() {
     let _l = shared();
     let s = store();

@@ -173,3 +173,78 @@ pub fn run(store: &dyn Store) {
     assert!(store.reconcile().is_ok());
     let _ = fs::remove_dir_all(image_dir);
 }
+
+/// Fifty containers of one image snapshot at once; each snapshot holds what its own
+/// container wrote.
+pub fn fifty_concurrent_snapshots(s: std::sync::Arc<dyn Store>) {
+    let image = temp_dir("img");
+    populate_image(&image);
+    let img = ImageSource::from_layers(vec![image.clone()]);
+    let threads: Vec<_> = (0..50)
+        .map(|i| {
+            let (s, img) = (s.clone(), img.clone());
+            std::thread::spawn(move || {
+                let k = ContainerKey::new("conformance", &unique(&format!("many{i}"))).unwrap();
+                let live = s.prepare(&k, &img).unwrap();
+                fs::write(live.join("who"), format!("{i}")).unwrap();
+                s.snapshot(&k, "turn").unwrap();
+                fs::write(live.join("who"), "later").unwrap();
+                k
+            })
+        })
+        .collect();
+    let keys: Vec<ContainerKey> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    for (i, k) in keys.iter().enumerate() {
+        assert_eq!(s.list(k).unwrap().len(), 1);
+        s.rollback(k, "turn").unwrap();
+        let who = fs::read_to_string(s.rootfs(k).unwrap().join("who")).unwrap();
+        assert_eq!(who, i.to_string());
+        s.release(k).unwrap();
+        s.destroy(k).unwrap();
+    }
+    let _ = fs::remove_dir_all(image);
+}
+
+/// On a pool that fills up: snapshots work or fail with `PoolFull` (never another
+/// error), no snapshot is lost, and a rollback gives the earlier state back exactly.
+pub fn full_pool(s: &dyn Store) {
+    let image = temp_dir("img");
+    populate_image(&image);
+    let k = ContainerKey::new("conformance", &unique("full")).unwrap();
+    let live = s
+        .prepare(&k, &ImageSource::from_layers(vec![image.clone()]))
+        .unwrap();
+    fs::write(live.join("before"), b"safe").unwrap();
+    s.snapshot(&k, "before-full").unwrap();
+    let want = fingerprint(&live);
+    let mut filled = false;
+    for i in 0..100 {
+        let chunk: Vec<u8> = (0..8 << 20).map(|j| (i + j) as u8).collect();
+        if fs::write(live.join(format!("fill-{i}")), &chunk).is_err() {
+            filled = true;
+            break;
+        }
+    }
+    assert!(filled, "the pool never filled up");
+    let mut saw_full = false;
+    for n in 0..20 {
+        match s.snapshot(&k, &format!("after-{n}")) {
+            Ok(_) => {}
+            Err(Error::PoolFull { .. }) => saw_full = true,
+            Err(e) => panic!("unexpected error on a full pool: {e}"),
+        }
+        // Writing into the tree of a full pool fails, as it should.
+        let _ = fs::write(live.join(format!("more-{n}")), vec![1u8; 1 << 20]);
+    }
+    let names: Vec<String> = s.list(&k).unwrap().into_iter().map(|i| i.name).collect();
+    assert!(names.contains(&"before-full".to_string()), "{names:?}");
+    match s.rollback(&k, "before-full") {
+        Ok(()) => assert_same("after rollback on a full pool", &fingerprint(&live), &want),
+        Err(Error::PoolFull { .. }) => saw_full = true,
+        Err(e) => panic!("unexpected rollback error on a full pool: {e}"),
+    }
+    println!("pool full reported: {saw_full}");
+    s.release(&k).unwrap();
+    s.destroy(&k).unwrap();
+    let _ = fs::remove_dir_all(image);
+}

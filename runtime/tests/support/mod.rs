@@ -246,3 +246,45 @@ pub fn turn_three(root: &Path) {
     }
 }
 pub mod conformance;
+
+/// A pool of its own, small enough to fill.
+pub struct SmallPool {
+    /// Where it is mounted.
+    pub dir: std::path::PathBuf,
+    file: std::path::PathBuf,
+}
+
+impl SmallPool {
+    /// A btrfs file system of `size` on a loop file, mounted.
+    pub fn new(size: &str) -> SmallPool {
+        let file = std::env::temp_dir().join(unique("small-pool.img"));
+        let dir = temp_dir("small-pool");
+        let run = |c: &mut std::process::Command| {
+            let out = c.output().unwrap();
+            assert!(
+                out.status.success(),
+                "{c:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        run(std::process::Command::new("truncate")
+            .args(["-s", size])
+            .arg(&file));
+        run(std::process::Command::new("mkfs.btrfs")
+            .args(["-q", "-f"])
+            .arg(&file));
+        run(std::process::Command::new("mount")
+            .args(["-o", "loop"])
+            .arg(&file)
+            .arg(&dir));
+        SmallPool { dir, file }
+    }
+}
+
+impl Drop for SmallPool {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.dir).status();
+        let _ = std::fs::remove_file(&self.file);
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
