@@ -36,7 +36,10 @@ if [ ${#FILTER[@]} -eq 0 ]; then
     cargo fmt --all -- --check
     cargo clippy --release --workspace --all-targets -- -D warnings
     log "unit tests"
-    cargo test --release --workspace --exclude crab-integration
+    cargo test --release --workspace --exclude crab-integration --exclude crab-runtime
+    cargo test --release -p crab-runtime --lib --bins --test btrfs_store --test overlay_store
+    # zfs-fuse: one test at a time (its daemon is the slow, fragile part)
+    timeout --kill-after=10 1200 cargo test --release -p crab-runtime --test zfs_store -- --test-threads=1
 fi
 log "integration tests (real containerd at $CRAB_CONTAINERD_ADDRESS)"
 cargo test --release --no-fail-fast -p crab-integration -- --test-threads=1 "${FILTER[@]}" 2>&1 | tee "$TEST_DIR/integration.log"

@@ -176,11 +176,8 @@ impl Drop for Scene {
 
 /// The fingerprint with mtimes cut to whole seconds (all zfs-fuse keeps).
 fn fp(root: &Path) -> Fingerprint {
-    let mut f = fingerprint(root);
-    for e in f.values_mut() {
-        e.mtime.1 = 0;
-    }
-    f
+    support::whole_second_mtimes();
+    fingerprint(root)
 }
 
 fn names(s: &dyn Store, k: &ContainerKey) -> Vec<String> {
@@ -244,6 +241,13 @@ impl Drop for Resident {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+#[test]
+fn zfs_store_passes_the_conformance_suite() {
+    let _l = shared();
+    support::whole_second_mtimes();
+    support::conformance::run(&store());
 }
 
 #[test]

@@ -131,7 +131,38 @@ struct DsState {
 }
 
 fn zfs(args: &[&str]) -> Result<String> {
+    let _turn = DaemonTurn::take()?;
     cmd::run("zfs", args)
+}
+
+/// zfs-fuse, the user-space daemon, can deadlock when many commands reach it at once
+/// (measured here: two runs of fifty concurrent containers hung it, and every later
+/// `zfs` command with it). So where ZFS is that daemon, the `zfs` commands of every
+/// process on the host take turns, through an exclusive `flock` on one file. Kernel
+/// OpenZFS (`/sys/module/zfs`) needs no turns.
+struct DaemonTurn(#[allow(dead_code)] Option<std::fs::File>);
+
+impl DaemonTurn {
+    fn take() -> Result<DaemonTurn> {
+        use std::os::fd::AsRawFd;
+        if Path::new("/sys/module/zfs").exists() {
+            return Ok(DaemonTurn(None));
+        }
+        let path = Path::new("/run/crab-zfs-fuse.lock");
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(path)
+            .map_err(Error::io(format!("open {}", path.display())))?;
+        // SAFETY: flock on an fd this function owns; no memory is passed.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            return Err(Error::sys(format!("lock {}", path.display()))(
+                nix::Error::last(),
+            ));
+        }
+        Ok(DaemonTurn(Some(f)))
+    }
 }
 
 /// Runs a `zfs rename` or `zfs destroy` of an unmounted dataset. zfs-fuse answers
@@ -936,6 +967,7 @@ impl Store for ZfsStore {
             args.extend(["-i", p.as_str()]);
         }
         args.push(&snap);
+        let _turn = DaemonTurn::take()?;
         cmd::run_with_output("zfs", &args, out)
     }
 
@@ -974,7 +1006,10 @@ impl Store for ZfsStore {
                     ))
                 })?;
             }
-            let received = cmd::run_with_input("zfs", &["receive", &ds], &mut stream);
+            let received = {
+                let _turn = DaemonTurn::take()?;
+                cmd::run_with_input("zfs", &["receive", &ds], &mut stream)
+            };
             if remount {
                 zfs(&["mount", &ds])?;
             }
@@ -997,7 +1032,10 @@ impl Store for ZfsStore {
         }
         let work = format!("{}/tmp/{}", self.root, work::tmp_name("receive"));
         let result = (|| {
-            cmd::run_with_input("zfs", &["receive", &work], &mut stream)?;
+            {
+                let _turn = DaemonTurn::take()?;
+                cmd::run_with_input("zfs", &["receive", &work], &mut stream)?;
+            }
             // It holds a snapshot; the tree is made by a rollback to it.
             zfs(&["set", &format!("{TREE}=none"), &work])?;
             fault::point("zfs.import.received");

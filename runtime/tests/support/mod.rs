@@ -44,8 +44,26 @@ fn hash_file(p: &Path) -> String {
     format!("{:x}", h.finalize())
 }
 
+static WHOLE_SECONDS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// From now on, fingerprints keep modification times to the second only (for stores
+/// on file systems that keep no more, such as zfs-fuse).
+pub fn whole_second_mtimes() {
+    WHOLE_SECONDS.store(true, Ordering::Relaxed);
+}
+
 /// Fingerprints the tree under `root` (the root's own entry is "." ).
 pub fn fingerprint(root: &Path) -> Fingerprint {
+    let mut out = fingerprint_exact(root);
+    if WHOLE_SECONDS.load(Ordering::Relaxed) {
+        for e in out.values_mut() {
+            e.mtime.1 = 0;
+        }
+    }
+    out
+}
+
+fn fingerprint_exact(root: &Path) -> Fingerprint {
     let mut out = Fingerprint::new();
     let mut inodes: BTreeMap<u64, Vec<String>> = BTreeMap::new();
     walk(root, root, &mut out, &mut inodes);
