@@ -23,6 +23,11 @@ use containerd_client::types::Mount;
 use containerd_client::with_namespace;
 use crab_runtime::checkpoint::source::{RestoreOptions, Source, RESTORE_OPTIONS_TYPE};
 
+/// The pause between two tries of a call containerd is not ready for.
+async fn retry_pause() {
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+}
+
 /// A single-threaded async runtime for the gRPC calls.
 pub fn runtime() -> Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_current_thread()
@@ -234,18 +239,26 @@ impl Client {
         Ok(resp.into_inner().mounts)
     }
 
-    /// Removes a stopped task left behind (after a crash); absent is fine.
+    /// Removes a stopped task left behind (after a crash); absent is fine. containerd
+    /// cleans up after a dead shim in the background, and until it has, a delete can
+    /// fail ("ttrpc: closed"): it is tried again for up to 10 s.
     pub async fn delete_stale_task(&self, id: &str) -> Result<()> {
-        let req = DeleteTaskRequest {
-            container_id: id.to_string(),
-        };
-        match TasksClient::new(self.channel.clone())
-            .delete(with_namespace!(req, self.namespace))
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(s) if s.code() == Code::NotFound => Ok(()),
-            Err(s) => Err(anyhow!("delete the old task of {id}: {}", s.message())),
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let req = DeleteTaskRequest {
+                container_id: id.to_string(),
+            };
+            match TasksClient::new(self.channel.clone())
+                .delete(with_namespace!(req, self.namespace))
+                .await
+            {
+                Ok(_) => return Ok(()),
+                Err(s) if s.code() == Code::NotFound => return Ok(()),
+                Err(s) if std::time::Instant::now() < deadline => {
+                    retry_pause().await;
+                }
+                Err(s) => return Err(anyhow!("delete the old task of {id}: {}", s.message())),
+            }
         }
     }
 

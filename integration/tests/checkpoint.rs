@@ -7,7 +7,7 @@ use crab_integration::*;
 
 /// Counts in memory and writes the count to a file, five times a second.
 const COUNTER: &str = "mkdir -p /work && echo hello > /work/data.txt && rm /bin/wget; \
-                       i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.2; done";
+                       i=0; while true; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.2; done";
 
 /// A checkpoint image, removed from containerd when dropped.
 struct Ref(String);

@@ -8,7 +8,7 @@ use crab_integration::*;
 /// A web server on loopback (daemonized: a child of the shell) and a counter.
 const SERVER_AND_COUNTER: &str = "mkdir -p /www && echo served > /www/index.html && \
     echo orig > /f && httpd -p 127.0.0.1:8080 -h /www && \
-    i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.2; done";
+    i=0; while true; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.2; done";
 
 const GET: [&str; 3] = ["wget", "-qO-", "http://127.0.0.1:8080/index.html"];
 

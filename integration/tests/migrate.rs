@@ -69,7 +69,7 @@ fn a_container_moves_to_another_containerd_with_its_files_memory_and_server() {
     let host = SecondHost::start();
     let g = Guard::sh(
         "mkdir -p /www && echo moved > /www/index.html && httpd -p 127.0.0.1:8080 -h /www && \
-             i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.2; done",
+             i=0; while true; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.2; done",
     );
     assert!(wait_until(Duration::from_secs(10), || {
         g.exec(&["cat", "/tmp/count"]).status.success()

@@ -11,7 +11,7 @@ use std::time::Duration;
 use crab_integration::*;
 
 /// Counts in memory and writes the count to a file, five times a second.
-const COUNTER: &str = "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.2; done";
+const COUNTER: &str = "i=0; while true; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.2; done";
 
 fn count(g: &Guard) -> u64 {
     g.number("/tmp/count")

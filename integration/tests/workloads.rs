@@ -24,7 +24,7 @@ fn number(g: &Guard, path: &str) -> u64 {
 fn a_pipeline_of_processes_joined_by_pipes_continues_after_rollback() {
     let g = Guard::sh(
         "i=0; while true; do i=$((i+1)); echo $i; sleep 0.1; done | \
-             while read n; do echo $n > /tmp/p; done",
+             while read n; do echo $n > /tmp/p.new; mv /tmp/p.new /tmp/p; done",
     );
     wait_for_file(&g, "/tmp/p", Duration::from_secs(10));
     crabctl_ok(&["checkpoint", &g.id, "--name", "pipe"]);
@@ -69,7 +69,7 @@ fn a_deleted_but_open_file_and_an_appended_log_come_back() {
 fn a_process_tree_three_levels_deep_comes_back_whole() {
     let g = Guard::sh(
         "sh -c 'sh -c \"while true; do sleep 1; done\" & wait' & \
-             i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.2; done",
+             i=0; while true; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.2; done",
     );
     wait_for_file(&g, "/tmp/count", Duration::from_secs(10));
     let before = ctr_ok(&["task", "ps", &g.id]).lines().count();
@@ -94,7 +94,8 @@ fn a_unix_socket_pair_keeps_talking_after_rollback() {
         \x20   n += 1\n\
         \x20   a.sendall(b'%d\\n' % n)\n\
         \x20   got = b.recv(64).strip()\n\
-        \x20   open('/tmp/sock', 'w').write(got.decode())\n\
+        \x20   open('/tmp/sock.new', 'w').write(got.decode())\n\
+        \x20   os.replace('/tmp/sock.new', '/tmp/sock')\n\
         \x20   time.sleep(0.1)\n";
     let g = Guard::run_detached(CRAB, PYTHON, &[], &["python3", "-c", script]);
     wait_for_file(&g, "/tmp/sock", Duration::from_secs(20));
