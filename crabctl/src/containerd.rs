@@ -254,7 +254,7 @@ impl Client {
             {
                 Ok(_) => return Ok(()),
                 Err(s) if s.code() == Code::NotFound => return Ok(()),
-                Err(s) if std::time::Instant::now() < deadline => {
+                Err(_) if std::time::Instant::now() < deadline => {
                     retry_pause().await;
                 }
                 Err(s) => return Err(anyhow!("delete the old task of {id}: {}", s.message())),
