@@ -1,0 +1,79 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * Map layouts shared by the eBPF programs and the Rust side (the skeleton
+ * generates matching #[repr(C)] types; src/abi.rs converts them). Every record is
+ * laid out without padding, so its bytes can be used as a hash key as they are.
+ */
+#ifndef CRAB_INSPECTOR_H
+#define CRAB_INSPECTOR_H
+
+/* fs entry flags */
+#define FS_CREATED 1   /* the name did not exist when recording began */
+#define FS_WRITTEN 2   /* content written, truncated, or opened for writing */
+#define FS_META 4      /* mode, owner, times, xattrs */
+#define FS_REMOVED 8   /* unlinked or renamed away */
+#define FS_KEEP 16     /* never cancelled: truncated path, or an inode with other links */
+#define FS_MMAP 32     /* mapped shared and writable */
+#define FS_RESOLVED 64 /* the path comes from an open file (exact), not a syscall argument */
+
+/* cg_state.opaque bits: effects the inspector cannot follow */
+#define OPAQUE_ASYNC_IO 1 /* io_uring or AIO: writes without syscalls */
+#define OPAQUE_MOUNT 2    /* the mount tree changed */
+
+/* proc entry flags */
+#define PROC_BORN 1
+#define PROC_DIED 2
+
+#define PATH_KEY 256
+
+struct cg_key {
+	__u64 cgid;
+};
+
+/* Per watched container, since recording (re)started. */
+struct cg_state {
+	__u64 fs_entries; /* names with a net change */
+	__u64 births;     /* tasks born (or moved in) and alive */
+	__u64 deaths;     /* tasks that died */
+	__u64 transient;  /* tasks born and gone: no net change */
+	__u64 overflow;   /* records that did not fit: the net state is unknown */
+	__u64 opaque;     /* OPAQUE_* bits */
+	__u64 events;     /* syscalls seen from the container */
+};
+
+struct fs_key {
+	__u64 cgid;
+	char path[PATH_KEY]; /* as seen from the task's root, zero-padded */
+};
+
+struct fs_val {
+	__u32 flags;
+	__u32 dev; /* the superblock's device, for resolved paths; 0 otherwise */
+	__u32 pid;
+	__u32 pad;
+	__u64 first_ns;
+};
+
+struct proc_key {
+	__u64 cgid;
+	__u32 pid;
+	__u32 pad;
+};
+
+struct proc_val {
+	__u32 flags;
+	__u32 tgid;
+	__u64 ns;
+	char comm[16];
+};
+
+/* Set by the loader: which f_mode bit says "this open created the file". The
+ * kernel renumbered FMODE_* over time, so it is measured at load (calibration). */
+struct config {
+	__u32 calib_tid; /* f_modes of opens by this thread go to calib_mode[] */
+	__u32 created_mask;
+	__u64 calib_count;
+	__u64 calib_mode[4];
+};
+
+#endif

@@ -1,0 +1,187 @@
+//! The inspector as its users see it: watch a container, read what changed,
+//! forget what a checkpoint captured.
+
+use std::path::Path;
+
+use libbpf_rs::{MapCore, MapFlags, MapHandle};
+
+use crate::abi::{bytes_of, from_bytes, Counters, FsChange, ProcChange};
+use crate::pin::{open_or_load, Pinned};
+use crate::skel::types;
+use crate::{Error, Result};
+
+/// A handle on the host's inspector (its pinned maps).
+pub struct Inspector {
+    maps: Pinned,
+}
+
+impl std::fmt::Debug for Inspector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Inspector")
+    }
+}
+
+impl Inspector {
+    /// Opens the host's inspector pinned below `pin_root`, loading it first if
+    /// this is the first user since boot.
+    pub fn open(pin_root: &Path) -> Result<Inspector> {
+        Ok(Inspector {
+            maps: open_or_load(pin_root)?,
+        })
+    }
+
+    /// Starts recording for the tasks of cgroup `cgid`. Watching a cgroup that
+    /// is watched already keeps its records.
+    pub fn watch(&self, cgid: u64) -> Result<()> {
+        let key = types::cg_key { cgid };
+        let state = types::cg_state::default();
+        match self
+            .maps
+            .cgroups
+            .update(bytes_of(&key), bytes_of(&state), MapFlags::NO_EXIST)
+        {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == libbpf_rs::ErrorKind::AlreadyExists => Ok(()),
+            Err(e) => Err(Error::bpf(format!("watch cgroup {cgid}"))(e)),
+        }
+    }
+
+    /// Whether `cgid` is watched.
+    pub fn is_watched(&self, cgid: u64) -> Result<bool> {
+        Ok(self.state(cgid)?.is_some())
+    }
+
+    /// Stops recording for `cgid` and drops everything recorded for it.
+    pub fn unwatch(&self, cgid: u64) -> Result<()> {
+        let key = types::cg_key { cgid };
+        let _ = self.maps.cgroups.delete(bytes_of(&key));
+        self.delete_fs(cgid, |_| true);
+        self.delete_procs(cgid);
+        Ok(())
+    }
+
+    fn state(&self, cgid: u64) -> Result<Option<types::cg_state>> {
+        let key = types::cg_key { cgid };
+        let v = self
+            .maps
+            .cgroups
+            .lookup(bytes_of(&key), MapFlags::ANY)
+            .map_err(Error::bpf(format!("read cgroup {cgid}")))?;
+        Ok(v.and_then(|b| from_bytes(&b)))
+    }
+
+    /// `cgid`'s counters: one map lookup. None when the cgroup is not watched.
+    pub fn counters(&self, cgid: u64) -> Result<Option<Counters>> {
+        Ok(self.state(cgid)?.map(|s| Counters::from_state(&s)))
+    }
+
+    /// Up to `limit` changed names of `cgid`.
+    pub fn fs_changes(&self, cgid: u64, limit: usize) -> Result<Vec<FsChange>> {
+        let mut out = Vec::new();
+        for k in keys_of::<types::fs_key>(&self.maps.fs_entries) {
+            if out.len() >= limit {
+                break;
+            }
+            if k.cgid != cgid {
+                continue;
+            }
+            if let Some(v) = lookup::<types::fs_val>(&self.maps.fs_entries, bytes_of(&k)) {
+                out.push(FsChange::from_raw(&k, &v));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Up to `limit` tasks of `cgid` born or gone.
+    pub fn proc_changes(&self, cgid: u64, limit: usize) -> Result<Vec<ProcChange>> {
+        let mut out = Vec::new();
+        for k in keys_of::<types::proc_key>(&self.maps.proc_entries) {
+            if out.len() >= limit {
+                break;
+            }
+            if k.cgid != cgid {
+                continue;
+            }
+            if let Some(v) = lookup::<types::proc_val>(&self.maps.proc_entries, bytes_of(&k)) {
+                out.push(ProcChange::from_raw(&k, &v));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Forgets what a checkpoint captured: the changed names for which
+    /// `captured` says yes, and with `procs` the process records too; with
+    /// `all`, also the overflow and opaque marks (only a full checkpoint may).
+    ///
+    /// Call it while the container's cgroup is frozen: the counters are
+    /// rewritten from what remains, and a running task's concurrent count
+    /// would be lost.
+    pub fn forget(
+        &self,
+        cgid: u64,
+        captured: impl Fn(&FsChange) -> bool,
+        procs: bool,
+        all: bool,
+    ) -> Result<()> {
+        let Some(mut st) = self.state(cgid)? else {
+            return Ok(());
+        };
+        st.fs_entries = self.delete_fs(cgid, captured);
+        if procs {
+            self.delete_procs(cgid);
+            st.births = 0;
+            st.deaths = 0;
+            st.transient = 0;
+        }
+        if all {
+            st.overflow = 0;
+            st.opaque = 0;
+        }
+        let key = types::cg_key { cgid };
+        self.maps
+            .cgroups
+            .update(bytes_of(&key), bytes_of(&st), MapFlags::EXIST)
+            .map_err(Error::bpf(format!("reset counters of cgroup {cgid}")))
+    }
+
+    /// Deletes `cgid`'s entries that `which` selects; returns how many remain.
+    fn delete_fs(&self, cgid: u64, which: impl Fn(&FsChange) -> bool) -> u64 {
+        let map = &self.maps.fs_entries;
+        let mut left = 0;
+        for k in keys_of::<types::fs_key>(map) {
+            if k.cgid != cgid {
+                continue;
+            }
+            let Some(v) = lookup::<types::fs_val>(map, bytes_of(&k)) else {
+                continue;
+            };
+            if which(&FsChange::from_raw(&k, &v)) {
+                let _ = map.delete(bytes_of(&k));
+            } else {
+                left += 1;
+            }
+        }
+        left
+    }
+
+    fn delete_procs(&self, cgid: u64) {
+        let map = &self.maps.proc_entries;
+        for k in keys_of::<types::proc_key>(map) {
+            if k.cgid == cgid {
+                let _ = map.delete(bytes_of(&k));
+            }
+        }
+    }
+}
+
+fn keys_of<T: Copy>(map: &MapHandle) -> Vec<T> {
+    // Collected first: deleting while walking a hash map restarts the walk.
+    map.keys().filter_map(|k| from_bytes::<T>(&k)).collect()
+}
+
+fn lookup<T: Copy>(map: &MapHandle, key: &[u8]) -> Option<T> {
+    map.lookup(key, MapFlags::ANY)
+        .ok()
+        .flatten()
+        .and_then(|b| from_bytes(&b))
+}

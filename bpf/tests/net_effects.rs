@@ -1,0 +1,231 @@
+//! The inspector's programs in the running kernel: shell scripts run in a fresh
+//! cgroup2 directory against a tmpfs mounted for the test, and the recorded net
+//! effects are compared with what the script did. Needs root, bpffs and cgroup2.
+
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crab_bpf::{FsFlags, Inspector};
+
+const PIN_ROOT: &str = "/sys/fs/bpf/crab-test";
+
+/// A cgroup2 directory, a tmpfs counted as its rootfs, and the inspector watching.
+struct Sandbox {
+    cgroup: PathBuf,
+    cgid: u64,
+    dir: tempfile::TempDir,
+    insp: Inspector,
+}
+
+fn unified_root() -> PathBuf {
+    let hybrid = Path::new("/sys/fs/cgroup/unified");
+    if hybrid.join("cgroup.procs").exists() {
+        hybrid.to_path_buf()
+    } else {
+        PathBuf::from("/sys/fs/cgroup")
+    }
+}
+
+impl Sandbox {
+    fn new(name: &str) -> Sandbox {
+        let cgroup = unified_root().join(format!("crab-bpf-test-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&cgroup).expect("make cgroup2 dir");
+        let cgid = std::fs::metadata(&cgroup).unwrap().ino();
+        let dir = tempfile::tempdir().unwrap();
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "tmpfs"])
+            .arg(dir.path())
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "mount tmpfs");
+        let insp = Inspector::open(Path::new(PIN_ROOT)).expect("load the inspector");
+        let sb = Sandbox {
+            cgroup,
+            cgid,
+            dir,
+            insp,
+        };
+        sb.insp.watch(sb.cgid).unwrap();
+        sb
+    }
+
+    fn root(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Runs `script` with sh inside the cgroup, in the tmpfs; waits for it.
+    fn run(&self, script: &str) {
+        let procs = self.cgroup.join("cgroup.procs");
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c").arg(script).current_dir(self.root());
+        // SAFETY: the closure runs in the forked child before exec and only
+        // opens and writes a file, which is async-signal-safe.
+        unsafe {
+            cmd.pre_exec(move || std::fs::write(&procs, b"0"));
+        }
+        let st = cmd.status().expect("run sh");
+        assert!(st.success(), "script failed: {script}");
+    }
+
+    fn setup(&self, script: &str) {
+        // Outside the cgroup: not recorded.
+        let ok = Command::new("sh")
+            .arg("-c")
+            .arg(script)
+            .current_dir(self.root())
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "setup failed: {script}");
+    }
+
+    /// Changed paths below the sandbox's tmpfs, relative to it.
+    fn paths(&self) -> Vec<(String, FsFlags)> {
+        let root = format!("{}/", self.root().display());
+        let mut v: Vec<_> = self
+            .insp
+            .fs_changes(self.cgid, 1000)
+            .unwrap()
+            .into_iter()
+            .filter_map(|c| Some((c.path.strip_prefix(&root)?.to_string(), c.flags)))
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        let _ = self.insp.unwatch(self.cgid);
+        let _ = Command::new("umount").arg(self.dir.path()).status();
+        let _ = std::fs::remove_dir(&self.cgroup);
+    }
+}
+
+#[test]
+fn a_file_created_written_and_removed_is_no_change() {
+    let sb = Sandbox::new("transient");
+    sb.run("echo hi > t; cat t > /dev/null; rm t; mkdir -p d/e; echo x > d/e/f; rm -r d");
+    let c = sb.insp.counters(sb.cgid).unwrap().unwrap();
+    assert_eq!(sb.paths(), vec![]);
+    assert_eq!(c.fs_entries, 0, "{:?}", sb.insp.fs_changes(sb.cgid, 100));
+    assert!(c.transient >= 1, "the shell's children were born and gone");
+    assert_eq!(c.births, 0);
+}
+
+#[test]
+fn a_write_to_an_existing_file_is_recorded_with_its_path() {
+    let sb = Sandbox::new("write");
+    sb.setup("mkdir -p a/b && echo old > a/b/f");
+    sb.run("echo new >> a/b/f");
+    let paths = sb.paths();
+    assert_eq!(paths.len(), 1, "{paths:?}");
+    assert_eq!(paths[0].0, "a/b/f");
+    assert!(paths[0].1.has(FsFlags::WRITTEN));
+    assert!(!paths[0].1.has(FsFlags::CREATED));
+}
+
+#[test]
+fn reads_leave_nothing() {
+    let sb = Sandbox::new("reads");
+    sb.setup("mkdir -p src && echo 'int main(){}' > src/m.c");
+    sb.run("cat src/m.c > /dev/null; ls -la; find . -name '*.c' > /dev/null; grep main -r .");
+    assert_eq!(sb.paths(), vec![]);
+}
+
+#[test]
+fn rename_over_an_existing_file_counts() {
+    let sb = Sandbox::new("rename");
+    sb.setup("echo one > f");
+    sb.run("echo two > f.tmp && mv f.tmp f");
+    let paths = sb.paths();
+    assert_eq!(paths.len(), 1, "only f remains changed: {paths:?}");
+    assert_eq!(paths[0].0, "f");
+}
+
+#[test]
+fn a_write_through_a_transient_hard_link_still_counts() {
+    let sb = Sandbox::new("hardlink");
+    sb.setup("echo one > f");
+    sb.run("ln f g && echo two >> g && rm g");
+    let paths = sb.paths();
+    assert_eq!(paths.len(), 1, "{paths:?}");
+    assert_eq!(paths[0].0, "g");
+    assert_eq!(
+        std::fs::read_to_string(sb.root().join("f")).unwrap(),
+        "one\ntwo\n"
+    );
+}
+
+#[test]
+fn chmod_only_and_removal_are_changes() {
+    let sb = Sandbox::new("meta");
+    sb.setup("echo a > m; echo b > r");
+    sb.run("chmod 600 m; rm r");
+    let paths = sb.paths();
+    assert_eq!(paths.len(), 2, "{paths:?}");
+    assert!(
+        paths[0].0 == "m" && paths[0].1.has(FsFlags::META),
+        "{paths:?}"
+    );
+    assert!(
+        paths[1].0 == "r" && paths[1].1.has(FsFlags::REMOVED),
+        "{paths:?}"
+    );
+}
+
+#[test]
+fn processes_outside_the_cgroup_are_not_recorded() {
+    let sb = Sandbox::new("other");
+    sb.setup("echo a > f; echo b >> f; rm f; mkdir d");
+    assert_eq!(sb.insp.counters(sb.cgid).unwrap().unwrap().fs_entries, 0);
+    assert!(sb.paths().is_empty());
+}
+
+#[test]
+fn paths_are_resolved_from_the_working_directory_and_from_dirfds() {
+    let sb = Sandbox::new("paths");
+    sb.setup("mkdir -p x/y");
+    // cd changes the base of relative paths; rm -r uses unlinkat on a dirfd.
+    sb.run("cd x && echo 1 > ./y/a && cd y && mkdir z && touch z/b && cd / && rm -r $OLDPWD/z");
+    let paths = sb.paths();
+    assert_eq!(paths.len(), 1, "{paths:?}");
+    assert_eq!(paths[0].0, "x/y/a");
+    assert!(paths[0].1.has(FsFlags::CREATED));
+}
+
+#[test]
+fn a_surviving_background_process_is_a_birth() {
+    let sb = Sandbox::new("daemon");
+    sb.run("sleep 30 >/dev/null 2>&1 & echo started");
+    let c = sb.insp.counters(sb.cgid).unwrap().unwrap();
+    assert_eq!(
+        c.births,
+        1,
+        "{:?}",
+        sb.insp.proc_changes(sb.cgid, 10).unwrap()
+    );
+    let procs = sb.insp.proc_changes(sb.cgid, 10).unwrap();
+    assert!(
+        procs.iter().any(|p| p.born && p.comm == "sleep"),
+        "{procs:?}"
+    );
+    let _ = std::fs::write(sb.cgroup.join("cgroup.kill"), b"1");
+}
+
+#[test]
+fn forgetting_starts_from_zero() {
+    let sb = Sandbox::new("advance");
+    sb.run("echo a > kept");
+    assert_eq!(sb.insp.counters(sb.cgid).unwrap().unwrap().fs_entries, 1);
+    sb.insp.forget(sb.cgid, |_| true, true, true).unwrap();
+    let c = sb.insp.counters(sb.cgid).unwrap().unwrap();
+    assert_eq!(c.fs_entries, 0);
+    assert!(sb.paths().is_empty());
+    // The name existed when the new epoch began: removing it is a change.
+    sb.run("rm kept");
+    assert_eq!(sb.insp.counters(sb.cgid).unwrap().unwrap().fs_entries, 1);
+}
