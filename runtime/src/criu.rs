@@ -66,6 +66,10 @@ pub struct Dump {
     /// Mount points (inside the container) of bind mounts from the host: recorded by
     /// name, and bound again from their source at restore.
     pub external_mounts: Vec<String>,
+    /// The init's stdio is a pty slave whose master is outside the tree (the shim's):
+    /// CRIU dumps it as an unpaired slave (`--shell-job`); at restore a new slave takes
+    /// its place by its key (see [`crate::checkpoint::tty`]).
+    pub terminal: bool,
 }
 
 /// What to restore.
@@ -82,7 +86,8 @@ pub struct Restore {
     /// Where CRIU writes the restored init's pid.
     pub pidfile: PathBuf,
     /// Open fds (without CLOEXEC) that replace files the dumped processes had open with
-    /// the peers outside the tree, by CRIU's key (such as `pipe:[1234]`).
+    /// the peers outside the tree, by CRIU's key (such as `pipe:[1234]`, or
+    /// `tty[rdev:dev]` for an external terminal).
     pub inherit: Vec<(RawFd, String)>,
     /// (mount point inside the container, source on this host) of each bind mount.
     pub external_mounts: Vec<(String, PathBuf)>,
@@ -107,6 +112,9 @@ pub fn dump(d: &Dump) -> Result<()> {
     }
     for m in &d.external_mounts {
         cmd.arg("--external").arg(format!("mnt[{m}]:{m}"));
+    }
+    if d.terminal {
+        cmd.arg("--shell-job");
     }
     run(cmd, "dump", &d.criu, &d.images.join("dump.log"))
 }

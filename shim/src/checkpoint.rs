@@ -1,7 +1,7 @@
 //! containerd's checkpoint and restore: `Checkpoint`, and `Create` + `Start` with a
 //! checkpoint (as runc's shim does it, the processes come back at `Start`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use containerd_shim::api::*;
@@ -13,15 +13,17 @@ use crab_runtime::checkpoint::source::{RestoreOptions, Source};
 use crab_runtime::checkpoint::{bounded, Manifest};
 use crab_runtime::config::Config;
 use crab_runtime::container::{Container, CreateOpts};
+use crab_runtime::helper::ChildStdio;
 use crab_runtime::storage::layers::MountSpec;
 use crab_runtime::storage::ContainerKey;
 use crab_runtime::storage::ImageSource;
 
 use crate::error::{ShimError, ShimResult};
 use crate::instance::Instance;
+use crate::io::{PipeIo, ProcessIo, StdioPaths};
 use crate::options::CheckpointOptions;
 use crate::rootfs;
-use crate::task::{blocking, start_process, State, TaskService};
+use crate::task::{blocking, State, TaskService};
 
 /// A checkpoint waiting for `Start`.
 #[derive(Debug)]
@@ -135,11 +137,6 @@ impl TaskService {
                 Plan::History(src, entry)
             }
         };
-        if req.terminal && !matches!(plan, Plan::Dir(..)) {
-            return Err(ShimError::InvalidArgument(
-                "checkpoints of terminals are not supported yet".into(),
-            ));
-        }
         let rootfs_mounted = match &plan {
             Plan::History(src, entry) if *src != key => {
                 let snapshot = entry.fs_snapshot.clone().unwrap_or_default();
@@ -159,13 +156,7 @@ impl TaskService {
                 match plan {
                     Plan::Dir(dir, from_containerd) => {
                         let manifest = Manifest::read(&dir)?;
-                        if manifest.terminal != terminal {
-                            return Err(crab_runtime::Error::BadCheckpoint {
-                                path: dir,
-                                message: "taken with a terminal setting other than the new task's"
-                                    .into(),
-                            });
-                        }
+                        check_terminal(terminal, manifest.stdio.tty.is_some(), &dir)?;
                         apply_fs_delta(&dir, &manifest, &target)?;
                         let (c, images, manifest) = Container::prepare_restore(&cfg, opts, &dir)?;
                         let dumped = Dumped::from(&manifest);
@@ -191,6 +182,7 @@ impl TaskService {
                     Plan::History(src, entry) => {
                         let (images, dumped) =
                             ops::process_image(&cfg, &src, &entry)?.expect("checked above");
+                        check_terminal(terminal, dumped.stdio.tty.is_some(), &images)?;
                         let c = Container::for_restore(&cfg, opts)?;
                         if src == c_key(&c)? {
                             // The same container after a crash: its tree goes back first.
@@ -253,19 +245,14 @@ impl TaskService {
         let pending = inst.restore.take().expect("caller checked");
         let container = inst.container.clone();
         let criu = crab_runtime::criu::Tool::from_config(&inst.config);
-        let opts = CreateOpts {
-            namespace: self.namespace.clone(),
-            id: container.id().to_string(),
-            bundle: inst.bundle.clone(),
-            console_socket: None,
-        };
         let (images, dumped) = (pending.images.clone(), pending.dumped.clone());
+        let terminal = dumped.stdio.tty.is_some();
         let started = Instant::now();
-        let result = start_process(
+        let result = restore_process(
             &inst.config,
             &inst.init.stdio,
-            opts,
-            move |cfg, _, child| bounded(cfg, || container.restore(&images, &dumped, &criu, child)),
+            terminal,
+            move |cfg, child| bounded(cfg, || container.restore(&images, &dumped, &criu, child)),
         )
         .await;
         let (pid, io) = match result {
@@ -284,6 +271,44 @@ impl TaskService {
         inst.oom = crate::oom::watch(&inst.container, self.events.clone());
         Ok(pid)
     }
+}
+
+/// Refuses a task with a terminal whose checkpointed processes had none (their stdio
+/// were pipes: a terminal cannot take their place). The other way round is allowed:
+/// the restored processes get a new terminal, whose output goes to the task's stdout
+/// (crabctl's restores and forks create their tasks without a terminal).
+fn check_terminal(task: bool, dumped: bool, dir: &Path) -> crab_runtime::Result<()> {
+    if task && !dumped {
+        return Err(crab_runtime::Error::BadCheckpoint {
+            path: dir.to_path_buf(),
+            message: "the task asks for a terminal, but the checkpointed processes had none".into(),
+        });
+    }
+    Ok(())
+}
+
+/// Starts restored processes (`restore` runs CRIU) with their stdio: a dumped terminal
+/// gets a new pty, whose slave CRIU puts in place of the dumped one and whose master
+/// goes to the task's fifos, as at create; pipes otherwise.
+pub(crate) async fn restore_process<T: Send + 'static>(
+    config: &Config,
+    stdio: &StdioPaths,
+    terminal: bool,
+    restore: impl FnOnce(&Config, ChildStdio) -> crab_runtime::Result<T> + Send + 'static,
+) -> ShimResult<(T, ProcessIo)> {
+    let cfg = config.clone();
+    if !terminal {
+        let (pipes, child) = PipeIo::new(stdio)?;
+        let value = blocking(move || restore(&cfg, child)).await?;
+        return Ok((value, pipes.start()?));
+    }
+    let (master, slave) = crate::console::open_pty()?;
+    let child = ChildStdio {
+        stdin: Some(slave),
+        ..Default::default()
+    };
+    let value = blocking(move || restore(&cfg, child)).await?;
+    Ok((value, ProcessIo::terminal(stdio, master)?))
 }
 
 /// The image layers of a create request, kept for the file-system delta of a later

@@ -1,4 +1,4 @@
-//! Receiving a terminal's pty master from the container.
+//! Receiving a terminal's pty master from the container; new ptys for restored ones.
 //!
 //! libcontainer creates the pty inside the container and sends the master over a unix
 //! socket (the OCI "console socket"). The shim listens on a short path under its state
@@ -98,6 +98,21 @@ fn recv_fd(sock: RawFd) -> nix::Result<Option<OwnedFd>> {
         }
     }
     Ok(None)
+}
+
+/// A new pty pair (master, slave), both close-on-exec (CRIU puts the dumped termios and
+/// window size on the slave).
+pub fn open_pty() -> ShimResult<(OwnedFd, OwnedFd)> {
+    let pty =
+        nix::pty::openpty(None, None).map_err(|e| ShimError::Other(format!("open a pty: {e}")))?;
+    for fd in [&pty.master, &pty.slave] {
+        nix::fcntl::fcntl(
+            fd.as_raw_fd(),
+            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+        )
+        .map_err(|e| ShimError::Other(format!("pty: set close-on-exec: {e}")))?;
+    }
+    Ok((pty.master, pty.slave))
 }
 
 /// Sets a terminal's window size.

@@ -13,7 +13,6 @@ use crab_runtime::checkpoint::bounded;
 use crab_runtime::checkpoint::history::{self, Entry, History};
 use crab_runtime::checkpoint::ops::{self, CheckpointRequest, HistoryOp};
 use crab_runtime::config::Config;
-use crab_runtime::container::CreateOpts;
 use crab_runtime::control::{self, Request, Response, Rollback};
 use crab_runtime::storage::ContainerKey;
 use nix::sys::signal::Signal;
@@ -21,10 +20,11 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixListener;
 use tokio::task::JoinHandle;
 
+use crate::checkpoint::restore_process;
 use crate::error::{ShimError, ShimResult};
 use crate::instance::{status_name, Instance};
 use crate::process::Exit;
-use crate::task::{blocking, start_process, TaskService};
+use crate::task::{blocking, TaskService};
 
 /// How long a rollback waits for the old processes to be gone.
 const KILL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -203,14 +203,9 @@ impl TaskService {
         stop_processes(inst).await?;
         let restored = async {
             blocking(rollback_fs).await?;
-            let opts = CreateOpts {
-                namespace: self.namespace.clone(),
-                id: id.to_string(),
-                bundle: inst.bundle.clone(),
-                console_socket: None,
-            };
             let criu = crab_runtime::criu::Tool::from_config(&config);
-            start_process(&config, &inst.init.stdio, opts, move |cfg, _, child| {
+            let terminal = dumped.stdio.tty.is_some();
+            restore_process(&config, &inst.init.stdio, terminal, move |cfg, child| {
                 bounded(cfg, || c.restore(&images, &dumped, &criu, child))
             })
             .await
@@ -260,11 +255,6 @@ pub(crate) fn check_dumpable(inst: &Instance, id: &str) -> ShimResult<()> {
         return Err(ShimError::FailedPrecondition(format!(
             "cannot checkpoint container {id}: it is {}",
             status_name(inst.init.status)
-        )));
-    }
-    if inst.init.stdio.terminal {
-        return Err(ShimError::FailedPrecondition(format!(
-            "cannot checkpoint container {id}: checkpoints of terminals are not supported yet"
         )));
     }
     let running: Vec<&str> = inst

@@ -138,12 +138,15 @@ impl ProcessIo {
             fd.try_clone()
                 .map_err(|e| ShimError::Other(format!("dup pty master: {e}")))
         };
-        let mut outputs = Vec::new();
-        if !paths.stdout.is_empty() {
-            let src = tokio::fs::File::from_std(File::from(dup(&master)?));
-            let dst = open_output_fifo(&paths.stdout)?;
-            outputs.push(tokio::spawn(copy_output(src, Some(dst))));
-        }
+        // Without an output fifo (a restored terminal task of crabctl's) the output is
+        // read and dropped: a full pty would block the process.
+        let src = tokio::fs::File::from_std(File::from(dup(&master)?));
+        let dst = if paths.stdout.is_empty() {
+            None
+        } else {
+            Some(open_output_fifo(&paths.stdout)?)
+        };
+        let outputs = vec![tokio::spawn(copy_output(src, dst))];
         let stdin: StdinWriter = Arc::new(Mutex::new(None));
         let mut stdin_task = None;
         if !paths.stdin.is_empty() {

@@ -90,7 +90,7 @@ pub fn export(
             stdio: dumped.stdio.clone(),
             fs: Some(fs.clone()),
             process_bytes: dir_bytes(&staging.join(CRIU_DIR)),
-            terminal: false,
+            terminal: dumped.stdio.tty.is_some(),
             timings: Timings::default(),
             criu_files: super::engine::image_files(&staging.join(CRIU_DIR)),
         };

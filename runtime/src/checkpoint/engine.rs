@@ -137,12 +137,38 @@ pub fn bind_mounts(spec: &Spec) -> Vec<(String, PathBuf)> {
         .collect()
 }
 
-/// The CRIU keys of `pid`'s stdio (`pipe:[1234]`).
+/// The CRIU keys of `pid`'s stdio (`pipe:[1234]`), and of its terminal.
 pub fn stdio_keys(pid: i32) -> Stdio {
     Stdio {
         stdin: stdio_key(pid, 0),
         stdout: stdio_key(pid, 1),
         stderr: stdio_key(pid, 2),
+        tty: super::tty::of_process(pid),
+    }
+}
+
+/// CRIU's dump of the container's init `pid` into `images`.
+pub(crate) fn dump_request(
+    criu: criu::Tool,
+    pid: i32,
+    images: PathBuf,
+    leave_running: bool,
+    cgroup: &Path,
+    spec: &Spec,
+    stdio: &Stdio,
+) -> criu::Dump {
+    let mut external_mounts: Vec<String> = bind_mounts(spec).into_iter().map(|(d, _)| d).collect();
+    if stdio.tty.is_some() {
+        external_mounts.push(super::tty::CONSOLE.to_string());
+    }
+    criu::Dump {
+        criu,
+        pid,
+        images,
+        leave_running,
+        freeze_cgroup: Some(freezer_cgroup(cgroup)),
+        external_mounts,
+        terminal: stdio.tty.is_some(),
     }
 }
 
@@ -182,17 +208,6 @@ impl Container {
             }
         };
         let spec = load_spec(&self.state.bundle)?;
-        let stdio = stdio_keys(pid);
-        let terminal = [&stdio.stdin, &stdio.stdout, &stdio.stderr]
-            .iter()
-            .any(|k| k.as_deref().is_some_and(|k| k.starts_with("/dev/pts")));
-        if terminal {
-            return Err(Error::WrongState {
-                id: self.id().to_string(),
-                state: "running with a terminal".into(),
-                operation: "checkpoint (terminals are not supported yet)",
-            });
-        }
         let started = Instant::now();
         let mut timings = Timings::default();
         let froze = status == ContainerStatus::Running;
@@ -200,7 +215,9 @@ impl Container {
             self.pause()?;
         }
         timings.freeze_ms = started.elapsed().as_millis() as u64;
-        let result = self.dump_frozen(opts, pid, &spec, &mut timings);
+        let stdio = stdio_keys(pid);
+        let terminal = stdio.tty.is_some();
+        let result = self.dump_frozen(opts, pid, &spec, &stdio, &mut timings);
         // With `exit` the tasks are gone, but the cgroup must not stay frozen.
         if froze {
             if let Err(e) = self.resume() {
@@ -232,6 +249,7 @@ impl Container {
         opts: &CheckpointOpts,
         pid: i32,
         spec: &Spec,
+        stdio: &Stdio,
         timings: &mut Timings,
     ) -> Result<(FsPart, u64, BTreeMap<String, u64>)> {
         let t = Instant::now();
@@ -241,14 +259,15 @@ impl Container {
         let images = opts.dir.join(CRIU_DIR);
         std::fs::create_dir_all(&images)
             .map_err(Error::io(format!("create {}", images.display())))?;
-        criu::dump(&criu::Dump {
-            criu: opts.criu.clone(),
+        criu::dump(&dump_request(
+            opts.criu.clone(),
             pid,
-            images: images.clone(),
-            leave_running: !opts.exit,
-            freeze_cgroup: Some(freezer_cgroup(&self.cgroup_path()?)),
-            external_mounts: bind_mounts(spec).into_iter().map(|(d, _)| d).collect(),
-        })?;
+            images.clone(),
+            !opts.exit,
+            &self.cgroup_path()?,
+            spec,
+            stdio,
+        ))?;
         timings.dump_ms = t.elapsed().as_millis() as u64;
         Ok((fs, dir_bytes(&images), image_files(&images)))
     }

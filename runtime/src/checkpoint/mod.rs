@@ -16,6 +16,7 @@ pub mod ops;
 pub mod restore_helper;
 pub mod slots;
 pub mod source;
+pub mod tty;
 
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -43,6 +44,9 @@ pub enum Kind {
     FsOnly,
     /// Processes only.
     ProcessOnly,
+    /// Nothing changed since the previous checkpoint: this entry names the
+    /// previous one's snapshot and image, and costs no dump and no snapshot.
+    Skip,
 }
 
 /// The keys CRIU gave the init's stdio (`pipe:[1234]`), to be replaced on restore.
@@ -54,6 +58,10 @@ pub struct Stdio {
     pub stdout: Option<String>,
     /// fd 2.
     pub stderr: Option<String>,
+    /// CRIU's key (`tty[rdev:dev]`) of the terminal the init's stdio is on (a pty
+    /// slave whose master is the shim's), replaced by a new slave on restore.
+    #[serde(default)]
+    pub tty: Option<String>,
 }
 
 /// The file-system part.

@@ -12,12 +12,13 @@ use std::time::Instant;
 use libcontainer::container::ContainerStatus;
 use serde::{Deserialize, Serialize};
 
-use super::engine::{bind_mounts, freezer_cgroup, image_files, stdio_keys, Dumped};
+use super::engine::{dump_request, image_files, stdio_keys, Dumped};
 use super::history::{self, create_private_dir, Entry, History};
 use super::{dir_bytes, sync_path, sync_tree, Kind, Timings, CRIU_DIR};
 use crate::config::Config;
 use crate::container::{load_spec, Container};
 use crate::helper::{self, ChildStdio, Request};
+use crate::inspect;
 use crate::storage::{self, names, ContainerKey, Store};
 use crate::{criu, Error, Result};
 
@@ -115,6 +116,17 @@ impl Container {
             });
         }
         let prev = history.latest().cloned();
+        if req.kind == Kind::Skip
+            && prev
+                .as_ref()
+                .is_none_or(|p| p.fs_snapshot.is_none() || p.process_image.is_none())
+        {
+            return Err(Error::WrongState {
+                id: key.id().to_string(),
+                state: "without an earlier full checkpoint".into(),
+                operation: "record a skipped turn",
+            });
+        }
         if req.kind == Kind::ProcessOnly
             && prev.as_ref().and_then(|p| p.fs_snapshot.as_ref()).is_none()
         {
@@ -135,12 +147,17 @@ impl Container {
                 })
             }
         };
-        let (with_fs, with_proc) = (req.kind != Kind::ProcessOnly, req.kind != Kind::FsOnly);
+        let (with_fs, with_proc) = match req.kind {
+            Kind::Full => (true, true),
+            Kind::FsOnly => (true, false),
+            Kind::ProcessOnly => (false, true),
+            Kind::Skip => (false, false),
+        };
         let started = Instant::now();
         let mut timings = Timings::default();
         let snapshot = history::snapshot_name(seq);
         let tmp = dir.join(format!(".{seq}.tmp"));
-        let froze = status == ContainerStatus::Running;
+        let froze = status == ContainerStatus::Running && req.kind != Kind::Skip;
         if froze {
             self.pause()?;
         }
@@ -156,18 +173,20 @@ impl Container {
                 let _ = std::fs::remove_dir_all(&tmp);
                 create_private_dir(&tmp.join(CRIU_DIR))?;
                 let spec = load_spec(&self.state.bundle)?;
-                criu::dump(&criu::Dump {
-                    criu: criu::Tool::from_config(config),
+                let stdio = stdio_keys(pid);
+                criu::dump(&dump_request(
+                    criu::Tool::from_config(config),
                     pid,
-                    images: tmp.join(CRIU_DIR),
-                    leave_running: true,
-                    freeze_cgroup: Some(freezer_cgroup(&self.cgroup_path()?)),
-                    external_mounts: bind_mounts(&spec).into_iter().map(|(d, _)| d).collect(),
-                })?;
+                    tmp.join(CRIU_DIR),
+                    true,
+                    &self.cgroup_path()?,
+                    &spec,
+                    &stdio,
+                ))?;
                 timings.dump_ms = t.elapsed().as_millis() as u64;
                 let dumped = Dumped {
                     id: key.id().to_string(),
-                    stdio: stdio_keys(pid),
+                    stdio,
                     files: image_files(&tmp.join(CRIU_DIR)),
                 };
                 std::fs::write(
@@ -175,6 +194,12 @@ impl Container {
                     serde_json::to_vec(&dumped).expect("json"),
                 )
                 .map_err(Error::io(format!("write {}", tmp.display())))?;
+            }
+            // Still frozen: the inspector forgets exactly what was captured.
+            if req.kind != Kind::Skip {
+                if let Err(e) = inspect::captured(self, config, req.kind, pid) {
+                    tracing::warn!(id = %key, error = %e, "inspector reset after checkpoint");
+                }
             }
             Ok(())
         })();
@@ -193,6 +218,9 @@ impl Container {
             Ok(())
         });
         if let Err(e) = durable {
+            // The inspector forgot changes this failed checkpoint did not keep:
+            // make the next classification take everything.
+            inspect::taint(self, config);
             let _ = std::fs::remove_dir_all(&tmp);
             if with_fs {
                 let _ = store.delete_snapshot(&key, &snapshot);

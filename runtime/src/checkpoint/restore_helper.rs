@@ -47,7 +47,8 @@ pub fn serve(request: Request) -> Result<i32> {
     join_cgroups(&id, &youki.cgroup_path, &spec)?;
 
     // The new pipes replace the dumped ones, by CRIU's key. A key seen twice (fd 2
-    // duplicated from fd 1) is inherited once.
+    // duplicated from fd 1) is inherited once. A dumped terminal is replaced by the
+    // new pty slave the shim passed as stdin (see `super::tty`).
     let fds: Vec<OwnedFd> = [stdio.stdin, stdio.stdout, stdio.stderr]
         .into_iter()
         .map(inherited_or_null)
@@ -65,6 +66,25 @@ pub fn serve(request: Request) -> Result<i32> {
             }
         }
     }
+    let mut external_mounts = bind_mounts(&spec);
+    if let Some(tty) = &dumped.stdio.tty {
+        let slave = &fds[0];
+        clear_cloexec(slave.as_raw_fd())?;
+        inherit.push((slave.as_raw_fd(), tty.clone()));
+        // /dev/console was the old slave bound in: the new one is bound there instead.
+        let path = std::fs::read_link(format!("/proc/self/fd/{}", slave.as_raw_fd()))
+            .map_err(Error::io("find the new terminal's path"))?;
+        if !path.starts_with("/dev/pts/") {
+            return Err(Error::Helper {
+                operation: "restore container",
+                message: format!(
+                    "the checkpoint has a terminal, but stdin is {} and not a pty",
+                    path.display()
+                ),
+            });
+        }
+        external_mounts.push((super::tty::CONSOLE.to_string(), path));
+    }
     let rootfs = match spec.root().as_ref().map(|r| r.path().clone()) {
         Some(p) if p.is_absolute() => p,
         Some(p) => bundle.join(p),
@@ -79,7 +99,7 @@ pub fn serve(request: Request) -> Result<i32> {
         root: rootfs,
         pidfile: dir.join("restored.pid"),
         inherit,
-        external_mounts: bind_mounts(&spec),
+        external_mounts,
     })?;
     drop(fds);
 
