@@ -83,6 +83,10 @@ pub mod opaque {
     pub const ASYNC_IO: u64 = 1;
     /// The mount tree changed.
     pub const MOUNT: u64 = 2;
+    /// Changes before recording (re)started are unknown: the container was
+    /// just watched, rolled back, or a checkpoint failed half-way (set from
+    /// userspace, cleared by a full checkpoint).
+    pub const UNTRACKED: u64 = 4;
 }
 
 /// A container's counters since recording (re)started: one map lookup.

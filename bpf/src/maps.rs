@@ -30,11 +30,22 @@ impl Inspector {
         })
     }
 
+    /// Opens the host's inspector if it is loaded; None when it is not (nothing
+    /// to undo then).
+    pub fn open_existing(pin_root: &Path) -> Option<Inspector> {
+        crate::pin::open_pinned(pin_root).map(|maps| Inspector { maps })
+    }
+
     /// Starts recording for the tasks of cgroup `cgid`. Watching a cgroup that
     /// is watched already keeps its records.
     pub fn watch(&self, cgid: u64) -> Result<()> {
         let key = types::cg_key { cgid };
-        let state = types::cg_state::default();
+        // Nothing before this moment was recorded: until a full checkpoint,
+        // every classification must take everything.
+        let state = types::cg_state {
+            opaque: crate::opaque::UNTRACKED,
+            ..Default::default()
+        };
         match self
             .maps
             .cgroups
@@ -142,6 +153,23 @@ impl Inspector {
             .cgroups
             .update(bytes_of(&key), bytes_of(&st), MapFlags::EXIST)
             .map_err(Error::bpf(format!("reset counters of cgroup {cgid}")))
+    }
+
+    /// Marks `cgid`'s records as incomplete ([`crate::opaque::UNTRACKED`]), so
+    /// that classifications take everything until the next full checkpoint:
+    /// after a rollback, or a checkpoint that failed after [`Inspector::forget`].
+    /// Safe while the container runs: a count lost to a concurrent update still
+    /// leaves the mark set.
+    pub fn taint(&self, cgid: u64) -> Result<()> {
+        let Some(mut st) = self.state(cgid)? else {
+            return Ok(());
+        };
+        st.opaque |= crate::opaque::UNTRACKED;
+        let key = types::cg_key { cgid };
+        self.maps
+            .cgroups
+            .update(bytes_of(&key), bytes_of(&st), MapFlags::EXIST)
+            .map_err(Error::bpf(format!("taint cgroup {cgid}")))
     }
 
     /// Deletes `cgid`'s entries that `which` selects; returns how many remain.

@@ -66,6 +66,11 @@ fn clear_dir(dir: &Path) {
     }
 }
 
+/// The pinned maps below `root`, if a complete load is there.
+pub(crate) fn open_pinned(root: &Path) -> Option<Pinned> {
+    open_pins(&root.join(PIN_VERSION)).ok()
+}
+
 fn open_pins(dir: &Path) -> Result<Pinned> {
     // The marker first: without it the directory is an unfinished load.
     let cgroups = open_map(dir, LAST_PIN)?;

@@ -13,7 +13,7 @@ use crab_runtime::control::{self, Request, Response};
 /// Longest a request may take (a large dump).
 const TIMEOUT: Duration = Duration::from_secs(600);
 
-fn call(config: &Config, request: Request) -> Result<Response> {
+pub(crate) fn call(config: &Config, request: Request) -> Result<Response> {
     match control::call(config, &request, TIMEOUT)? {
         Response::Error { message } => bail!("{message}"),
         r => Ok(r),
@@ -23,14 +23,15 @@ fn call(config: &Config, request: Request) -> Result<Response> {
 /// Parses `full`, `fs-only`, `process-only`.
 pub fn parse_kind(s: &str) -> Result<Kind, String> {
     serde_json::from_str(&format!("\"{s}\""))
-        .map_err(|_| format!("unknown kind {s:?} (full, fs-only, process-only)"))
+        .map_err(|_| format!("unknown kind {s:?} (full, fs-only, process-only, skip)"))
 }
 
-fn kind_name(k: Kind) -> &'static str {
+pub(crate) fn kind_name(k: Kind) -> &'static str {
     match k {
         Kind::Full => "full",
         Kind::FsOnly => "fs-only",
         Kind::ProcessOnly => "process-only",
+        Kind::Skip => "skip",
     }
 }
 

@@ -6,6 +6,7 @@ mod fs;
 mod inspect;
 mod migrate;
 mod recover;
+mod turn;
 
 use std::path::PathBuf;
 
@@ -62,6 +63,18 @@ enum Command {
         /// Keep it whatever the retention (checkpoint.keep_last).
         #[arg(long)]
         mark: bool,
+    },
+    /// End an agent's turn: classify what changed since the last checkpoint
+    /// (skip, fs-only, process-only, full) and take that checkpoint.
+    Turn {
+        /// Container id.
+        id: String,
+        /// Classify only; take nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// List a container's checkpoints.
     Ls {
@@ -152,6 +165,9 @@ fn main() -> Result<()> {
             &id,
             crab_runtime::checkpoint::ops::CheckpointRequest { kind, name, mark },
         ),
+        Command::Turn { id, dry_run, json } => {
+            turn::run(&config, &cli.namespace, &id, dry_run, json)
+        }
         Command::Ls { id, json } => ckpt::list(&config, &cli.namespace, &id, json),
         Command::Rm { id, checkpoint } => ckpt::remove(&config, &cli.namespace, &id, &checkpoint),
         Command::Restore { id, checkpoint } => recover::restore(

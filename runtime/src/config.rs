@@ -120,6 +120,8 @@ pub struct Policy {
     pub mode: PolicyMode,
     /// Whether a failed checkpoint holds the agent back (`true`) or is only logged.
     pub fail_closed: bool,
+    /// Where the host's eBPF inspector is pinned (a bpffs directory).
+    pub bpf_pin_root: PathBuf,
 }
 
 /// Policy modes.
@@ -174,6 +176,7 @@ impl Default for Policy {
         Policy {
             mode: PolicyMode::Adaptive,
             fail_closed: true,
+            bpf_pin_root: PathBuf::from("/sys/fs/bpf/crab"),
         }
     }
 }
@@ -271,6 +274,7 @@ impl Config {
             ("storage.overlay_dir", &self.storage.overlay_dir),
             ("tracking_cgroup", &self.tracking_cgroup),
             ("checkpoint.store", &self.checkpoint.store),
+            ("policy.bpf_pin_root", &self.policy.bpf_pin_root),
         ] {
             if !path.is_absolute() {
                 return Err(bad(

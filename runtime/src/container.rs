@@ -34,6 +34,9 @@ pub struct CrabState {
     /// Its cgroup id (inode number): what `bpf_get_current_cgroup_id()` returns for the
     /// container's tasks.
     pub cgroup_id: u64,
+    /// Where the eBPF inspector watching it is pinned (none: not watched).
+    #[serde(default)]
+    pub bpf_pin_root: Option<PathBuf>,
 }
 
 /// Where a new container's pieces go.
@@ -124,12 +127,15 @@ impl Container {
         }
         let tracking = TrackingCgroup::new(&config.tracking_cgroup, &opts.namespace, &opts.id);
         let cgroup_id = tracking.create()?;
+        crate::inspect::watch(config, cgroup_id, &opts.id);
         let state = CrabState {
             namespace: opts.namespace.clone(),
             id: opts.id.clone(),
             bundle: opts.bundle.clone(),
             tracking_cgroup: tracking.path().to_path_buf(),
             cgroup_id,
+            bpf_pin_root: (config.policy.mode == crate::config::PolicyMode::Adaptive)
+                .then(|| config.policy.bpf_pin_root.clone()),
         };
         Ok((Container { root, state }, tracking))
     }
@@ -303,6 +309,9 @@ impl Container {
         // Kill through the tracking cgroup first: it holds every process, including
         // execs that libcontainer does not know about.
         self.tracking().destroy()?;
+        if let Some(pins) = &self.state.bpf_pin_root {
+            crate::inspect::unwatch(pins, self.state.cgroup_id);
+        }
         match self.lc() {
             Ok(mut c) => c.delete(true).map_err(Error::libcontainer("delete"))?,
             Err(Error::NotFound(_)) => {}

@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use crate::checkpoint::history::Entry;
 use crate::checkpoint::ops::CheckpointRequest;
 use crate::config::Config;
+use crate::inspect::Classification;
 use crate::{Error, Result};
 
 /// What a client asks.
@@ -48,6 +49,17 @@ pub enum Request {
         /// Its name or seq.
         checkpoint: String,
     },
+    /// Close the turn: classify what changed since the last checkpoint and take
+    /// the checkpoint it needs (a skip entry when nothing changed).
+    Turn {
+        /// containerd namespace.
+        namespace: String,
+        /// Container id.
+        id: String,
+        /// Classify only; take nothing.
+        #[serde(default)]
+        dry_run: bool,
+    },
     /// Make the container's processes and files those of a checkpoint, in place.
     Rollback {
         /// containerd namespace.
@@ -66,6 +78,7 @@ impl Request {
             Request::Checkpoint { namespace, id, .. }
             | Request::List { namespace, id }
             | Request::Remove { namespace, id, .. }
+            | Request::Turn { namespace, id, .. }
             | Request::Rollback { namespace, id, .. } => (namespace, id),
         }
     }
@@ -97,6 +110,13 @@ pub enum Response {
     Entries {
         /// They.
         entries: Vec<Entry>,
+    },
+    /// A turn's classification, and the checkpoint taken for it.
+    Turn {
+        /// What changed.
+        classification: Classification,
+        /// The entry recorded (none for a dry run).
+        entry: Option<Entry>,
     },
     /// A rollback's report.
     RolledBack {

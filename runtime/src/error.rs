@@ -150,6 +150,9 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// The eBPF inspector could not be loaded or read.
+    #[error("eBPF inspector: {0}")]
+    Inspector(#[from] crab_bpf::Error),
     /// A system call failed.
     #[error("{context}: {source}")]
     Sys {

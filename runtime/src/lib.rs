@@ -18,6 +18,7 @@ pub mod control;
 pub mod criu;
 pub mod error;
 pub mod helper;
+pub mod inspect;
 pub mod metrics;
 pub mod netns;
 pub mod oom;

@@ -87,6 +87,14 @@ impl TaskService {
                 .crab_remove(&id, &checkpoint)
                 .await
                 .map(|entry| Response::Entry { entry }),
+            Request::Turn { id, dry_run, .. } => {
+                self.crab_turn(&id, dry_run)
+                    .await
+                    .map(|(classification, entry)| Response::Turn {
+                        classification,
+                        entry,
+                    })
+            }
             Request::Rollback { id, checkpoint, .. } => self
                 .crab_rollback(&id, &checkpoint)
                 .await

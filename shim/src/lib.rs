@@ -22,6 +22,7 @@ pub mod rootfs;
 pub mod service;
 pub mod task;
 pub mod task_impl;
+pub mod turn;
 
 /// The runtime name containerd knows this shim by.
 pub const RUNTIME_ID: &str = "io.containerd.crab.v2";

@@ -44,6 +44,9 @@ pub enum Kind {
     FsOnly,
     /// Processes only.
     ProcessOnly,
+    /// Nothing changed since the previous checkpoint: this entry names the
+    /// previous one's snapshot and image, and costs no dump and no snapshot.
+    Skip,
 }
 
 /// The keys CRIU gave the init's stdio (`pipe:[1234]`), to be replaced on restore.

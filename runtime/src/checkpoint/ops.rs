@@ -18,6 +18,7 @@ use super::{dir_bytes, sync_path, sync_tree, Kind, Timings, CRIU_DIR};
 use crate::config::Config;
 use crate::container::{load_spec, Container};
 use crate::helper::{self, ChildStdio, Request};
+use crate::inspect;
 use crate::storage::{self, names, ContainerKey, Store};
 use crate::{criu, Error, Result};
 
@@ -115,6 +116,17 @@ impl Container {
             });
         }
         let prev = history.latest().cloned();
+        if req.kind == Kind::Skip
+            && prev
+                .as_ref()
+                .is_none_or(|p| p.fs_snapshot.is_none() || p.process_image.is_none())
+        {
+            return Err(Error::WrongState {
+                id: key.id().to_string(),
+                state: "without an earlier full checkpoint".into(),
+                operation: "record a skipped turn",
+            });
+        }
         if req.kind == Kind::ProcessOnly
             && prev.as_ref().and_then(|p| p.fs_snapshot.as_ref()).is_none()
         {
@@ -135,12 +147,22 @@ impl Container {
                 })
             }
         };
-        let (with_fs, with_proc) = (req.kind != Kind::ProcessOnly, req.kind != Kind::FsOnly);
+        let (with_fs, with_proc) = match req.kind {
+            Kind::Full => (true, true),
+            Kind::FsOnly => (true, false),
+            Kind::ProcessOnly => (false, true),
+            Kind::Skip => (false, false),
+        };
         let started = Instant::now();
         let mut timings = Timings::default();
         let snapshot = history::snapshot_name(seq);
         let tmp = dir.join(format!(".{seq}.tmp"));
-        let froze = status == ContainerStatus::Running;
+        let froze = status == ContainerStatus::Running && req.kind != Kind::Skip;
+        let positions = if with_proc && froze {
+            inspect::positions(self)
+        } else {
+            Vec::new()
+        };
         if froze {
             self.pause()?;
         }
@@ -178,11 +200,20 @@ impl Container {
                 )
                 .map_err(Error::io(format!("write {}", tmp.display())))?;
             }
+            // Still frozen: the inspector forgets exactly what was captured.
+            if req.kind != Kind::Skip {
+                if let Err(e) = inspect::captured(self, config, req.kind, pid) {
+                    tracing::warn!(id = %key, error = %e, "inspector reset after checkpoint");
+                }
+            }
             Ok(())
         })();
         if froze {
             if let Err(e) = self.resume() {
                 tracing::warn!(id = %key, error = %e, "thaw after checkpoint");
+            }
+            if frozen.is_ok() && with_proc {
+                inspect::settle(self, &positions);
             }
         }
         let durable = frozen.and_then(|()| {
@@ -195,6 +226,9 @@ impl Container {
             Ok(())
         });
         if let Err(e) = durable {
+            // The inspector forgot changes this failed checkpoint did not keep:
+            // make the next classification take everything.
+            inspect::taint(self, config);
             let _ = std::fs::remove_dir_all(&tmp);
             if with_fs {
                 let _ = store.delete_snapshot(&key, &snapshot);

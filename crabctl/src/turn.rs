@@ -1,0 +1,60 @@
+//! `crabctl turn`: close an agent's turn through the semantic policy.
+
+use anyhow::{bail, Result};
+use crab_runtime::config::Config;
+use crab_runtime::control::{Request, Response};
+use crab_runtime::inspect::Classification;
+
+use crate::ckpt::{call, kind_name};
+
+/// Classifies the turn and (unless `dry_run`) takes the checkpoint it needs.
+pub fn run(config: &Config, namespace: &str, id: &str, dry_run: bool, json: bool) -> Result<()> {
+    let r = call(
+        config,
+        Request::Turn {
+            namespace: namespace.into(),
+            id: id.into(),
+            dry_run,
+        },
+    )?;
+    let Response::Turn {
+        classification,
+        entry,
+    } = r
+    else {
+        bail!("turn {id}: unexpected answer {r:?}");
+    };
+    if json {
+        let v = serde_json::json!({ "classification": classification, "entry": entry });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    print_classification(id, &classification);
+    if let Some(e) = entry {
+        println!(
+            "  recorded: checkpoint {} (seq {}) in {} ms: fs {} ms, dump {} ms",
+            e.name, e.seq, e.timings.total_ms, e.timings.fs_ms, e.timings.dump_ms
+        );
+    }
+    Ok(())
+}
+
+fn print_classification(id: &str, c: &Classification) {
+    println!(
+        "{id}: {} (classified in {} µs)",
+        kind_name(c.kind),
+        c.elapsed_us
+    );
+    for r in &c.reasons {
+        println!("  because {r}");
+    }
+    for p in &c.paths {
+        println!("  path {} ({}, {:?})", p.path, p.what, p.place);
+    }
+    for t in &c.tasks {
+        println!("  task {} {} ({})", t.tid, t.comm, t.what);
+    }
+    for p in &c.external {
+        println!("  external (not checkpointed) {p}");
+    }
+}

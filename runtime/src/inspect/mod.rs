@@ -1,0 +1,468 @@
+//! A turn's classification: skip, fs-only, process-only or full.
+//!
+//! The eBPF inspector (crate `crab-bpf`) records, per container, the names
+//! whose net state changed and the tasks born or gone since the last checkpoint.
+//! This module puts that next to what only userspace knows (which mount a path
+//! is on, which tasks used CPU, what input waits in their queues) and decides
+//! what a checkpoint of the turn must hold. docs/inspector.md argues why the
+//! decision is sound and lists what it does not cover.
+//!
+//! After a checkpoint, [`captured`] forgets what it holds (while the container
+//! is still frozen) and writes the new process [`Baseline`].
+
+pub mod mounts;
+pub mod procs;
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use crate::checkpoint::history::{self, History};
+use crate::checkpoint::Kind;
+use crate::config::{Config, PolicyMode};
+use crate::container::{load_spec, Container};
+use crate::storage::ContainerKey;
+use crate::{Error, Result};
+use crab_bpf::{FsFlags, Inspector};
+use mounts::{MountMap, Place};
+use procs::{Queue, Task};
+
+/// The most CPU time a task may use between the thaw and [`settle`] and still
+/// count as having only restarted its system call.
+const SETTLE_MAX_NS: u64 = 500_000;
+
+/// How many paths and pids a classification reports at most.
+pub const DETAIL_LIMIT: usize = 32;
+
+/// The process state at the last process dump.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Baseline {
+    /// The container's tasks.
+    pub tasks: Vec<Task>,
+    /// Input queued on their pipes and sockets.
+    pub queues: Vec<Queue>,
+    /// The mount table (`point fstype dev`, sorted).
+    pub mounts: Vec<String>,
+}
+
+/// One changed path in a report.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PathChange {
+    /// The path in the container.
+    pub path: String,
+    /// What happened (`created+written`, `removed`, ...).
+    pub what: String,
+    /// Where it lives.
+    pub place: Place,
+}
+
+/// One changed task in a report.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskChange {
+    /// Thread id.
+    pub tid: i32,
+    /// Its command name.
+    pub comm: String,
+    /// `born`, `died`, `ran` or `input queued`.
+    pub what: String,
+}
+
+/// What a turn changed, and the checkpoint it needs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Classification {
+    /// The checkpoint the turn needs (`Skip` when nothing changed).
+    pub kind: Kind,
+    /// Why, in a few words each.
+    pub reasons: Vec<String>,
+    /// Changed paths (at most [`DETAIL_LIMIT`]).
+    pub paths: Vec<PathChange>,
+    /// Changed tasks (at most [`DETAIL_LIMIT`]).
+    pub tasks: Vec<TaskChange>,
+    /// Paths written on external mounts: not part of any checkpoint.
+    pub external: Vec<String>,
+    /// Tasks born and gone within the turn (no net change).
+    pub transient_tasks: u64,
+    /// How long classifying took (µs).
+    pub elapsed_us: u64,
+}
+
+impl Classification {
+    /// A full checkpoint, for `reason` (no inspection).
+    pub fn full(reason: &str) -> Classification {
+        Classification {
+            kind: Kind::Full,
+            reasons: vec![reason.to_string()],
+            paths: Vec::new(),
+            tasks: Vec::new(),
+            external: Vec::new(),
+            transient_tasks: 0,
+            elapsed_us: 0,
+        }
+    }
+}
+
+fn baseline_path(c: &Container) -> PathBuf {
+    c.dir().join("crab-baseline.json")
+}
+
+/// Starts the inspector's records of a new container (policy `adaptive`).
+/// A host without a working inspector still runs containers: the error is
+/// logged, and classifying this container's turns will fail, saying why.
+pub fn watch(config: &Config, cgroup_id: u64, id: &str) {
+    if config.policy.mode != PolicyMode::Adaptive {
+        return;
+    }
+    if let Err(e) = inspector(config).and_then(|i| Ok(i.watch(cgroup_id)?)) {
+        tracing::error!(%id, error = %e, "the eBPF inspector cannot watch this container");
+    }
+}
+
+/// Drops the inspector's records of a container being deleted.
+pub fn unwatch(pin_root: &Path, cgroup_id: u64) {
+    if let Some(i) = Inspector::open_existing(pin_root) {
+        let _ = i.unwatch(cgroup_id);
+    }
+}
+
+/// Opens the host's inspector (loading it on first use).
+pub fn inspector(config: &Config) -> Result<Inspector> {
+    Ok(Inspector::open(&config.policy.bpf_pin_root)?)
+}
+
+/// The destinations of the spec's bind mounts (from the host).
+fn bind_destinations(bundle: &Path) -> Vec<String> {
+    let Ok(spec) = load_spec(bundle) else {
+        return Vec::new();
+    };
+    spec.mounts()
+        .as_ref()
+        .map(|ms| {
+            ms.iter()
+                .filter(|m| {
+                    m.typ().as_deref() == Some("bind")
+                        || m.options()
+                            .as_ref()
+                            .is_some_and(|o| o.iter().any(|o| o == "bind" || o == "rbind"))
+                })
+                .map(|m| m.destination().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn mount_map(c: &Container, pid: i32) -> Result<MountMap> {
+    Ok(MountMap::new(
+        mounts::mounts_of(pid)?,
+        &bind_destinations(&c.state.bundle),
+    ))
+}
+
+fn init_pid(c: &Container) -> Result<i32> {
+    c.lc()?
+        .pid()
+        .map(|p| p.as_raw())
+        .ok_or_else(|| Error::WrongState {
+            id: c.state.id.clone(),
+            state: "without a process".into(),
+            operation: "classify a turn",
+        })
+}
+
+/// Classifies the turn of container `c` (since its last checkpoint).
+pub fn classify(c: &Container, config: &Config, insp: &Inspector) -> Result<Classification> {
+    let started = Instant::now();
+    let cgid = c.state.cgroup_id;
+    let counters = insp.counters(cgid)?.ok_or_else(|| Error::WrongState {
+        id: c.state.id.clone(),
+        state: "not watched by the eBPF inspector".into(),
+        operation: "classify a turn",
+    })?;
+    let mut out = Classification {
+        kind: Kind::Skip,
+        reasons: Vec::new(),
+        paths: Vec::new(),
+        tasks: Vec::new(),
+        external: Vec::new(),
+        transient_tasks: counters.transient,
+        elapsed_us: 0,
+    };
+    let (mut fs, mut proc) = (false, false);
+
+    let key = ContainerKey::new(&c.state.namespace, &c.state.id)?;
+    let hist = History::load(&history::dir(config, &key), &key)?;
+    if !hist.entries.iter().any(|e| e.fs_snapshot.is_some()) {
+        fs = true;
+        out.reasons.push("no snapshot of the files yet".into());
+    }
+    if !hist.entries.iter().any(|e| e.process_image.is_some()) {
+        proc = true;
+        out.reasons.push("no process image yet".into());
+    }
+    if counters.overflow > 0 {
+        (fs, proc) = (true, true);
+        out.reasons.push(format!(
+            "{} records did not fit the inspector's maps",
+            counters.overflow
+        ));
+    }
+    if counters.opaque & crab_bpf::opaque::ASYNC_IO != 0 {
+        (fs, proc) = (true, true);
+        out.reasons
+            .push("asynchronous I/O (io_uring, AIO) in use".into());
+    }
+    if counters.opaque & crab_bpf::opaque::UNTRACKED != 0 {
+        (fs, proc) = (true, true);
+        out.reasons.push(
+            "not every change since the container started or was rolled back is known".into(),
+        );
+    }
+    // The MOUNT bit is not used: exec'd processes mount in namespaces of their
+    // own while they join the container. The container's own mount table is
+    // compared with the last dump's below.
+
+    let pid = init_pid(c)?;
+    let map = mount_map(c, pid)?;
+    if counters.fs_entries > 0 {
+        let (mut rootfs, mut internal) = (0, 0);
+        for ch in insp.fs_changes(cgid, usize::MAX)? {
+            let (place, _) = map.place(&ch.path, ch.dev);
+            match place {
+                Place::Rootfs => rootfs += 1,
+                Place::Internal => internal += 1,
+                Place::External => {
+                    if out.external.len() < DETAIL_LIMIT {
+                        out.external.push(ch.path.clone());
+                    }
+                    continue;
+                }
+                Place::Ignored => continue,
+            }
+            if out.paths.len() < DETAIL_LIMIT {
+                out.paths.push(PathChange {
+                    path: ch.path,
+                    what: FsFlags(ch.flags.0).label(),
+                    place,
+                });
+            }
+        }
+        if rootfs > 0 {
+            fs = true;
+            out.reasons
+                .push(format!("{rootfs} paths changed on the rootfs"));
+        }
+        if internal > 0 {
+            proc = true;
+            out.reasons.push(format!(
+                "{internal} paths changed on internal mounts (tmpfs)"
+            ));
+        }
+    }
+
+    let base: Baseline = std::fs::read(baseline_path(c))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default();
+    if !base.mounts.is_empty() && base.mounts != map.signature() {
+        (fs, proc) = (true, true);
+        out.reasons
+            .push("the mount table differs from the last dump".into());
+    }
+    let tracking = c.tracking();
+    let now = procs::tasks(tracking.path());
+    let mut changed = Vec::new();
+    for t in &now {
+        match base
+            .tasks
+            .iter()
+            .find(|b| b.tid == t.tid && b.start == t.start)
+        {
+            None => changed.push((t, "born")),
+            Some(b) if b.runtime_ns != t.runtime_ns => changed.push((t, "ran")),
+            Some(_) => {}
+        }
+    }
+    let mut died = Vec::new();
+    for b in &base.tasks {
+        if !now.iter().any(|t| t.tid == b.tid && t.start == b.start) {
+            died.push(b);
+        }
+    }
+    if counters.births > 0 && changed.iter().all(|(_, w)| *w != "born") {
+        out.reasons.push(format!(
+            "{} tasks born and alive (eBPF) that /proc did not show",
+            counters.births
+        ));
+        proc = true;
+    }
+    let queues = procs::queues(&procs::processes(tracking.path()));
+    let queue_changed = queues != base.queues;
+    if !changed.is_empty() || !died.is_empty() {
+        proc = true;
+        out.reasons.push(format!(
+            "{} tasks born or ran, {} died",
+            changed.len(),
+            died.len()
+        ));
+    }
+    if queue_changed {
+        proc = true;
+        out.reasons
+            .push("input queued on pipes or sockets changed".into());
+    }
+    // A task that ran with a file mapped shared and writable may have changed
+    // that file with plain stores, which no syscall shows.
+    if !fs
+        && changed
+            .iter()
+            .any(|(t, w)| *w == "ran" && procs::maps_file_shared_writable(t.tid))
+    {
+        fs = true;
+        out.reasons
+            .push("a task that ran maps a file shared and writable".into());
+    }
+    for (t, what) in changed.iter().take(DETAIL_LIMIT) {
+        out.tasks.push(TaskChange {
+            tid: t.tid,
+            comm: t.comm.clone(),
+            what: what.to_string(),
+        });
+    }
+    for b in died
+        .iter()
+        .take(DETAIL_LIMIT.saturating_sub(out.tasks.len()))
+    {
+        out.tasks.push(TaskChange {
+            tid: b.tid,
+            comm: b.comm.clone(),
+            what: "died".into(),
+        });
+    }
+    out.kind = match (fs, proc) {
+        (false, false) => Kind::Skip,
+        (true, false) => Kind::FsOnly,
+        (false, true) => Kind::ProcessOnly,
+        (true, true) => Kind::Full,
+    };
+    out.elapsed_us = started.elapsed().as_micros() as u64;
+    Ok(out)
+}
+
+/// After a checkpoint of `kind` (the container still frozen): forgets what it
+/// captured and, when it dumped the processes, records the new baseline.
+///
+/// Where the host has no inspector, there is nothing to forget.
+pub fn captured(c: &Container, config: &Config, kind: Kind, pid: i32) -> Result<()> {
+    let (with_fs, with_proc) = match kind {
+        Kind::Skip => return Ok(()),
+        Kind::FsOnly => (true, false),
+        Kind::ProcessOnly => (false, true),
+        Kind::Full => (true, true),
+    };
+    let map = mount_map(c, pid)?;
+    if with_proc {
+        let tracking = c.tracking();
+        let base = Baseline {
+            tasks: procs::tasks(tracking.path()),
+            queues: procs::queues(&procs::processes(tracking.path())),
+            mounts: map.signature(),
+        };
+        let path = baseline_path(c);
+        let tmp = path.with_extension("json.tmp");
+        std::fs::write(
+            &tmp,
+            serde_json::to_vec(&base).expect("baseline serializes"),
+        )
+        .and_then(|()| std::fs::rename(&tmp, &path))
+        .map_err(Error::io(format!("write {}", path.display())))?;
+    }
+    let insp = inspector(config)?;
+    insp.forget(
+        c.state.cgroup_id,
+        |ch| match map.place(&ch.path, ch.dev).0 {
+            Place::Rootfs => with_fs,
+            Place::Internal => with_proc,
+            Place::External | Place::Ignored => true,
+        },
+        with_proc,
+        kind == Kind::Full,
+    )?;
+    Ok(())
+}
+
+/// Where each task is blocked in user space: `(tid, sp, pc)` from
+/// /proc/<tid>/syscall, for the tasks blocked in a system call.
+pub type Positions = Vec<(i32, String, String)>;
+
+/// Reads [`Positions`] of the container's tasks (before it is frozen).
+pub fn positions(c: &Container) -> Positions {
+    let mut out = Vec::new();
+    for t in procs::tasks(c.tracking().path()) {
+        if let Some((sp, pc)) = procs::blocked_at(t.tid) {
+            out.push((t.tid, sp, pc));
+        }
+    }
+    out
+}
+
+/// After a process dump and the thaw: freezing and thawing make every task
+/// run a little (it leaves its system call for the freezer and restarts it),
+/// which would read as "ran" at the next classification. A task that is
+/// blocked again at the same user stack pointer and instruction as before the
+/// freeze made no progress in user space: its baseline CPU time is moved to
+/// now. Any other task keeps the time read while frozen.
+pub fn settle(c: &Container, before: &Positions) {
+    let path = baseline_path(c);
+    let Some(mut base) = std::fs::read(&path)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<Baseline>(&b).ok())
+    else {
+        return;
+    };
+    let deadline = Instant::now() + std::time::Duration::from_millis(50);
+    let mut pending: Vec<&(i32, String, String)> = before.iter().collect();
+    while !pending.is_empty() && Instant::now() < deadline {
+        pending.retain(|(tid, sp, pc)| {
+            match procs::blocked_at(*tid) {
+                Some((sp2, pc2)) if &sp2 == sp && &pc2 == pc => {
+                    if let (Some(b), Some(now)) = (
+                        base.tasks.iter_mut().find(|t| t.tid == *tid),
+                        procs::tasks_one(*tid),
+                    ) {
+                        // Leaving and restarting a system call costs microseconds;
+                        // more than that is work, which must stay visible.
+                        if b.start == now.start
+                            && now.runtime_ns.saturating_sub(b.runtime_ns) < SETTLE_MAX_NS
+                        {
+                            b.runtime_ns = now.runtime_ns;
+                        }
+                    }
+                    false
+                }
+                Some(_) => false,
+                None => true,
+            }
+        });
+        if !pending.is_empty() {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+    let tmp = path.with_extension("json.tmp");
+    let r = std::fs::write(
+        &tmp,
+        serde_json::to_vec(&base).expect("baseline serializes"),
+    )
+    .and_then(|()| std::fs::rename(&tmp, &path));
+    if let Err(e) = r {
+        tracing::warn!(id = %c.state.id, error = %e, "write settled baseline");
+    }
+}
+
+/// After a failed checkpoint that [`captured`] had already run for: the next
+/// classification must take everything.
+pub fn taint(c: &Container, config: &Config) {
+    let r = inspector(config).and_then(|i| Ok(i.taint(c.state.cgroup_id)?));
+    if let Err(e) = r {
+        tracing::warn!(id = %c.state.id, error = %e, "mark inspector records incomplete");
+    }
+}

@@ -1,0 +1,180 @@
+//! The process side of a turn, read from /proc: which tasks exist, how much
+//! CPU each has used, and how much input waits in their pipes and sockets.
+//!
+//! Without soft-dirty bits (not on every kernel) nothing says which pages a
+//! process wrote. What is sound is weaker and cheap: a task that did not run
+//! since the last dump cannot have changed its own memory or registers. Input
+//! queued for it by someone else (a pipe, a socket) is kernel state CRIU saves,
+//! so it counts too. docs/inspector.md lists what this does not cover.
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+/// One task (thread) of the container.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Task {
+    /// Thread id.
+    pub tid: i32,
+    /// Start time (clock ticks after boot): tells a reused tid apart.
+    pub start: u64,
+    /// CPU time used so far (ns, from schedstat).
+    pub runtime_ns: u64,
+    /// Its command name.
+    pub comm: String,
+}
+
+/// Bytes waiting to be read on one descriptor of a process.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Queue {
+    /// Process id.
+    pub pid: i32,
+    /// Descriptor.
+    pub fd: i32,
+    /// Bytes queued (FIONREAD).
+    pub bytes: u64,
+}
+
+/// The tasks in cgroup directory `cgroup` (all threads).
+pub fn tasks(cgroup: &Path) -> Vec<Task> {
+    let text = std::fs::read_to_string(cgroup.join("cgroup.threads")).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .filter_map(task)
+        .collect()
+}
+
+fn task(tid: i32) -> Option<Task> {
+    let stat = std::fs::read_to_string(format!("/proc/{tid}/stat")).ok()?;
+    // The command may hold spaces and parentheses: fields start after the last ')'.
+    let (head, rest) = stat.rsplit_once(')')?;
+    let comm = head.split_once('(')?.1.to_string();
+    let start = rest.split_whitespace().nth(19)?.parse().ok()?;
+    let sched = std::fs::read_to_string(format!("/proc/{tid}/schedstat")).ok()?;
+    let runtime_ns = sched.split_whitespace().next()?.parse().ok()?;
+    Some(Task {
+        tid,
+        start,
+        runtime_ns,
+        comm,
+    })
+}
+
+/// One task, by tid.
+pub fn tasks_one(tid: i32) -> Option<Task> {
+    task(tid)
+}
+
+/// Where task `tid` is blocked: the user stack pointer and instruction of the
+/// system call it sleeps in (/proc/<tid>/syscall); None while it runs.
+pub fn blocked_at(tid: i32) -> Option<(String, String)> {
+    let text = std::fs::read_to_string(format!("/proc/{tid}/syscall")).ok()?;
+    let f: Vec<&str> = text.split_whitespace().collect();
+    // "nr a0 a1 a2 a3 a4 a5 sp pc" when blocked; "running" or "-1 sp pc" otherwise.
+    if f.len() != 9 {
+        return None;
+    }
+    Some((f[7].to_string(), f[8].to_string()))
+}
+
+/// The processes (thread-group leaders) in `cgroup`.
+pub fn processes(cgroup: &Path) -> Vec<i32> {
+    let text = std::fs::read_to_string(cgroup.join("cgroup.procs")).unwrap_or_default();
+    text.lines().filter_map(|l| l.trim().parse().ok()).collect()
+}
+
+/// Input queued on the pipes and sockets of `pids`.
+pub fn queues(pids: &[i32]) -> Vec<Queue> {
+    let mut out = Vec::new();
+    for &pid in pids {
+        let Ok(entries) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+            continue;
+        };
+        let Some(pidfd) = pidfd_open(pid) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let Ok(target) = std::fs::read_link(e.path()) else {
+                continue;
+            };
+            let t = target.to_string_lossy();
+            if !(t.starts_with("pipe:") || t.starts_with("socket:")) {
+                continue;
+            }
+            let Some(fd) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+                continue;
+            };
+            if let Some(bytes) = queued(&pidfd, fd) {
+                if bytes > 0 {
+                    out.push(Queue { pid, fd, bytes });
+                }
+            }
+        }
+    }
+    out.sort_by_key(|q| (q.pid, q.fd));
+    out
+}
+
+fn pidfd_open(pid: i32) -> Option<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    // SAFETY: a non-negative result is a descriptor this process now owns.
+    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// FIONREAD on a duplicate of another process's descriptor (pidfd_getfd).
+fn queued(pidfd: &OwnedFd, fd: i32) -> Option<u64> {
+    // SAFETY: pidfd_getfd takes a pidfd, a target descriptor number and flags,
+    // and returns a new descriptor or -1.
+    let dup = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) };
+    if dup < 0 {
+        return None;
+    }
+    // SAFETY: a non-negative result is a descriptor this process now owns.
+    let dup = unsafe { OwnedFd::from_raw_fd(dup as i32) };
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one int through the pointer, which is valid.
+    let r = unsafe { libc::ioctl(dup.as_raw_fd(), libc::FIONREAD, &mut n) };
+    (r == 0).then_some(n.max(0) as u64)
+}
+
+/// Whether process `pid` maps a file shared and writable: its stores through
+/// the mapping change the file without a syscall the inspector would see.
+pub fn maps_file_shared_writable(pid: i32) -> bool {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+    text.lines().any(|l| {
+        let mut f = l.split_whitespace();
+        let perms = f.nth(1).unwrap_or("");
+        let path = f.nth(3).unwrap_or("");
+        perms.as_bytes().get(1) == Some(&b'w')
+            && perms.as_bytes().get(3) == Some(&b's')
+            && path.starts_with('/')
+            && !path.starts_with("/dev/zero")
+            && !path.starts_with("/SYSV")
+            && !path.starts_with("/memfd:")
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn this_process_has_a_start_time_and_cpu_time() {
+        let me = task(std::process::id() as i32).expect("read own stat");
+        assert!(me.start > 0 && me.runtime_ns > 0, "{me:?}");
+    }
+
+    #[test]
+    fn bytes_written_to_a_pipe_are_seen_as_queued() {
+        let (r, w) = nix::unistd::pipe().unwrap();
+        nix::unistd::write(&w, b"hello").unwrap();
+        let me = std::process::id() as i32;
+        let q = queues(&[me]);
+        assert!(
+            q.iter().any(|q| q.fd == r.as_raw_fd() && q.bytes == 5),
+            "{q:?}"
+        );
+    }
+}
