@@ -109,8 +109,9 @@ fn rollback_of_a_terminal_shell_keeps_its_client_attached() {
         "stty rows 22 cols 77; v=before-$((1+1)); echo $v\n",
         "before-2",
     );
-    crabctl_ok(&["checkpoint", &g.id, "--name", "base"]);
+    // Read before the checkpoint: the count goes on after it.
     let at = count(&g);
+    crabctl_ok(&["checkpoint", &g.id, "--name", "base"]);
     ask(
         &mut client,
         "v=after-$((2+2)); touch /after; echo $v\n",
@@ -151,8 +152,8 @@ fn rollback_of_a_terminal_shell_keeps_its_client_attached() {
 #[test]
 fn a_fork_of_a_terminal_shell_gets_a_terminal_of_its_own() {
     let (g, mut client) = shell();
-    crabctl_ok(&["checkpoint", &g.id, "--name", "base"]);
     let at = count(&g);
+    crabctl_ok(&["checkpoint", &g.id, "--name", "base"]);
     let prefix = unique_id("ttyfork");
     let f = Guard::new(&format!("{prefix}-1"));
     // crabctl's task has no terminal and no client: the fork gets a new pty anyway
