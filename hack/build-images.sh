@@ -3,7 +3,7 @@
 # `ctr images import` accepts. No registry is needed (the test hosts reach none):
 #
 #   docker.io/crab/busybox:latest  host's busybox-static + applet links, users root/nobody/crab
-#   docker.io/crab/python:latest   Debian bookworm minbase + python3 (via debootstrap)
+#   docker.io/crab/python:latest   Debian bookworm minbase + python3, git (via debootstrap)
 #
 # Each image is one reproducible gzip layer packed by hack/oci-image.py. Output goes to
 # ${CRAB_IMAGE_DIR:-/var/lib/crab/images}/{busybox,python}.tar; an existing archive is
@@ -127,17 +127,20 @@ build_busybox() {
     pack "$rootfs" docker.io/crab/busybox:latest '["sh"]' "$out"
 }
 
+# The python image's extra packages (the inspector's corpus runs git in it).
+PY_INCLUDE=python3,git
+
 debootstrap_cached() {
-    # Prints the cached minbase+python3 rootfs, creating it on first use.
-    local cached="$CACHE_DIR/rootfs/$SUITE-$ARCH-python3"
+    # Prints the cached minbase+PY_INCLUDE rootfs, creating it on first use.
+    local cached="$CACHE_DIR/rootfs/$SUITE-$ARCH-${PY_INCLUDE//,/-}"
     if [ ! -x "$cached/usr/bin/python3" ]; then
         command -v debootstrap >/dev/null || die "debootstrap not found (apt-get install debootstrap)"
         local tmp="$cached.tmp"
         unmount_below "$tmp"
         rm -rf "$tmp" "$cached"
         mkdir -p "$(dirname "$cached")"
-        log "debootstrap --variant=minbase --include=python3 $SUITE ($MIRROR); takes a few minutes"
-        if ! debootstrap --variant=minbase --include=python3 --arch="$ARCH" \
+        log "debootstrap --variant=minbase --include=$PY_INCLUDE $SUITE ($MIRROR); takes a few minutes"
+        if ! debootstrap --variant=minbase --include="$PY_INCLUDE" --arch="$ARCH" \
                 "$SUITE" "$tmp" "$MIRROR" >"$WORK/debootstrap.log" 2>&1; then
             tail -n 30 "$WORK/debootstrap.log" >&2
             tail -n 30 "$tmp/debootstrap/debootstrap.log" >&2 2>/dev/null || true
@@ -198,11 +201,17 @@ build_python() {
     write_etc "$rootfs"
     chroot "$rootfs" /usr/bin/python3 -c "$RECOMPILE_PYC" /usr/lib
     pack "$rootfs" docker.io/crab/python:latest '["python3"]' "$out"
+    echo "$PY_INCLUDE" >"$out.include"
 }
 
 for image in "${WANT[@]}"; do
     out="$IMAGE_DIR/$image.tar"
-    if [ -s "$out" ] && [ "$FORCE" = 0 ]; then
+    # An archive built with another package list is stale.
+    stale=0
+    if [ "$image" = python ] && [ "$(cat "$out.include" 2>/dev/null)" != "$PY_INCLUDE" ]; then
+        stale=1
+    fi
+    if [ -s "$out" ] && [ "$FORCE" = 0 ] && [ "$stale" = 0 ]; then
         log "$out exists (use --force to rebuild)"
         continue
     fi

@@ -22,6 +22,8 @@ impl FsFlags {
     pub const MMAP: u32 = 32;
     /// The path came from an open file (exact), not from a syscall argument.
     pub const RESOLVED: u32 = 64;
+    /// Written while it had no name (O_TMPFILE, or deleted but still open).
+    pub const UNLINKED: u32 = 128;
 
     /// Whether bit `b` is set.
     pub fn has(self, b: u32) -> bool {

@@ -378,6 +378,7 @@ fn serve_libcontainer(request: Request) -> Result<i32> {
         _ => unreachable!("served by serve()"),
     };
     TrackingCgroup::at(tracking).add(std::process::id() as i32)?;
+    let (root_of_exec, id_of_exec) = (root.clone(), id.clone());
 
     let mut builder = ContainerBuilder::new(id, SyscallType::Linux)
         .with_root_path(root)
@@ -414,6 +415,7 @@ fn serve_libcontainer(request: Request) -> Result<i32> {
             Ok(pid)
         }
         Request::Exec { process, .. } => {
+            join_init_time_namespace(&root_of_exec, &id_of_exec)?;
             let pid = builder
                 .as_tenant()
                 .with_process(Some(process))
@@ -424,5 +426,36 @@ fn serve_libcontainer(request: Request) -> Result<i32> {
             Ok(pid.as_raw())
         }
         _ => unreachable!("served by serve()"),
+    }
+}
+
+/// A restored container's tasks live in a time namespace CRIU made (it carries
+/// the clocks' offsets); libcontainer joins only the namespaces the spec lists,
+/// so an exec'd process would stay in the host's. CRIU cannot restore a tree
+/// that spans two time namespaces: the helper joins the init's first (its
+/// children, the exec'd process among them, are born there).
+fn join_time_namespace_of(pid: i32) -> Result<()> {
+    let theirs = format!("/proc/{pid}/ns/time");
+    let same = std::fs::read_link(&theirs).ok() == std::fs::read_link("/proc/self/ns/time").ok();
+    if same {
+        return Ok(());
+    }
+    let ns = std::fs::File::open(&theirs).map_err(Error::io(format!("open {theirs}")))?;
+    // SAFETY: setns takes a namespace descriptor, valid for the call, and a type.
+    let r = unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&ns), libc::CLONE_NEWTIME) };
+    if r != 0 {
+        return Err(Error::io(format!("join the time namespace of pid {pid}"))(
+            std::io::Error::last_os_error(),
+        ));
+    }
+    Ok(())
+}
+
+fn join_init_time_namespace(root: &std::path::Path, id: &str) -> Result<()> {
+    let c = libcontainer::container::Container::load(root.join(id))
+        .map_err(Error::libcontainer("load container for exec"))?;
+    match c.pid() {
+        Some(pid) => join_time_namespace_of(pid.as_raw()),
+        None => Ok(()),
     }
 }

@@ -159,6 +159,9 @@ impl TaskService {
         })?;
         let image = ops::process_image(&inst.config, &key, &entry)?;
         let (c, config) = (inst.container.clone(), inst.config.clone());
+        // The state becomes checkpoint `name`'s, which need not be the latest:
+        // until the next full checkpoint, every turn takes everything.
+        crab_runtime::inspect::taint(&c, &config);
         let rollback_fs = {
             let (c, config) = (c.clone(), config.clone());
             move || {

@@ -261,8 +261,11 @@ static __always_inline long key_of_file(struct scratch *s, __u64 cgid, struct fi
 		      (__u64)BPF_CORE_READ(f, f_path.dentry)) < 0)
 		return -1;
 	*dev = BPF_CORE_READ(f, f_inode, i_sb, s_dev);
-	/* Other hard links share what is written here: never cancel this name. */
-	return BPF_CORE_READ(f, f_inode, __i_nlink) > 1 ? FS_KEEP : 0;
+	/* Other hard links share what is written here: never cancel this name.
+	 * No link at all: an O_TMPFILE or deleted-but-open file, whose content is
+	 * process state (CRIU keeps it as a ghost file) if anyone still holds it. */
+	__u32 nlink = BPF_CORE_READ(f, f_inode, __i_nlink);
+	return nlink > 1 ? FS_KEEP : nlink == 0 ? FS_UNLINKED : 0;
 }
 
 /* The key (in `slot`) of a syscall's path argument relative to `dirfd`; returns

@@ -15,6 +15,7 @@
 #define FS_KEEP 16     /* never cancelled: truncated path, or an inode with other links */
 #define FS_MMAP 32     /* mapped shared and writable */
 #define FS_RESOLVED 64 /* the path comes from an open file (exact), not a syscall argument */
+#define FS_UNLINKED 128 /* written while it had no name (O_TMPFILE, deleted but open) */
 
 /* cg_state.opaque bits: effects the inspector cannot follow */
 #define OPAQUE_ASYNC_IO 1 /* io_uring or AIO: writes without syscalls */

@@ -225,7 +225,12 @@ pub fn classify(c: &Container, config: &Config, insp: &Inspector) -> Result<Clas
     let map = mount_map(c, pid)?;
     if counters.fs_entries > 0 {
         let (mut rootfs, mut internal) = (0, 0);
+        let mut unlinked = 0;
         for ch in insp.fs_changes(cgid, usize::MAX)? {
+            if ch.flags.has(FsFlags::UNLINKED) {
+                unlinked += 1;
+                continue;
+            }
             let (place, _) = map.place(&ch.path, ch.dev);
             match place {
                 Place::Rootfs => rootfs += 1,
@@ -255,6 +260,14 @@ pub fn classify(c: &Container, config: &Config, insp: &Inspector) -> Result<Clas
             proc = true;
             out.reasons.push(format!(
                 "{internal} paths changed on internal mounts (tmpfs)"
+            ));
+        }
+        // A file written while it had no name is state only while a process
+        // still holds it open (CRIU's ghost files); otherwise it is gone.
+        if unlinked > 0 && procs::holds_deleted_files(&procs::processes(c.tracking().path())) {
+            proc = true;
+            out.reasons.push(format!(
+                "{unlinked} files without a name were written, and a process holds deleted files open"
             ));
         }
     }

@@ -8,6 +8,7 @@
 //! so it counts too. docs/inspector.md lists what this does not cover.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::FileTypeExt;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -95,11 +96,12 @@ pub fn queues(pids: &[i32]) -> Vec<Queue> {
             continue;
         };
         for e in entries.flatten() {
-            let Ok(target) = std::fs::read_link(e.path()) else {
+            // Pipes, sockets and FIFOs (a FIFO's link is its path, not "pipe:").
+            let Ok(md) = std::fs::metadata(e.path()) else {
                 continue;
             };
-            let t = target.to_string_lossy();
-            if !(t.starts_with("pipe:") || t.starts_with("socket:")) {
+            let ft = md.file_type();
+            if !(ft.is_fifo() || ft.is_socket()) {
                 continue;
             }
             let Some(fd) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
@@ -137,6 +139,21 @@ fn queued(pidfd: &OwnedFd, fd: i32) -> Option<u64> {
     // SAFETY: FIONREAD writes one int through the pointer, which is valid.
     let r = unsafe { libc::ioctl(dup.as_raw_fd(), libc::FIONREAD, &mut n) };
     (r == 0).then_some(n.max(0) as u64)
+}
+
+/// Whether any of `pids` holds a deleted (or never linked) file open.
+pub fn holds_deleted_files(pids: &[i32]) -> bool {
+    pids.iter().any(|pid| {
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .map(|entries| {
+                entries.flatten().any(|e| {
+                    std::fs::read_link(e.path())
+                        .map(|t| t.to_string_lossy().ends_with(" (deleted)"))
+                        .unwrap_or(false)
+                })
+            })
+            .unwrap_or(false)
+    })
 }
 
 /// Whether process `pid` maps a file shared and writable: its stores through

@@ -1,0 +1,449 @@
+//! The inspector's soundness corpus: turn scripts with known effects, run in a
+//! real container (python image, crab runtime, real containerd, real eBPF).
+//!
+//! For every case: a full checkpoint is the starting point; the turn runs
+//! through `ctr task exec`; `crabctl turn` classifies it and takes the
+//! checkpoint the policy asks for. The container's state is then probed (files
+//! by content and metadata, processes by their command lines, a long-lived
+//! process by its in-memory counter), the container is rolled back in place to
+//! the turn's checkpoint, and probed again: the two probes must be equal. A
+//! skipped turn rolls back to the previous checkpoint, so a missed change shows
+//! up as a difference: a false negative fails the test.
+//!
+//! Each case also states the ground truth (what really changed). A
+//! classification above it is a false positive: counted and printed.
+
+use crab_integration::{crabctl, crabctl_ok, text, Guard, CRAB, PYTHON};
+use serde_json::Value;
+
+/// What a turn needs: nothing, files, processes, or both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Need {
+    Skip,
+    Fs,
+    Proc,
+    Full,
+}
+
+impl Need {
+    fn of(kind: &str) -> Need {
+        match kind {
+            "skip" => Need::Skip,
+            "fs-only" => Need::Fs,
+            "process-only" => Need::Proc,
+            "full" => Need::Full,
+            other => panic!("unknown kind {other}"),
+        }
+    }
+
+    /// Whether a checkpoint of kind `self` holds everything `truth` needs.
+    fn covers(self, truth: Need) -> bool {
+        match (self, truth) {
+            (_, Need::Skip) | (Need::Full, _) => true,
+            (a, b) => a == b,
+        }
+    }
+}
+
+struct Case {
+    name: &'static str,
+    /// Runs before the starting checkpoint.
+    setup: &'static str,
+    /// The turn.
+    turn: &'static str,
+    /// What really changed.
+    truth: Need,
+}
+
+const fn case(name: &'static str, setup: &'static str, turn: &'static str, truth: Need) -> Case {
+    Case {
+        name,
+        setup,
+        turn,
+        truth,
+    }
+}
+
+
+fn corpus() -> Vec<Case> {
+    use Need::*;
+    vec![
+        // read-only work
+        case("cat a file", "", "cat /etc/os-release", Skip),
+        case("grep recursively", "", "grep -r root /etc >/dev/null || true", Skip),
+        case("ls a tree", "", "ls -laR /usr/lib/python3.11/json >/dev/null", Skip),
+        case("find from the root", "", "find / -xdev -name '*.conf' >/dev/null", Skip),
+        case("a tool's --version", "", "python3 --version && git --version", Skip),
+        case("python reads json", "", "python3 -c \"import json; json.load(open('/work/data.json'))\"", Skip),
+        case("git log and diff", "", "cd /work/repo && git log --oneline && git diff HEAD~0 --stat", Skip),
+        case("checksums", "", "sha256sum /usr/bin/* >/dev/null", Skip),
+        // plain writes
+        case("redirect to a new file", "", "echo hello > /work/new.txt", Fs),
+        case("append to a file", "", "echo more >> /work/notes.txt", Fs),
+        case("sed -i", "", "sed -i s/old/new/ /work/notes.txt", Fs),
+        case("tar extract", "", "mkdir -p /work/x && tar -xf /work/src.tar -C /work/x", Fs),
+        case(
+            "install a package into a venv from a local wheel",
+            "",
+            "cd /work/venv/lib/python3.11/site-packages && python3 -m zipfile -e /work/pkg.whl . && /work/venv/bin/python -c 'import crabpkg'",
+            Fs,
+        ),
+        case(
+            "git commit",
+            "",
+            "cd /work/repo && echo change >> README && git commit -qam change",
+            Fs,
+        ),
+        case("python writes a file", "", "python3 -c \"open('/work/out.json','w').write('{}')\"", Fs),
+        case("mkdir", "", "mkdir /work/emptydir", Fs),
+        case("rm an existing file", "echo x > /work/old.txt", "rm /work/old.txt", Fs),
+        case("cp a file", "", "cp /etc/os-release /work/os-release", Fs),
+        // transient files
+        case("mktemp then rm", "", "f=$(mktemp) && echo x > $f && rm $f", Skip),
+        case(
+            "a build dir created and removed",
+            "",
+            "mkdir -p /work/build/obj && cd /work/build && echo x > obj/a.o && tar -cf out.tar obj && cd / && rm -rf /work/build",
+            Skip,
+        ),
+        case(
+            "a temp dir with files",
+            "",
+            "d=$(mktemp -d) && for i in 1 2 3; do echo $i > $d/$i; done && rm -r $d",
+            Skip,
+        ),
+        case(
+            "python TemporaryFile (O_TMPFILE)",
+            "",
+            "python3 -c \"import tempfile; f = tempfile.TemporaryFile(); f.write(b'x' * 4096); f.close()\"",
+            Skip,
+        ),
+        // processes
+        // http.server wakes twice a second: while it runs, every turn is
+        // process-only. The next case stops it.
+        case(
+            "a background daemon started",
+            "",
+            "nohup python3 -m http.server 8000 --bind 127.0.0.1 </dev/null >/dev/null 2>&1 & echo $! > /dev/shm/http.pid",
+            Proc,
+        ),
+        case(
+            "a background daemon killed",
+            "",
+            "kill $(cat /dev/shm/http.pid) && sleep 0.3",
+            Proc,
+        ),
+        case("a short-lived process tree", "", "sh -c 'sh -c \"ls / | wc -l\"' >/dev/null", Skip),
+        case("python subprocess", "", "python3 -c \"import subprocess; subprocess.run(['true'])\"", Skip),
+        case("a background job that ends within the turn", "", "(sleep 0.1 &) ; sleep 0.4", Skip),
+        case(
+            "a long-lived process's memory changes on a signal",
+            "",
+            "kill -USR1 $(cat /work/counter.pid) && sleep 0.2",
+            Proc,
+        ),
+        case(
+            "data left queued in a daemon's fifo",
+            "",
+            "echo queued > /work/fifo",
+            Proc,
+        ),
+        case(
+            "a write into a survivor's deleted-but-open file",
+            "",
+            "echo more >> /proc/$(cat /work/ghost.pid)/fd/3",
+            Proc,
+        ),
+        // tricky cases
+        case(
+            "write through a shared mmap",
+            "",
+            "python3 -c \"import mmap; f=open('/work/mapped.bin','r+b'); m=mmap.mmap(f.fileno(), 4096); m[0:5]=b'HELLO'; m.flush()\"",
+            Fs,
+        ),
+        // linkat(fd, "", AT_EMPTY_PATH): linking through /proc/self/fd fails
+        // with EXDEV in these containers.
+        case(
+            "O_TMPFILE then linkat",
+            "",
+            "python3 -c \"import os, ctypes; libc = ctypes.CDLL(None, use_errno=True); fd = os.open('/work', os.O_TMPFILE | os.O_WRONLY, 0o644); os.write(fd, b'tmp'); assert libc.linkat(fd, b'', -100, b'/work/linked', 0x1000) == 0\"",
+            Fs,
+        ),
+        case("rename over an existing file", "", "echo new > /work/cfg.tmp && mv /work/cfg.tmp /work/cfg", Fs),
+        case("a hard link", "", "ln /work/notes.txt /work/notes-link", Fs),
+        case(
+            "truncate to the same size",
+            "",
+            "truncate -s $(stat -c %s /work/notes.txt) /work/notes.txt",
+            Fs,
+        ),
+        case("chmod only", "", "chmod 600 /work/notes.txt", Fs),
+        case(
+            "xattr only",
+            "",
+            "python3 -c \"import os; os.setxattr('/work/notes.txt', 'user.crab', b'v')\"",
+            Fs,
+        ),
+        case("times only", "", "touch -d 2001-01-01 /work/notes.txt", Fs),
+        case("a symlink", "", "ln -s /etc/os-release /work/link", Fs),
+        case("a write to /dev/shm", "", "echo x > /dev/shm/state", Proc),
+        case("a write to a bind-mounted host volume", "", "echo x > /data/out", Skip),
+        case(
+            "files and processes at once",
+            "",
+            "echo both > /work/both && nohup sleep 100000 </dev/null >/dev/null 2>&1 &",
+            Full,
+        ),
+    ]
+}
+
+/// Prepares /work once: data files, a git repo, a venv, a wheel, a tarball,
+/// and the long-lived processes some cases poke at.
+const PREPARE: &str = r#"
+set -e
+mkdir -p /work && cd /work
+echo '{"a": 1}' > data.json
+printf 'old line\n' > notes.txt
+echo one > cfg
+head -c 4096 /dev/zero > mapped.bin
+mkdir -p src && echo 'int main(void){return 0;}' > src/main.c && tar -cf src.tar src && rm -r src
+git init -q repo && cd repo && git config user.email a@b && git config user.name a
+echo readme > README && git add README && git commit -qm init && cd /work
+python3 -m venv --without-pip venv
+mkdir -p wheel/crabpkg && echo 'X = 1' > wheel/crabpkg/__init__.py
+(cd wheel && python3 -m zipfile -c ../pkg.whl crabpkg) && rm -r wheel
+mkfifo fifo
+cat > counter.py <<'EOF'
+import os, signal, time
+count = 0
+def bump(*_):
+    global count
+    count += 1
+def report(*_):
+    with open('/work/counter.report', 'w') as f:
+        f.write(str(count))
+signal.signal(signal.SIGUSR1, bump)
+signal.signal(signal.SIGUSR2, report)
+while True:
+    signal.pause()
+EOF
+nohup python3 counter.py </dev/null >/dev/null 2>&1 & echo $! > counter.pid
+nohup python3 -c "import os, time; fd = os.open('/work/fifo', os.O_RDWR); time.sleep(10**6)" </dev/null >/dev/null 2>&1 &
+nohup python3 -c "
+import os, time
+fd = os.open('/work/ghost', os.O_RDWR | os.O_CREAT, 0o600)
+os.dup2(fd, 3)
+os.unlink('/work/ghost')
+time.sleep(10**6)
+" </dev/null >/dev/null 2>&1 & echo $! > ghost.pid
+sleep 0.5
+"#;
+
+/// Prints the container's state as JSON: files (content for everything outside
+/// /usr, metadata for all; directory times are left out, as transient files
+/// change them), processes by command line, and the counter process's count.
+const PROBE: &str = r#"
+import fcntl, hashlib, json, os, signal, stat, termios, time
+me = os.getpid()
+files = {}
+def walk(top, skip):
+    for d, dirs, names in os.walk(top):
+        dirs[:] = [x for x in dirs if os.path.join(d, x) not in skip]
+        for n in dirs + names:
+            p = os.path.join(d, n)
+            if p in skip:
+                continue
+            st = os.lstat(p)
+            e = [stat.S_IFMT(st.st_mode), stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid]
+            if stat.S_ISLNK(st.st_mode):
+                e.append(os.readlink(p))
+            elif stat.S_ISREG(st.st_mode):
+                # CRIU saves tmpfs with tar: whole-second times come back.
+                mtime = st.st_mtime_ns // 10**9 if p.startswith('/dev/shm/') else st.st_mtime_ns
+                e += [st.st_size, mtime, st.st_nlink]
+                if not p.startswith('/usr/'):
+                    with open(p, 'rb') as f:
+                        e.append(hashlib.sha256(f.read()).hexdigest())
+            try:
+                e.append(sorted((k, os.getxattr(p, k, follow_symlinks=False).hex())
+                                for k in os.listxattr(p, follow_symlinks=False)))
+            except OSError:
+                pass
+            files[p] = e
+skip = {'/proc', '/sys', '/dev', '/data', '/work/counter.report'}
+walk('/', skip)
+walk('/dev/shm', set())
+procs = []
+for p in os.listdir('/proc'):
+    if not p.isdigit() or int(p) == me:
+        continue
+    try:
+        cmd = open('/proc/%s/cmdline' % p, 'rb').read().replace(b'\0', b' ').decode()
+    except OSError:
+        continue
+    if not cmd or 'PROBE' in cmd:
+        continue
+    # What the process holds that no path shows: deleted files' content, and
+    # bytes waiting in its pipes.
+    held = []
+    try:
+        fds = sorted(os.listdir('/proc/%s/fd' % p), key=int)
+    except OSError:
+        fds = []
+    for fd in fds:
+        link = '/proc/%s/fd/%s' % (p, fd)
+        try:
+            target = os.readlink(link)
+            if target.endswith(' (deleted)'):
+                with open(link, 'rb') as f:
+                    held.append([fd, hashlib.sha256(f.read()).hexdigest()])
+            elif target.startswith('pipe:') or stat.S_ISFIFO(os.stat(link).st_mode):
+                r = os.open(link, os.O_RDONLY | os.O_NONBLOCK)
+                n = fcntl.ioctl(r, termios.FIONREAD, b'\0\0\0\0')
+                os.close(r)
+                held.append([fd, int.from_bytes(n, 'little')])
+        except OSError:
+            pass
+    procs.append([int(p), cmd, held])
+count = None
+try:
+    pid = int(open('/work/counter.pid').read())
+    os.kill(pid, signal.SIGUSR2)
+    for _ in range(100):
+        time.sleep(0.02)
+        try:
+            if os.stat('/work/counter.report').st_mtime_ns > 0:
+                count = open('/work/counter.report').read()
+                if count:
+                    break
+        except OSError:
+            pass
+    os.unlink('/work/counter.report')
+except (OSError, ValueError):
+    pass
+print(json.dumps({'files': files, 'procs': sorted(procs), 'count': count}))
+# PROBE
+"#;
+
+fn probe(g: &Guard) -> Value {
+    let out = g.exec_ok(&["python3", "-c", PROBE]);
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("probe output: {e}: {out}"))
+}
+
+fn sh(g: &Guard, script: &str) {
+    if !script.is_empty() {
+        g.exec_ok(&["sh", "-c", script]);
+    }
+}
+
+/// What differs between two probes, for the failure message.
+fn diff(a: &Value, b: &Value) -> String {
+    let mut out = Vec::new();
+    let (fa, fb) = (&a["files"], &b["files"]);
+    if let (Some(fa), Some(fb)) = (fa.as_object(), fb.as_object()) {
+        for (k, v) in fa {
+            match fb.get(k) {
+                None => out.push(format!("only live: {k}")),
+                Some(w) if w != v => out.push(format!("differs: {k}: {v} vs {w}")),
+                _ => {}
+            }
+        }
+        for k in fb.keys().filter(|k| !fa.contains_key(*k)) {
+            out.push(format!("only restored: {k}"));
+        }
+    }
+    if a["procs"] != b["procs"] {
+        out.push(format!("processes: {} vs {}", a["procs"], b["procs"]));
+    }
+    if a["count"] != b["count"] {
+        out.push(format!("counter: {} vs {}", a["count"], b["count"]));
+    }
+    out.join("\n")
+}
+
+/// `crabctl rollback`; on failure, the CRIU log's tail is in the panic message.
+fn rollback(g: &Guard, entry: &str) {
+    let out = crabctl(&["rollback", &g.id, entry], &[]);
+    if out.status.success() {
+        return;
+    }
+    let (o, e) = text(&out);
+    let log = e
+        .split("(log: ")
+        .nth(1)
+        .and_then(|r| r.split(')').next())
+        .and_then(|p| std::fs::read_to_string(p).ok())
+        .map(|l| l.lines().rev().take(40).collect::<Vec<_>>().join("\n"))
+        .unwrap_or_default();
+    panic!("rollback of {} to {entry}: {o}{e}\nlog tail (newest first):\n{log}", g.id);
+}
+
+#[test]
+fn every_turn_of_the_corpus_restores_exactly_and_false_positives_are_counted() {
+    let host_dir = tempfile::tempdir().unwrap();
+    let bind = format!(
+        "type=bind,src={},dst=/data,options=rbind:rw",
+        host_dir.path().display()
+    );
+    let g = Guard::run_detached(CRAB, PYTHON, &["--mount", &bind], &["sleep", "infinity"]);
+    sh(&g, PREPARE);
+    let cases = corpus();
+    assert!(cases.len() >= 40, "the corpus has {} cases", cases.len());
+    let mut false_positives = Vec::new();
+    let mut failures = Vec::new();
+    // CRAB_CORPUS_FROM=N starts at case N (when chasing one case).
+    let from: usize = std::env::var("CRAB_CORPUS_FROM")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    for (i, c) in cases.iter().enumerate().skip(from) {
+        sh(&g, c.setup);
+        crabctl_ok(&["checkpoint", &g.id, "--kind", "full"]);
+        sh(&g, c.turn);
+        let out = crabctl_ok(&["turn", &g.id, "--json"]);
+        let v: Value = serde_json::from_str(&out).unwrap();
+        let kind = v["classification"]["kind"].as_str().unwrap().to_string();
+        let got = Need::of(&kind);
+        let entry = v["entry"]["name"].as_str().unwrap().to_string();
+        if !got.covers(c.truth) {
+            failures.push(format!(
+                "case {i} {:?}: classified {kind}, needs {:?}: {}",
+                c.name, c.truth, v["classification"]
+            ));
+            continue;
+        }
+        if got != c.truth {
+            false_positives.push(format!(
+                "{:?}: {kind} for {:?} ({})",
+                c.name, c.truth, v["classification"]["reasons"]
+            ));
+        }
+        let live = probe(&g);
+        rollback(&g, &entry);
+        let restored = probe(&g);
+        if live != restored {
+            failures.push(format!(
+                "case {i} {:?} ({kind}): the state after rollback differs:\n{}",
+                c.name,
+                diff(&live, &restored)
+            ));
+        }
+        eprintln!(
+            "case {i:2} {:50} {kind:12} {}",
+            c.name, v["classification"]["reasons"]
+        );
+    }
+    eprintln!(
+        "inspector corpus: {} cases, {} false positives ({:.0}%), {} failures",
+        cases.len(),
+        false_positives.len(),
+        100.0 * false_positives.len() as f64 / cases.len() as f64,
+        failures.len()
+    );
+    for f in &false_positives {
+        eprintln!("  false positive: {f}");
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    // The bind-mounted volume is outside the checkpoint: the write stays.
+    assert!(host_dir.path().join("out").exists());
+}
