@@ -2,11 +2,12 @@
 # Benchmarks, crab next to runc's shim in the same run where runc has the operation.
 # Each prints a Markdown table (recorded in docs/benchmarks.md).
 #
-#   hack/bench.sh [start|cr|ops|all] [bench arguments]
+#   hack/bench.sh [start|cr|ops|inspector|all] [bench arguments]
 #     start  container start, exec and shim memory      (crab-bench)
 #     cr     checkpoint/restore through containerd, by written memory (crab-cr-bench)
 #     ops    Crab's checkpoint, rollback, fork, migration (crab-ops-bench)
-#     all    the three, with their default arguments (default)
+#     inspector  eBPF inspector overhead, classification, memory (crab-inspector-bench)
+#     all    all of them, with their default arguments (default)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -25,12 +26,13 @@ case "$suite" in
     start) "$ROOT/target/release/crab-bench" "$@" ;;
     cr) "$ROOT/target/release/crab-cr-bench" "$@" ;;
     ops) "$ROOT/target/release/crab-ops-bench" "$@" ;;
+    inspector) "$ROOT/target/release/crab-inspector-bench" "$@" ;;
     all)
-        for b in crab-bench crab-cr-bench crab-ops-bench; do
+        for b in crab-bench crab-cr-bench crab-ops-bench crab-inspector-bench; do
             echo "## $b"
             "$ROOT/target/release/$b"
             echo
         done
         ;;
-    *) echo "usage: hack/bench.sh [start|cr|ops|all] [args]" >&2; exit 2 ;;
+    *) echo "usage: hack/bench.sh [start|cr|ops|inspector|all] [args]" >&2; exit 2 ;;
 esac

@@ -64,7 +64,6 @@ const fn case(name: &'static str, setup: &'static str, turn: &'static str, truth
     }
 }
 
-
 fn corpus() -> Vec<Case> {
     use Need::*;
     vec![
@@ -375,7 +374,10 @@ fn rollback(g: &Guard, entry: &str) {
         .and_then(|p| std::fs::read_to_string(p).ok())
         .map(|l| l.lines().rev().take(40).collect::<Vec<_>>().join("\n"))
         .unwrap_or_default();
-    panic!("rollback of {} to {entry}: {o}{e}\nlog tail (newest first):\n{log}", g.id);
+    panic!(
+        "rollback of {} to {entry}: {o}{e}\nlog tail (newest first):\n{log}",
+        g.id
+    );
 }
 
 #[test]

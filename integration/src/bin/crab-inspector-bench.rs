@@ -1,0 +1,186 @@
+//! The eBPF inspector's cost: syscall-heavy workloads in a crab container with
+//! its cgroup watched by the inspector versus not watched (the programs stay
+//! attached host-wide; an unwatched cgroup pays one map lookup per syscall),
+//! with 1 and with 32 watched containers on the host; the latency of
+//! classifying a turn; the memory the inspector's maps and programs use.
+//!
+//! Workloads (timed inside the container, so exec overhead is left out):
+//! - build: untar a small project (300 Python modules) and byte-compile it
+//!   (the python image has no C compiler);
+//! - writes: 20 000 small writes, each an open + write + close, over 200 files;
+//! - find: a read-only `find / -xdev`.
+//!
+//! `crab-inspector-bench [--iterations N] [--containers 1,32]`; needs the
+//! private containerd of `hack/containerd.sh` (see `hack/bench.sh`).
+
+use std::os::unix::fs::MetadataExt;
+use std::process::Command;
+use std::time::Duration;
+
+use crab_integration::bench::*;
+use crab_integration::*;
+use crab_runtime::config::Config;
+
+const WORKLOAD: &str = r#"
+import compileall, os, shutil, subprocess, sys, time
+w = sys.argv[1]
+t = time.perf_counter()
+if w == 'build':
+    shutil.rmtree('/work/b', ignore_errors=True)
+    os.makedirs('/work/b')
+    subprocess.run(['tar', '-xf', '/work/project.tar', '-C', '/work/b'], check=True)
+    compileall.compile_dir('/work/b', quiet=1)
+elif w == 'writes':
+    os.makedirs('/work/w', exist_ok=True)
+    for i in range(20000):
+        with open('/work/w/%d' % (i % 200), 'w') as f:
+            f.write('x' * 100)
+elif w == 'find':
+    subprocess.run(['find', '/', '-xdev'], stdout=subprocess.DEVNULL, check=True)
+print(time.perf_counter() - t)
+"#;
+
+const PREPARE: &str = r#"
+import os, random, tarfile
+os.makedirs('/work/project', exist_ok=True)
+random.seed(1)
+for i in range(300):
+    with open('/work/project/mod%d.py' % i, 'w') as f:
+        for j in range(40):
+            f.write('def f%d(x):\n    return x * %d + %d\n' % (j, random.randint(1, 99), j))
+with tarfile.open('/work/project.tar', 'w') as t:
+    t.add('/work/project', arcname='project')
+"#;
+
+fn run_workload(g: &Guard, name: &str) -> Duration {
+    let out = g.exec_ok(&["python3", "-c", WORKLOAD, name]);
+    Duration::from_secs_f64(out.trim().parse().expect("workload prints seconds"))
+}
+
+fn cgroup_id(id: &str) -> u64 {
+    let p = format!("/sys/fs/cgroup/unified/crab/{}/{id}", namespace());
+    std::fs::metadata(&p)
+        .unwrap_or_else(|e| panic!("{p}: {e}"))
+        .ino()
+}
+
+/// Bytes of kernel memory the inspector's maps and programs account for.
+fn inspector_memory() -> (u64, u64) {
+    let sum = |what: &str, names: &[&str]| -> u64 {
+        let out = Command::new("bpftool")
+            .args(["-j", what, "show"])
+            .output()
+            .expect("bpftool");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        v.as_array()
+            .map(|a| {
+                a.iter()
+                    .filter(|m| names.contains(&m["name"].as_str().unwrap_or("")))
+                    .map(|m| m["bytes_memlock"].as_u64().unwrap_or(0))
+                    .sum()
+            })
+            .unwrap_or(0)
+    };
+    let maps = sum(
+        "map",
+        &[
+            "cgroups",
+            "fs_entries",
+            "proc_entries",
+            "pendings",
+            "configs",
+            "scratches",
+        ],
+    );
+    let progs = sum(
+        "prog",
+        &[
+            "sys_enter",
+            "sys_exit",
+            "process_fork",
+            "process_exit",
+            "process_exec",
+            "cgroup_attach",
+        ],
+    );
+    (maps, progs)
+}
+
+fn main() {
+    let a = Args::parse(&[("iterations", "5"), ("containers", "1,32")]);
+    let (n, densities) = (a.number("iterations"), a.numbers("containers"));
+    let insp = crab_runtime::inspect::inspector(&Config::default()).expect("the inspector loads");
+    let g = Guard::run_detached(CRAB, PYTHON, &[], &["sleep", "infinity"]);
+    g.exec_ok(&["python3", "-c", PREPARE]);
+    let cgid = cgroup_id(&g.id);
+    let mut others: Vec<Guard> = Vec::new();
+
+    println!(
+        "| workload | watched containers | not watched (median) | watched (median) | slowdown |"
+    );
+    println!("|---|---|---|---|---|");
+    for &d in &densities {
+        while others.len() + 1 < d {
+            others.push(Guard::run_detached(
+                CRAB,
+                PYTHON,
+                &[],
+                &["sleep", "infinity"],
+            ));
+        }
+        for w in ["build", "writes", "find"] {
+            run_workload(&g, w); // warm the page cache
+            let (mut on, mut off) = (Vec::new(), Vec::new());
+            for i in 0..n {
+                // Alternate the order, so drift on a shared machine hits both.
+                for watched in [i % 2 == 0, i % 2 != 0] {
+                    if watched {
+                        insp.watch(cgid).expect("watch");
+                        on.push(run_workload(&g, w));
+                    } else {
+                        insp.unwatch(cgid).expect("unwatch");
+                        off.push(run_workload(&g, w));
+                    }
+                }
+            }
+            insp.watch(cgid).expect("watch");
+            let (on, off) = (stats(on), stats(off));
+            println!(
+                "| {w} | {d} | {} | {} | {:+.1}% |",
+                ms(off.median),
+                ms(on.median),
+                (ratio(on.median, off.median) - 1.0) * 100.0
+            );
+        }
+    }
+
+    // Classification: the classifier's own time, for a turn with a few changes.
+    g.exec_ok(&[
+        "sh",
+        "-c",
+        "echo x > /work/a; echo y > /work/b; rm -f /work/w/1",
+    ]);
+    let mut us = Vec::new();
+    for _ in 0..(10 * n) {
+        let out = crabctl_ok(&["turn", &g.id, "--dry-run", "--json"]);
+        let v: serde_json::Value = serde_json::from_str(&out).expect("turn json");
+        us.push(Duration::from_micros(
+            v["classification"]["elapsed_us"].as_u64().unwrap_or(0),
+        ));
+    }
+    let s = stats(us);
+    let (maps, progs) = inspector_memory();
+    println!();
+    println!(
+        "classify a turn ({} watched containers): median {:.0} µs, p95 {:.0} µs",
+        others.len() + 1,
+        s.median.as_secs_f64() * 1e6,
+        s.p95.as_secs_f64() * 1e6
+    );
+    println!(
+        "inspector kernel memory: maps {} KiB, programs {} KiB ({} cores)",
+        maps / 1024,
+        progs / 1024,
+        cores()
+    );
+}
