@@ -108,6 +108,9 @@ pub struct Counters {
     pub opaque: u64,
     /// Syscalls of interest seen from the container.
     pub events: u64,
+    /// How many times records were forgotten (checkpoints): equal generations
+    /// mean no checkpoint reset the records in between.
+    pub gen: u64,
 }
 
 impl Counters {
@@ -120,6 +123,7 @@ impl Counters {
             overflow: s.overflow,
             opaque: s.opaque,
             events: s.events,
+            gen: s.gen,
         }
     }
 }

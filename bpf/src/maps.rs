@@ -88,36 +88,26 @@ impl Inspector {
 
     /// Up to `limit` changed names of `cgid`.
     pub fn fs_changes(&self, cgid: u64, limit: usize) -> Result<Vec<FsChange>> {
-        let mut out = Vec::new();
-        for k in keys_of::<types::fs_key>(&self.maps.fs_entries) {
-            if out.len() >= limit {
-                break;
-            }
-            if k.cgid != cgid {
-                continue;
-            }
-            if let Some(v) = lookup::<types::fs_val>(&self.maps.fs_entries, bytes_of(&k)) {
-                out.push(FsChange::from_raw(&k, &v));
-            }
-        }
-        Ok(out)
+        Ok(
+            entries_of::<types::fs_key, types::fs_val>(&self.maps.fs_entries)
+                .into_iter()
+                .filter(|(k, _)| k.cgid == cgid)
+                .take(limit)
+                .map(|(k, v)| FsChange::from_raw(&k, &v))
+                .collect(),
+        )
     }
 
     /// Up to `limit` tasks of `cgid` born or gone.
     pub fn proc_changes(&self, cgid: u64, limit: usize) -> Result<Vec<ProcChange>> {
-        let mut out = Vec::new();
-        for k in keys_of::<types::proc_key>(&self.maps.proc_entries) {
-            if out.len() >= limit {
-                break;
-            }
-            if k.cgid != cgid {
-                continue;
-            }
-            if let Some(v) = lookup::<types::proc_val>(&self.maps.proc_entries, bytes_of(&k)) {
-                out.push(ProcChange::from_raw(&k, &v));
-            }
-        }
-        Ok(out)
+        Ok(
+            entries_of::<types::proc_key, types::proc_val>(&self.maps.proc_entries)
+                .into_iter()
+                .filter(|(k, _)| k.cgid == cgid)
+                .take(limit)
+                .map(|(k, v)| ProcChange::from_raw(&k, &v))
+                .collect(),
+        )
     }
 
     /// Forgets what a checkpoint captured: the changed names for which
@@ -148,6 +138,8 @@ impl Inspector {
             st.overflow = 0;
             st.opaque = 0;
         }
+        // Writes cached as recorded must be recorded again.
+        st.gen = st.gen.wrapping_add(1);
         let key = types::cg_key { cgid };
         self.maps
             .cgroups
@@ -176,13 +168,10 @@ impl Inspector {
     fn delete_fs(&self, cgid: u64, which: impl Fn(&FsChange) -> bool) -> u64 {
         let map = &self.maps.fs_entries;
         let mut left = 0;
-        for k in keys_of::<types::fs_key>(map) {
+        for (k, v) in entries_of::<types::fs_key, types::fs_val>(map) {
             if k.cgid != cgid {
                 continue;
             }
-            let Some(v) = lookup::<types::fs_val>(map, bytes_of(&k)) else {
-                continue;
-            };
             if which(&FsChange::from_raw(&k, &v)) {
                 let _ = map.delete(bytes_of(&k));
             } else {
@@ -205,6 +194,21 @@ impl Inspector {
 fn keys_of<T: Copy>(map: &MapHandle) -> Vec<T> {
     // Collected first: deleting while walking a hash map restarts the walk.
     map.keys().filter_map(|k| from_bytes::<T>(&k)).collect()
+}
+
+/// Every (key, value) of `map`, read in batches (a few syscalls, not two per
+/// entry): the maps hold every watched container's records.
+fn entries_of<K: Copy, V: Copy>(map: &MapHandle) -> Vec<(K, V)> {
+    match map.lookup_batch(1024, MapFlags::ANY, MapFlags::ANY) {
+        Ok(iter) => iter
+            .filter_map(|(k, v)| Some((from_bytes::<K>(&k)?, from_bytes::<V>(&v)?)))
+            .collect(),
+        // Older kernels without batch lookups: one key at a time.
+        Err(_) => keys_of::<K>(map)
+            .into_iter()
+            .filter_map(|k| Some((k, lookup::<V>(map, bytes_of(&k))?)))
+            .collect(),
+    }
 }
 
 fn lookup<T: Copy>(map: &MapHandle, key: &[u8]) -> Option<T> {

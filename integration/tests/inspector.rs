@@ -449,3 +449,52 @@ fn every_turn_of_the_corpus_restores_exactly_and_false_positives_are_counted() {
     // The bind-mounted volume is outside the checkpoint: the write stays.
     assert!(host_dir.path().join("out").exists());
 }
+
+/// containerd's Checkpoint (through the shim's task API, as containerd calls
+/// it) into `dir`; returns the manifest.
+fn containerd_checkpoint(g: &Guard, dir: &std::path::Path) -> Value {
+    use crab_integration::ttrpc::{pb_bytes, shim_call};
+    let mut request = Vec::new();
+    pb_bytes(&mut request, 1, g.id.as_bytes());
+    pb_bytes(&mut request, 2, dir.display().to_string().as_bytes());
+    let (code, message) = shim_call(&g.id, "Checkpoint", &request);
+    assert_eq!(code, 0, "checkpoint failed: {message}");
+    let text = std::fs::read_to_string(dir.join("crab-checkpoint.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+#[test]
+fn containerd_checkpoints_of_an_unchanged_container_reuse_the_last_one_and_a_change_dumps_again() {
+    let g = Guard::run_detached(CRAB, PYTHON, &[], &["sleep", "infinity"]);
+    g.exec_ok(&["sh", "-c", "echo one > /root/a"]);
+    let base = tempfile::tempdir().unwrap();
+    let first = containerd_checkpoint(&g, &base.path().join("1"));
+    // Nothing changed: the same artifact, down to its creation time.
+    let second = containerd_checkpoint(&g, &base.path().join("2"));
+    assert_eq!(second["created_ms"], first["created_ms"], "{second}");
+    assert!(base.path().join("2/criu/inventory.img").is_file());
+    // Read-only work is still no change.
+    g.exec_ok(&["sh", "-c", "cat /root/a; ls -R /etc >/dev/null"]);
+    let third = containerd_checkpoint(&g, &base.path().join("3"));
+    assert_eq!(third["created_ms"], first["created_ms"]);
+    // A write: a new dump, and the new content is in its file delta.
+    g.exec_ok(&["sh", "-c", "echo two > /root/a"]);
+    let fourth = containerd_checkpoint(&g, &base.path().join("4"));
+    assert_ne!(fourth["created_ms"], first["created_ms"], "{fourth}");
+    let out = std::process::Command::new("tar")
+        .arg("-xOf")
+        .arg(base.path().join("4/rootfs-diff.tar"))
+        .args(["--wildcards", "*root/a"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "two\n",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // A checkpoint in Crab's history in between makes the kept one stale.
+    crabctl_ok(&["checkpoint", &g.id, "--kind", "fs-only"]);
+    let fifth = containerd_checkpoint(&g, &base.path().join("5"));
+    assert_ne!(fifth["created_ms"], fourth["created_ms"]);
+}

@@ -10,7 +10,7 @@ use crab_runtime::checkpoint::engine::{apply_fs_delta, CheckpointOpts, Dumped};
 use crab_runtime::checkpoint::history::{self, Entry, History};
 use crab_runtime::checkpoint::ops::{self, HistoryOp};
 use crab_runtime::checkpoint::source::{RestoreOptions, Source};
-use crab_runtime::checkpoint::{bounded, Manifest};
+use crab_runtime::checkpoint::{bounded, reuse, Manifest};
 use crab_runtime::config::Config;
 use crab_runtime::container::{Container, CreateOpts};
 use crab_runtime::helper::ChildStdio;
@@ -80,7 +80,27 @@ impl TaskService {
         };
         let (c, config) = (inst.container.clone(), inst.config.clone());
         let started = Instant::now();
+        // Through the turn policy: nothing changed since the last checkpoint
+        // that containerd asked for, so that one is the answer.
+        if !opts.exit {
+            let (c, config, dir) = (c.clone(), config.clone(), copts.dir.clone());
+            if blocking(move || reuse::reuse(&config, &c, &dir)).await? {
+                tracing::info!(id = %req.id, ms = started.elapsed().as_millis() as u64,
+                    "checkpoint unchanged since the last one: reused");
+                self.publish_checkpointed(&req).await;
+                return Ok(());
+            }
+        }
+        let (dir, exit) = (copts.dir.clone(), opts.exit);
+        let (c2, config2) = (c.clone(), config.clone());
         let m = blocking(move || bounded(&config, || c.checkpoint(&copts))).await?;
+        if !exit {
+            blocking(move || {
+                reuse::keep(&config2, &c2, &dir);
+                Ok(())
+            })
+            .await?;
+        }
         tracing::info!(
             id = %req.id,
             exit = opts.exit,
@@ -93,6 +113,11 @@ impl TaskService {
             total_ms = m.timings.total_ms,
             "checkpointed"
         );
+        self.publish_checkpointed(&req).await;
+        Ok(())
+    }
+
+    async fn publish_checkpointed(&self, req: &CheckpointTaskRequest) {
         self.events
             .publish(TaskCheckpointed {
                 container_id: req.id.clone(),
@@ -100,7 +125,6 @@ impl TaskService {
                 ..Default::default()
             })
             .await;
-        Ok(())
     }
 
     /// `Create` of a task whose processes come from a checkpoint: containerd's (its

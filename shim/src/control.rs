@@ -161,7 +161,7 @@ impl TaskService {
         let (c, config) = (inst.container.clone(), inst.config.clone());
         // The state becomes checkpoint `name`'s, which need not be the latest:
         // until the next full checkpoint, every turn takes everything.
-        crab_runtime::inspect::taint(&c, &config);
+        crab_runtime::inspect::taint(&c);
         let rollback_fs = {
             let (c, config) = (c.clone(), config.clone());
             move || {

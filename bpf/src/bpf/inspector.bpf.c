@@ -103,6 +103,29 @@ struct {
 	__type(value, struct config);
 } configs SEC(".maps");
 
+/* Names already recorded, by dentry: repeated writes to the same file skip
+ * the path walk and the entry update. A hit needs the same generation (none
+ * forgotten since), the same inode behind the dentry, the same flags, and the
+ * same "has no link" state (a name removed since makes the file unlinked). */
+struct seen_key {
+	__u64 cgid;
+	__u64 dentry;
+};
+
+struct seen_val {
+	__u64 gen;
+	__u64 inode;
+	__u32 flags;
+	__u32 unlinked;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct seen_key);
+	__type(value, struct seen_val);
+} seen SEC(".maps");
+
 /* Per-CPU scratch: none of this fits the 512-byte stack. Each key is followed
  * by PATH_KEY spare bytes, so that a string of up to PATH_KEY bytes read at any
  * offset inside the key's path stays inside the record (verifier bounds). */
@@ -363,11 +386,16 @@ static __always_inline void removed(struct cg_state *st, struct scratch *s, stru
 	note(st, s, k, FS_REMOVED, 0);
 }
 
-static __always_inline void note_fd(struct cg_state *st, struct scratch *s, __u64 cgid, int fd,
-				    __u32 flags)
+static __always_inline void note_file(struct cg_state *st, struct scratch *s, __u64 cgid,
+				      struct file *f, __u32 flags)
 {
-	struct file *f = file_of(fd);
-	if (!f || !S_ISREG(BPF_CORE_READ(f, f_inode, i_mode)))
+	struct dentry *d = BPF_CORE_READ(f, f_path.dentry);
+	struct inode *ino = BPF_CORE_READ(f, f_inode);
+	__u32 unlinked = BPF_CORE_READ(ino, __i_nlink) == 0;
+	struct seen_key sk = {.cgid = cgid, .dentry = (__u64)d};
+	struct seen_val *sv = bpf_map_lookup_elem(&seen, &sk);
+	bool same = sv && sv->gen == st->gen && sv->inode == (__u64)ino && sv->unlinked == unlinked;
+	if (same && (sv->flags & flags) == flags)
 		return;
 	__u32 dev = 0;
 	long extra = key_of_file(s, cgid, f, &dev);
@@ -376,6 +404,22 @@ static __always_inline void note_fd(struct cg_state *st, struct scratch *s, __u6
 		return;
 	}
 	note(st, s, &s->key, flags | FS_RESOLVED | extra, dev);
+	struct seen_val nv = {
+		.gen = st->gen,
+		.inode = (__u64)ino,
+		.flags = (same ? sv->flags : 0) | (flags & ~FS_CREATED),
+		.unlinked = unlinked,
+	};
+	bpf_map_update_elem(&seen, &sk, &nv, BPF_ANY);
+}
+
+static __always_inline void note_fd(struct cg_state *st, struct scratch *s, __u64 cgid, int fd,
+				    __u32 flags)
+{
+	struct file *f = file_of(fd);
+	if (!f || !S_ISREG(BPF_CORE_READ(f, f_inode, i_mode)))
+		return;
+	note_file(st, s, cgid, f, flags);
 }
 
 /* Prepares a name operation for sys_exit. */
@@ -409,9 +453,49 @@ static __always_inline void pend1(struct cg_state *st, struct scratch *s, __u64 
 	pend(st, s, cgid, op, flags, dfd, p, 0, 0);
 }
 
+static __always_inline bool enter_relevant(long id)
+{
+	switch (id) {
+	case NR_write: case NR_pwrite64: case NR_writev: case NR_pwritev: case NR_pwritev2:
+	case NR_ftruncate: case NR_fallocate: case NR_sendfile: case NR_splice:
+	case NR_copy_file_range: case NR_mmap: case NR_fchmod: case NR_fchown:
+	case NR_fsetxattr: case NR_fremovexattr: case NR_truncate: case NR_chmod:
+	case NR_chown: case NR_lchown: case NR_utime: case NR_utimes: case NR_setxattr:
+	case NR_lsetxattr: case NR_removexattr: case NR_lremovexattr: case NR_fchmodat:
+	case NR_fchmodat2: case NR_fchownat: case NR_futimesat: case NR_setxattrat:
+	case NR_removexattrat: case NR_utimensat: case NR_mkdir: case NR_mkdirat:
+	case NR_mknodat: case NR_mknod: case NR_symlink: case NR_symlinkat: case NR_link:
+	case NR_linkat: case NR_unlink: case NR_rmdir: case NR_unlinkat: case NR_rename:
+	case NR_renameat: case NR_renameat2: case NR_io_setup: case NR_io_uring_setup:
+	case NR_mount: case NR_umount2: case NR_pivot_root: case NR_move_mount:
+	case NR_fsmount: case NR_open_tree:
+		return true;
+	}
+	return false;
+}
+
+/* Whether sys_enter left a pending operation for this syscall. */
+static __always_inline bool exit_pending(long id)
+{
+	switch (id) {
+	case NR_truncate: case NR_chmod: case NR_chown: case NR_lchown: case NR_utime:
+	case NR_utimes: case NR_setxattr: case NR_lsetxattr: case NR_removexattr:
+	case NR_lremovexattr: case NR_fchmodat: case NR_fchmodat2: case NR_fchownat:
+	case NR_futimesat: case NR_setxattrat: case NR_removexattrat: case NR_utimensat:
+	case NR_mkdir: case NR_mkdirat: case NR_mknodat: case NR_mknod: case NR_symlink:
+	case NR_symlinkat: case NR_link: case NR_linkat: case NR_unlink: case NR_rmdir:
+	case NR_unlinkat: case NR_rename: case NR_renameat: case NR_renameat2:
+		return true;
+	}
+	return false;
+}
+
 SEC("tp_btf/sys_enter")
 int BPF_PROG(sys_enter, struct pt_regs *regs, long id)
 {
+	/* Most syscalls are not ours: decide that before any map lookup. */
+	if (!enter_relevant(id))
+		return 0;
 	__u64 cgid = bpf_get_current_cgroup_id();
 	struct cg_state *st = watched(cgid);
 	if (!st)
@@ -531,12 +615,9 @@ static __always_inline void opened(struct cg_state *st, struct scratch *s, __u64
 	if (!cfg)
 		return;
 	if (cfg->created_mask && (mode & cfg->created_mask)) {
-		__u32 dev = 0;
-		long extra = key_of_file(s, cgid, f, &dev);
-		if (extra >= 0)
-			note(st, s, &s->key, FS_CREATED | FS_WRITTEN | FS_RESOLVED | extra, dev);
-		else
-			__sync_fetch_and_add(&st->overflow, 1);
+		/* A fresh dentry, or a negative one made positive: never a cache hit
+		 * with the same inode, so the creation is always recorded. */
+		note_file(st, s, cgid, f, FS_CREATED | FS_WRITTEN);
 	} else if ((mode & FMODE_WRITE) && S_ISREG(BPF_CORE_READ(f, f_inode, i_mode))) {
 		note_fd(st, s, cgid, fd, FS_WRITTEN);
 	}
@@ -563,6 +644,8 @@ int BPF_PROG(sys_exit, struct pt_regs *regs, long ret)
 {
 	long id = BPF_CORE_READ(regs, orig_ax);
 	bool is_open = id == NR_open || id == NR_openat || id == NR_openat2 || id == NR_creat;
+	if (!is_open && !exit_pending(id))
+		return 0;
 	if (is_open && ret >= 0)
 		calibrate(ret);
 	__u64 cgid = bpf_get_current_cgroup_id();

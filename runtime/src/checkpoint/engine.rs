@@ -21,6 +21,7 @@ use super::{dir_bytes, fs_diff, FsPart, Kind, Manifest, Stdio, Timings, CRIU_DIR
 use crate::config::Config;
 use crate::container::{load_spec, Container, CreateOpts};
 use crate::helper::{self, ChildStdio, Request};
+use crate::inspect;
 use crate::storage::ImageSource;
 use crate::{criu, Error, Result};
 
@@ -211,6 +212,13 @@ impl Container {
         let started = Instant::now();
         let mut timings = Timings::default();
         let froze = status == ContainerStatus::Running;
+        // The inspector's view is reset by a dump that leaves the task running.
+        let keeps_running = !opts.exit;
+        let positions = if froze && keeps_running {
+            inspect::positions(self)
+        } else {
+            Vec::new()
+        };
         if froze {
             self.pause()?;
         }
@@ -218,10 +226,19 @@ impl Container {
         let stdio = stdio_keys(pid);
         let terminal = stdio.tty.is_some();
         let result = self.dump_frozen(opts, pid, &spec, &stdio, &mut timings);
+        if result.is_ok() && keeps_running {
+            // Still frozen: everything is in this checkpoint.
+            if let Err(e) = inspect::captured(self, Kind::Full, pid) {
+                tracing::warn!(id = %self.id(), error = %e, "inspector reset after checkpoint");
+            }
+        }
         // With `exit` the tasks are gone, but the cgroup must not stay frozen.
         if froze {
             if let Err(e) = self.resume() {
                 tracing::warn!(id = %self.id(), error = %e, "thaw after checkpoint");
+            }
+            if result.is_ok() && keeps_running {
+                inspect::settle(self, &positions);
             }
         }
         let (fs, process_bytes, criu_files) = result?;
@@ -240,7 +257,10 @@ impl Container {
         };
         let mut manifest = manifest;
         manifest.timings.total_ms = started.elapsed().as_millis() as u64;
-        manifest.write(&opts.dir, opts.durable)?;
+        if let Err(e) = manifest.write(&opts.dir, opts.durable) {
+            inspect::taint(self);
+            return Err(e);
+        }
         Ok(manifest)
     }
 

@@ -14,6 +14,7 @@ pub mod fs_diff;
 pub mod history;
 pub mod ops;
 pub mod restore_helper;
+pub mod reuse;
 pub mod slots;
 pub mod source;
 pub mod tty;

@@ -202,7 +202,7 @@ impl Container {
             }
             // Still frozen: the inspector forgets exactly what was captured.
             if req.kind != Kind::Skip {
-                if let Err(e) = inspect::captured(self, config, req.kind, pid) {
+                if let Err(e) = inspect::captured(self, req.kind, pid) {
                     tracing::warn!(id = %key, error = %e, "inspector reset after checkpoint");
                 }
             }
@@ -228,7 +228,7 @@ impl Container {
         if let Err(e) = durable {
             // The inspector forgot changes this failed checkpoint did not keep:
             // make the next classification take everything.
-            inspect::taint(self, config);
+            inspect::taint(self);
             let _ = std::fs::remove_dir_all(&tmp);
             if with_fs {
                 let _ = store.delete_snapshot(&key, &snapshot);

@@ -171,6 +171,22 @@ fn init_pid(c: &Container) -> Result<i32> {
 
 /// Classifies the turn of container `c` (since its last checkpoint).
 pub fn classify(c: &Container, config: &Config, insp: &Inspector) -> Result<Classification> {
+    let key = ContainerKey::new(&c.state.namespace, &c.state.id)?;
+    let hist = History::load(&history::dir(config, &key), &key)?;
+    classify_against(c, insp, Some(&hist))
+}
+
+/// What changed since the inspector last forgot (the last checkpoint of any
+/// kind, Crab's or containerd's), whatever the history holds.
+pub fn since_last_checkpoint(c: &Container, insp: &Inspector) -> Result<Classification> {
+    classify_against(c, insp, None)
+}
+
+fn classify_against(
+    c: &Container,
+    insp: &Inspector,
+    hist: Option<&History>,
+) -> Result<Classification> {
     let started = Instant::now();
     let cgid = c.state.cgroup_id;
     let counters = insp.counters(cgid)?.ok_or_else(|| Error::WrongState {
@@ -189,15 +205,15 @@ pub fn classify(c: &Container, config: &Config, insp: &Inspector) -> Result<Clas
     };
     let (mut fs, mut proc) = (false, false);
 
-    let key = ContainerKey::new(&c.state.namespace, &c.state.id)?;
-    let hist = History::load(&history::dir(config, &key), &key)?;
-    if !hist.entries.iter().any(|e| e.fs_snapshot.is_some()) {
-        fs = true;
-        out.reasons.push("no snapshot of the files yet".into());
-    }
-    if !hist.entries.iter().any(|e| e.process_image.is_some()) {
-        proc = true;
-        out.reasons.push("no process image yet".into());
+    if let Some(hist) = hist {
+        if !hist.entries.iter().any(|e| e.fs_snapshot.is_some()) {
+            fs = true;
+            out.reasons.push("no snapshot of the files yet".into());
+        }
+        if !hist.entries.iter().any(|e| e.process_image.is_some()) {
+            proc = true;
+            out.reasons.push("no process image yet".into());
+        }
     }
     if counters.overflow > 0 {
         (fs, proc) = (true, true);
@@ -364,8 +380,11 @@ pub fn classify(c: &Container, config: &Config, insp: &Inspector) -> Result<Clas
 /// After a checkpoint of `kind` (the container still frozen): forgets what it
 /// captured and, when it dumped the processes, records the new baseline.
 ///
-/// Where the host has no inspector, there is nothing to forget.
-pub fn captured(c: &Container, config: &Config, kind: Kind, pid: i32) -> Result<()> {
+/// A container the inspector does not watch has nothing to forget.
+pub fn captured(c: &Container, kind: Kind, pid: i32) -> Result<()> {
+    let Some(pins) = &c.state.bpf_pin_root else {
+        return Ok(());
+    };
     let (with_fs, with_proc) = match kind {
         Kind::Skip => return Ok(()),
         Kind::FsOnly => (true, false),
@@ -389,7 +408,7 @@ pub fn captured(c: &Container, config: &Config, kind: Kind, pid: i32) -> Result<
         .and_then(|()| std::fs::rename(&tmp, &path))
         .map_err(Error::io(format!("write {}", path.display())))?;
     }
-    let insp = inspector(config)?;
+    let insp = Inspector::open(pins)?;
     insp.forget(
         c.state.cgroup_id,
         |ch| match map.place(&ch.path, ch.dev).0 {
@@ -473,8 +492,11 @@ pub fn settle(c: &Container, before: &Positions) {
 
 /// After a failed checkpoint that [`captured`] had already run for: the next
 /// classification must take everything.
-pub fn taint(c: &Container, config: &Config) {
-    let r = inspector(config).and_then(|i| Ok(i.taint(c.state.cgroup_id)?));
+pub fn taint(c: &Container) {
+    let Some(pins) = &c.state.bpf_pin_root else {
+        return;
+    };
+    let r = Inspector::open(pins).and_then(|i| i.taint(c.state.cgroup_id));
     if let Err(e) = r {
         tracing::warn!(id = %c.state.id, error = %e, "mark inspector records incomplete");
     }
