@@ -5,10 +5,10 @@
 //! classifying a turn; the memory the inspector's maps and programs use.
 //!
 //! Workloads (timed inside the container, so exec overhead is left out):
-//! - build: untar a small project (300 Python modules) and byte-compile it
+//! - build: untar a small project (600 Python modules) and byte-compile it
 //!   (the python image has no C compiler);
 //! - writes: 20 000 small writes, each an open + write + close, over 200 files;
-//! - find: a read-only `find / -xdev`.
+//! - find: a read-only `find / -xdev`, ten times.
 //!
 //! `crab-inspector-bench [--iterations N] [--containers 1,32]`; needs the
 //! private containerd of `hack/containerd.sh` (see `hack/bench.sh`).
@@ -36,7 +36,8 @@ elif w == 'writes':
         with open('/work/w/%d' % (i % 200), 'w') as f:
             f.write('x' * 100)
 elif w == 'find':
-    subprocess.run(['find', '/', '-xdev'], stdout=subprocess.DEVNULL, check=True)
+    for _ in range(10):
+        subprocess.run(['find', '/', '-xdev'], stdout=subprocess.DEVNULL, check=True)
 print(time.perf_counter() - t)
 "#;
 
@@ -44,7 +45,7 @@ const PREPARE: &str = r#"
 import os, random, tarfile
 os.makedirs('/work/project', exist_ok=True)
 random.seed(1)
-for i in range(300):
+for i in range(600):
     with open('/work/project/mod%d.py' % i, 'w') as f:
         for j in range(40):
             f.write('def f%d(x):\n    return x * %d + %d\n' % (j, random.randint(1, 99), j))
@@ -107,7 +108,7 @@ fn inspector_memory() -> (u64, u64) {
 }
 
 fn main() {
-    let a = Args::parse(&[("iterations", "5"), ("containers", "1,32")]);
+    let a = Args::parse(&[("iterations", "9"), ("containers", "1,32")]);
     let (n, densities) = (a.number("iterations"), a.numbers("containers"));
     let insp = crab_runtime::inspect::inspector(&Config::default()).expect("the inspector loads");
     let g = Guard::run_detached(CRAB, PYTHON, &[], &["sleep", "infinity"]);

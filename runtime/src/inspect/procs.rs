@@ -114,8 +114,40 @@ pub fn queues(pids: &[i32]) -> Vec<Queue> {
             }
         }
     }
+    // Connections waiting in listening TCP sockets' accept queues: FIONREAD
+    // does not report them, /proc/<pid>/net/tcp does (rx_queue of a LISTEN
+    // socket is its backlog). One network namespace per container: read once.
+    if let Some(&pid) = pids.first() {
+        let backlog = listen_backlog(pid);
+        if backlog > 0 {
+            out.push(Queue {
+                pid,
+                fd: -1,
+                bytes: backlog,
+            });
+        }
+    }
     out.sort_by_key(|q| (q.pid, q.fd));
     out
+}
+
+/// Connections queued on the listening TCP sockets of `pid`'s network namespace.
+fn listen_backlog(pid: i32) -> u64 {
+    let mut total = 0;
+    for table in ["tcp", "tcp6"] {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")).unwrap_or_default();
+        for line in text.lines().skip(1) {
+            // sl local rem st tx_queue:rx_queue ...
+            let f: Vec<&str> = line.split_whitespace().collect();
+            if f.get(3) != Some(&"0A") {
+                continue;
+            }
+            if let Some(rx) = f.get(4).and_then(|q| q.split_once(':')).map(|(_, rx)| rx) {
+                total += u64::from_str_radix(rx, 16).unwrap_or(0);
+            }
+        }
+    }
+    total
 }
 
 fn pidfd_open(pid: i32) -> Option<OwnedFd> {
