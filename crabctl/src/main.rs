@@ -5,6 +5,7 @@ mod containerd;
 mod fs;
 mod inspect;
 mod migrate;
+mod proxy;
 mod recover;
 mod turn;
 
@@ -75,6 +76,22 @@ enum Command {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+    },
+    /// Run the turn proxy of a container in the foreground: a listener in its
+    /// network namespace that forwards to an LLM API; each LLM request ends a
+    /// turn, and its answer waits for that turn's checkpoint.
+    Proxy {
+        /// Container id.
+        id: String,
+        /// The LLM API (plain HTTP): http://host:port.
+        #[arg(long)]
+        upstream: String,
+        /// Where to listen, inside the container.
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        listen: std::net::SocketAddr,
+        /// Pass answers on even when their checkpoint failed (only log).
+        #[arg(long)]
+        fail_open: bool,
     },
     /// List a container's checkpoints.
     Ls {
@@ -168,6 +185,12 @@ fn main() -> Result<()> {
         Command::Turn { id, dry_run, json } => {
             turn::run(&config, &cli.namespace, &id, dry_run, json)
         }
+        Command::Proxy {
+            id,
+            upstream,
+            listen,
+            fail_open,
+        } => proxy::run(&config, &cli.namespace, &id, &upstream, listen, fail_open),
         Command::Ls { id, json } => ckpt::list(&config, &cli.namespace, &id, json),
         Command::Rm { id, checkpoint } => ckpt::remove(&config, &cli.namespace, &id, &checkpoint),
         Command::Restore { id, checkpoint } => recover::restore(

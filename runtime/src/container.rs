@@ -169,6 +169,18 @@ impl Container {
         &self.state.id
     }
 
+    /// The init's pid on the host, while it runs.
+    pub fn init_pid(&self) -> Result<i32> {
+        self.lc()?
+            .pid()
+            .map(|p| p.as_raw())
+            .ok_or_else(|| Error::WrongState {
+                id: self.state.id.clone(),
+                state: "without a process".into(),
+                operation: "find its init",
+            })
+    }
+
     /// The tracking cgroup.
     pub fn tracking(&self) -> TrackingCgroup {
         TrackingCgroup::at(self.state.tracking_cgroup.clone())
