@@ -89,9 +89,8 @@ impl Inspector {
     /// Up to `limit` changed names of `cgid`.
     pub fn fs_changes(&self, cgid: u64, limit: usize) -> Result<Vec<FsChange>> {
         Ok(
-            entries_of::<types::fs_key, types::fs_val>(&self.maps.fs_entries)
+            entries_of::<types::fs_key, types::fs_val>(&self.maps.fs_entries, |k| k.cgid == cgid)
                 .into_iter()
-                .filter(|(k, _)| k.cgid == cgid)
                 .take(limit)
                 .map(|(k, v)| FsChange::from_raw(&k, &v))
                 .collect(),
@@ -101,12 +100,13 @@ impl Inspector {
     /// Up to `limit` tasks of `cgid` born or gone.
     pub fn proc_changes(&self, cgid: u64, limit: usize) -> Result<Vec<ProcChange>> {
         Ok(
-            entries_of::<types::proc_key, types::proc_val>(&self.maps.proc_entries)
-                .into_iter()
-                .filter(|(k, _)| k.cgid == cgid)
-                .take(limit)
-                .map(|(k, v)| ProcChange::from_raw(&k, &v))
-                .collect(),
+            entries_of::<types::proc_key, types::proc_val>(&self.maps.proc_entries, |k| {
+                k.cgid == cgid
+            })
+            .into_iter()
+            .take(limit)
+            .map(|(k, v)| ProcChange::from_raw(&k, &v))
+            .collect(),
         )
     }
 
@@ -168,10 +168,7 @@ impl Inspector {
     fn delete_fs(&self, cgid: u64, which: impl Fn(&FsChange) -> bool) -> u64 {
         let map = &self.maps.fs_entries;
         let mut left = 0;
-        for (k, v) in entries_of::<types::fs_key, types::fs_val>(map) {
-            if k.cgid != cgid {
-                continue;
-            }
+        for (k, v) in entries_of::<types::fs_key, types::fs_val>(map, |k| k.cgid == cgid) {
             if which(&FsChange::from_raw(&k, &v)) {
                 let _ = map.delete(bytes_of(&k));
             } else {
@@ -196,19 +193,16 @@ fn keys_of<T: Copy>(map: &MapHandle) -> Vec<T> {
     map.keys().filter_map(|k| from_bytes::<T>(&k)).collect()
 }
 
-/// Every (key, value) of `map`, read in batches (a few syscalls, not two per
-/// entry): the maps hold every watched container's records.
-fn entries_of<K: Copy, V: Copy>(map: &MapHandle) -> Vec<(K, V)> {
-    match map.lookup_batch(1024, MapFlags::ANY, MapFlags::ANY) {
-        Ok(iter) => iter
-            .filter_map(|(k, v)| Some((from_bytes::<K>(&k)?, from_bytes::<V>(&v)?)))
-            .collect(),
-        // Older kernels without batch lookups: one key at a time.
-        Err(_) => keys_of::<K>(map)
-            .into_iter()
-            .filter_map(|k| Some((k, lookup::<V>(map, bytes_of(&k))?)))
-            .collect(),
-    }
+/// The (key, value) pairs of `map` whose key `keep` selects. Keys are walked
+/// one by one and only the selected ones are looked up. (Batched lookups were
+/// measured slower here: the kernel walks every bucket of the map for each
+/// batch, 10 to 17 ms for a 65536-entry map whatever it holds.)
+fn entries_of<K: Copy, V: Copy>(map: &MapHandle, keep: impl Fn(&K) -> bool) -> Vec<(K, V)> {
+    keys_of::<K>(map)
+        .into_iter()
+        .filter(|k| keep(k))
+        .filter_map(|k| Some((k, lookup::<V>(map, bytes_of(&k))?)))
+        .collect()
 }
 
 fn lookup<T: Copy>(map: &MapHandle, key: &[u8]) -> Option<T> {

@@ -114,40 +114,8 @@ pub fn queues(pids: &[i32]) -> Vec<Queue> {
             }
         }
     }
-    // Connections waiting in listening TCP sockets' accept queues: FIONREAD
-    // does not report them, /proc/<pid>/net/tcp does (rx_queue of a LISTEN
-    // socket is its backlog). One network namespace per container: read once.
-    if let Some(&pid) = pids.first() {
-        let backlog = listen_backlog(pid);
-        if backlog > 0 {
-            out.push(Queue {
-                pid,
-                fd: -1,
-                bytes: backlog,
-            });
-        }
-    }
     out.sort_by_key(|q| (q.pid, q.fd));
     out
-}
-
-/// Connections queued on the listening TCP sockets of `pid`'s network namespace.
-fn listen_backlog(pid: i32) -> u64 {
-    let mut total = 0;
-    for table in ["tcp", "tcp6"] {
-        let text = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")).unwrap_or_default();
-        for line in text.lines().skip(1) {
-            // sl local rem st tx_queue:rx_queue ...
-            let f: Vec<&str> = line.split_whitespace().collect();
-            if f.get(3) != Some(&"0A") {
-                continue;
-            }
-            if let Some(rx) = f.get(4).and_then(|q| q.split_once(':')).map(|(_, rx)| rx) {
-                total += u64::from_str_radix(rx, 16).unwrap_or(0);
-            }
-        }
-    }
-    total
 }
 
 fn pidfd_open(pid: i32) -> Option<OwnedFd> {
@@ -170,7 +138,27 @@ fn queued(pidfd: &OwnedFd, fd: i32) -> Option<u64> {
     let mut n: libc::c_int = 0;
     // SAFETY: FIONREAD writes one int through the pointer, which is valid.
     let r = unsafe { libc::ioctl(dup.as_raw_fd(), libc::FIONREAD, &mut n) };
-    (r == 0).then_some(n.max(0) as u64)
+    if r == 0 {
+        return Some(n.max(0) as u64);
+    }
+    // A listening TCP socket has no FIONREAD; its accept queue is in TCP_INFO
+    // (tcpi_unacked holds the backlog in the LISTEN state). /proc/net/tcp would
+    // say it too, but reading it walks the host's whole connection table.
+    // SAFETY: tcp_info is plain integers; all zeroes is a valid value.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `info`, which is that big.
+    let r = unsafe {
+        libc::getsockopt(
+            dup.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&mut info as *mut libc::tcp_info).cast(),
+            &mut len,
+        )
+    };
+    const TCP_LISTEN: u8 = 10;
+    (r == 0 && info.tcpi_state == TCP_LISTEN).then_some(u64::from(info.tcpi_unacked))
 }
 
 /// Whether any of `pids` holds a deleted (or never linked) file open.
@@ -213,6 +201,20 @@ mod tests {
     fn this_process_has_a_start_time_and_cpu_time() {
         let me = task(std::process::id() as i32).expect("read own stat");
         assert!(me.start > 0 && me.runtime_ns > 0, "{me:?}");
+    }
+
+    #[test]
+    fn a_connection_waiting_to_be_accepted_is_seen_as_queued() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let me = std::process::id() as i32;
+        let before = queues(&[me]);
+        assert!(!before.iter().any(|q| q.fd == l.as_raw_fd()), "{before:?}");
+        let _c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let q = queues(&[me]);
+        assert!(
+            q.iter().any(|q| q.fd == l.as_raw_fd() && q.bytes == 1),
+            "{q:?}"
+        );
     }
 
     #[test]
