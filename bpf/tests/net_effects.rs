@@ -49,6 +49,8 @@ impl Sandbox {
             insp,
         };
         sb.insp.watch(sb.cgid).unwrap();
+        // As after the first full checkpoint: recording starts.
+        sb.insp.forget(sb.cgid, |_| true, true, true).unwrap();
         sb
     }
 
@@ -252,4 +254,16 @@ fn repeated_writes_are_recorded_again_after_a_checkpoint_forgot_them() {
     let paths = sb.paths();
     assert_eq!(paths.len(), 1, "{paths:?}");
     assert!(paths[0].1.has(FsFlags::WRITTEN));
+}
+
+#[test]
+fn nothing_is_recorded_before_the_first_full_checkpoint() {
+    let sb = Sandbox::new("untracked");
+    sb.insp.unwatch(sb.cgid).unwrap();
+    sb.insp.watch(sb.cgid).unwrap();
+    sb.run("echo a > f; sleep 30 >/dev/null 2>&1 &");
+    let c = sb.insp.counters(sb.cgid).unwrap().unwrap();
+    assert_eq!((c.fs_entries, c.births), (0, 0), "{c:?}");
+    assert_ne!(c.opaque & crab_bpf::opaque::UNTRACKED, 0);
+    let _ = std::fs::write(sb.cgroup.join("cgroup.kill"), b"1");
 }

@@ -148,7 +148,12 @@ struct {
 static __always_inline struct cg_state *watched(__u64 cgid)
 {
 	struct cg_key k = {.cgid = cgid};
-	return bpf_map_lookup_elem(&cgroups, &k);
+	struct cg_state *st = bpf_map_lookup_elem(&cgroups, &k);
+	/* Until the next full checkpoint nothing recorded would be used: the
+	 * container was just created or rolled back, or a checkpoint failed. */
+	if (st && (st->opaque & OPAQUE_UNTRACKED))
+		return 0;
+	return st;
 }
 
 static __always_inline struct scratch *get_scratch(void)

@@ -20,6 +20,7 @@
 /* cg_state.opaque bits: effects the inspector cannot follow */
 #define OPAQUE_ASYNC_IO 1 /* io_uring or AIO: writes without syscalls */
 #define OPAQUE_MOUNT 2    /* the mount tree changed */
+#define OPAQUE_UNTRACKED 4 /* set from userspace: the next checkpoint is full anyway */
 
 /* proc entry flags */
 #define PROC_BORN 1

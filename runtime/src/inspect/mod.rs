@@ -158,17 +158,6 @@ fn mount_map(c: &Container, pid: i32) -> Result<MountMap> {
     ))
 }
 
-fn init_pid(c: &Container) -> Result<i32> {
-    c.lc()?
-        .pid()
-        .map(|p| p.as_raw())
-        .ok_or_else(|| Error::WrongState {
-            id: c.state.id.clone(),
-            state: "without a process".into(),
-            operation: "classify a turn",
-        })
-}
-
 /// Classifies the turn of container `c` (since its last checkpoint).
 pub fn classify(c: &Container, config: &Config, insp: &Inspector) -> Result<Classification> {
     let key = ContainerKey::new(&c.state.namespace, &c.state.id)?;
@@ -237,7 +226,7 @@ fn classify_against(
     // own while they join the container. The container's own mount table is
     // compared with the last dump's below.
 
-    let pid = init_pid(c)?;
+    let pid = c.init_pid()?;
     let map = mount_map(c, pid)?;
     if counters.fs_entries > 0 {
         let (mut rootfs, mut internal) = (0, 0);
