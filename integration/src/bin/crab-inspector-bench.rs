@@ -122,12 +122,10 @@ fn main() {
     println!("|---|---|---|---|---|");
     for &d in &densities {
         while others.len() + 1 < d {
-            others.push(Guard::run_detached(
-                CRAB,
-                PYTHON,
-                &[],
-                &["sleep", "infinity"],
-            ));
+            let o = Guard::run_detached(CRAB, PYTHON, &[], &["sleep", "infinity"]);
+            // Checkpointed once, so that the inspector records for it.
+            crabctl_ok(&["checkpoint", &o.id]);
+            others.push(o);
         }
         for w in ["build", "writes", "find"] {
             run_workload(&g, w); // warm the page cache
@@ -137,6 +135,9 @@ fn main() {
                 for watched in [i % 2 == 0, i % 2 != 0] {
                     if watched {
                         insp.watch(cgid).expect("watch");
+                        // As after the container's first full checkpoint:
+                        // a new watch records nothing until then.
+                        insp.forget(cgid, |_| true, true, true).expect("forget");
                         on.push(run_workload(&g, w));
                     } else {
                         insp.unwatch(cgid).expect("unwatch");
@@ -145,6 +146,7 @@ fn main() {
                 }
             }
             insp.watch(cgid).expect("watch");
+            insp.forget(cgid, |_| true, true, true).expect("forget");
             let (on, off) = (stats(on), stats(off));
             println!(
                 "| {w} | {d} | {} | {} | {:+.1}% |",
