@@ -272,14 +272,10 @@ impl Container {
         stdio: &Stdio,
         timings: &mut Timings,
     ) -> Result<(FsPart, u64, BTreeMap<String, u64>)> {
-        let t = Instant::now();
-        let fs = write_fs_delta(opts)?;
-        timings.fs_ms = t.elapsed().as_millis() as u64;
-        let t = Instant::now();
         let images = opts.dir.join(CRIU_DIR);
         std::fs::create_dir_all(&images)
             .map_err(Error::io(format!("create {}", images.display())))?;
-        criu::dump(&dump_request(
+        let request = dump_request(
             opts.criu.clone(),
             pid,
             images.clone(),
@@ -287,8 +283,22 @@ impl Container {
             &self.cgroup_path()?,
             spec,
             stdio,
-        ))?;
-        timings.dump_ms = t.elapsed().as_millis() as u64;
+        );
+        // The file delta (a walk of the rootfs against the image) and CRIU's dump
+        // are independent: both run while the container is frozen, side by side.
+        let (fs, dumped) = std::thread::scope(|s| {
+            let delta = s.spawn(|| {
+                let t = Instant::now();
+                (write_fs_delta(opts), t.elapsed())
+            });
+            let t = Instant::now();
+            let dumped = criu::dump(&request).map(|()| t.elapsed());
+            let (fs, fs_took) = delta.join().expect("the file-delta thread does not panic");
+            timings.fs_ms = fs_took.as_millis() as u64;
+            (fs, dumped)
+        });
+        timings.dump_ms = dumped?.as_millis() as u64;
+        let fs = fs?;
         Ok((fs, dir_bytes(&images), image_files(&images)))
     }
 
