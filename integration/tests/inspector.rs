@@ -498,3 +498,44 @@ fn containerd_checkpoints_of_an_unchanged_container_reuse_the_last_one_and_a_cha
     let fifth = containerd_checkpoint(&g, &base.path().join("5"));
     assert_ne!(fifth["created_ms"], fourth["created_ms"]);
 }
+
+#[test]
+fn with_turn_on_exec_each_exec_that_ends_closes_a_turn() {
+    use crab_integration::{config_with, wait_until};
+    let config = config_with("[policy]\nturn_on_exec = true");
+    let path = config.display().to_string();
+    let g = Guard::run_detached(
+        CRAB,
+        PYTHON,
+        &["--runtime-config-path", &path],
+        &["sleep", "infinity"],
+    );
+    let kinds = |g: &Guard| -> Vec<String> {
+        let out = crabctl_ok(&["ls", &g.id, "--json"]);
+        let v: Vec<Value> = serde_json::from_str(&out).unwrap();
+        v.iter()
+            .map(|e| e["kind"].as_str().unwrap_or("").to_string())
+            .collect()
+    };
+    let wait_for = |g: &Guard, n: usize| {
+        assert!(
+            wait_until(std::time::Duration::from_secs(20), || kinds(g).len() >= n),
+            "{:?}",
+            kinds(g)
+        );
+    };
+    // The first tool call: the first checkpoint is full.
+    g.exec_ok(&["sh", "-c", "echo one > /root/a"]);
+    wait_for(&g, 1);
+    // A read-only call: skip. A write: fs-only.
+    g.exec_ok(&["cat", "/root/a"]);
+    wait_for(&g, 2);
+    g.exec_ok(&["sh", "-c", "echo two >> /root/a"]);
+    wait_for(&g, 3);
+    assert_eq!(
+        kinds(&g)[..3],
+        ["full", "skip", "fs-only"],
+        "{:?}",
+        kinds(&g)
+    );
+}

@@ -122,6 +122,9 @@ pub struct Policy {
     pub fail_closed: bool,
     /// Where the host's eBPF inspector is pinned (a bpffs directory).
     pub bpf_pin_root: PathBuf,
+    /// End a turn when an exec'd process exits (agents that act through
+    /// `exec` from outside the sandbox).
+    pub turn_on_exec: bool,
 }
 
 /// Policy modes.
@@ -177,6 +180,7 @@ impl Default for Policy {
             mode: PolicyMode::Adaptive,
             fail_closed: true,
             bpf_pin_root: PathBuf::from("/sys/fs/bpf/crab"),
+            turn_on_exec: false,
         }
     }
 }

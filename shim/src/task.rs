@@ -28,6 +28,7 @@ use crate::io::{PipeIo, ProcessIo, StdioPaths};
 use crate::options::RuntimeOptions;
 use crate::process::{Exit, Process};
 use crate::{metrics, oom, rootfs};
+use crab_runtime::config::PolicyMode;
 
 /// Name of the file beside the bundle that keeps the resolved config for `delete`.
 pub const BUNDLE_CONFIG: &str = "crab-config.toml";
@@ -604,6 +605,17 @@ impl TaskService {
             let exit = Exit::now(code as u32);
             proc.set_exited(exit);
             let exec_id = proc.exec_id.clone();
+            let policy = &inst.config.policy;
+            if !exec_id.is_empty() && policy.turn_on_exec && policy.mode == PolicyMode::Adaptive {
+                // An orchestrator's tool call ended: close the turn once the
+                // state lock is free (after this exit is recorded).
+                let (svc, id) = (self.clone(), id.clone());
+                tokio::spawn(async move {
+                    if let Err(e) = svc.crab_turn(&id, false).await {
+                        tracing::warn!(%id, error = %e, "turn after exec");
+                    }
+                });
+            }
             tracing::info!(%id, %exec_id, pid, code, "process exited");
             self.events
                 .publish(TaskExit {
