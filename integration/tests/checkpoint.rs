@@ -6,7 +6,7 @@ use std::time::Duration;
 use crab_integration::*;
 
 /// Counts in memory and writes the count to a file, five times a second.
-const COUNTER: &str = "mkdir -p /work && echo hello > /work/data.txt && rm /bin/wget; \
+const COUNTER: &str = "mkdir -p /sandbox && echo hello > /sandbox/data.txt && rm /bin/wget; \
                        i=0; while true; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.2; done";
 
 /// A checkpoint image, removed from containerd when dropped.
@@ -18,8 +18,10 @@ impl Drop for Ref {
     }
 }
 
+/// The counter's value; 0 while it cannot be read yet (the container starting).
 fn count(g: &Guard) -> u64 {
-    g.number("/tmp/count")
+    let out = g.exec(&["cat", "/tmp/count"]);
+    text(&out).0.trim().parse().unwrap_or(0)
 }
 
 fn counter() -> Guard {
@@ -126,7 +128,7 @@ fn restore_live_continues_the_counter_in_memory_and_has_the_files_without_rw() {
         wait_until(Duration::from_secs(5), || count(&r) > first),
         "the restored process does not count"
     );
-    assert_eq!(r.exec_ok(&["cat", "/work/data.txt"]).trim(), "hello");
+    assert_eq!(r.exec_ok(&["cat", "/sandbox/data.txt"]).trim(), "hello");
     let gone = r.exec(&["test", "-e", "/bin/wget"]);
     assert_eq!(gone.status.code(), Some(1), "a deleted file came back");
 }

@@ -73,36 +73,36 @@ fn corpus() -> Vec<Case> {
         case("ls a tree", "", "ls -laR /usr/lib/python3.11/json >/dev/null", Skip),
         case("find from the root", "", "find / -xdev -name '*.conf' >/dev/null", Skip),
         case("a tool's --version", "", "python3 --version && git --version", Skip),
-        case("python reads json", "", "python3 -c \"import json; json.load(open('/work/data.json'))\"", Skip),
-        case("git log and diff", "", "cd /work/repo && git log --oneline && git diff HEAD~0 --stat", Skip),
+        case("python reads json", "", "python3 -c \"import json; json.load(open('/sandbox/data.json'))\"", Skip),
+        case("git log and diff", "", "cd /sandbox/repo && git log --oneline && git diff HEAD~0 --stat", Skip),
         case("checksums", "", "sha256sum /usr/bin/* >/dev/null", Skip),
         // plain writes
-        case("redirect to a new file", "", "echo hello > /work/new.txt", Fs),
-        case("append to a file", "", "echo more >> /work/notes.txt", Fs),
-        case("sed -i", "", "sed -i s/old/new/ /work/notes.txt", Fs),
-        case("tar extract", "", "mkdir -p /work/x && tar -xf /work/src.tar -C /work/x", Fs),
+        case("redirect to a new file", "", "echo hello > /sandbox/new.txt", Fs),
+        case("append to a file", "", "echo more >> /sandbox/notes.txt", Fs),
+        case("sed -i", "", "sed -i s/old/new/ /sandbox/notes.txt", Fs),
+        case("tar extract", "", "mkdir -p /sandbox/x && tar -xf /sandbox/src.tar -C /sandbox/x", Fs),
         case(
             "install a package into a venv from a local wheel",
             "",
-            "cd /work/venv/lib/python3.11/site-packages && python3 -m zipfile -e /work/pkg.whl . && /work/venv/bin/python -c 'import crabpkg'",
+            "cd /sandbox/venv/lib/python3.11/site-packages && python3 -m zipfile -e /sandbox/pkg.whl . && /sandbox/venv/bin/python -c 'import crabpkg'",
             Fs,
         ),
         case(
             "git commit",
             "",
-            "cd /work/repo && echo change >> README && git commit -qam change",
+            "cd /sandbox/repo && echo change >> README && git commit -qam change",
             Fs,
         ),
-        case("python writes a file", "", "python3 -c \"open('/work/out.json','w').write('{}')\"", Fs),
-        case("mkdir", "", "mkdir /work/emptydir", Fs),
-        case("rm an existing file", "echo x > /work/old.txt", "rm /work/old.txt", Fs),
-        case("cp a file", "", "cp /etc/os-release /work/os-release", Fs),
+        case("python writes a file", "", "python3 -c \"open('/sandbox/out.json','w').write('{}')\"", Fs),
+        case("mkdir", "", "mkdir /sandbox/emptydir", Fs),
+        case("rm an existing file", "echo x > /sandbox/old.txt", "rm /sandbox/old.txt", Fs),
+        case("cp a file", "", "cp /etc/os-release /sandbox/os-release", Fs),
         // transient files
         case("mktemp then rm", "", "f=$(mktemp) && echo x > $f && rm $f", Skip),
         case(
             "a build dir created and removed",
             "",
-            "mkdir -p /work/build/obj && cd /work/build && echo x > obj/a.o && tar -cf out.tar obj && cd / && rm -rf /work/build",
+            "mkdir -p /sandbox/build/obj && cd /sandbox/build && echo x > obj/a.o && tar -cf out.tar obj && cd / && rm -rf /sandbox/build",
             Skip,
         ),
         case(
@@ -138,26 +138,26 @@ fn corpus() -> Vec<Case> {
         case(
             "a long-lived process's memory changes on a signal",
             "",
-            "kill -USR1 $(cat /work/counter.pid) && sleep 0.2",
+            "kill -USR1 $(cat /sandbox/counter.pid) && sleep 0.2",
             Proc,
         ),
         case(
             "data left queued in a daemon's fifo",
             "",
-            "echo queued > /work/fifo",
+            "echo queued > /sandbox/fifo",
             Proc,
         ),
         case(
             "a write into a survivor's deleted-but-open file",
             "",
-            "echo more >> /proc/$(cat /work/ghost.pid)/fd/3",
+            "echo more >> /proc/$(cat /sandbox/ghost.pid)/fd/3",
             Proc,
         ),
         // tricky cases
         case(
             "write through a shared mmap",
             "",
-            "python3 -c \"import mmap; f=open('/work/mapped.bin','r+b'); m=mmap.mmap(f.fileno(), 4096); m[0:5]=b'HELLO'; m.flush()\"",
+            "python3 -c \"import mmap; f=open('/sandbox/mapped.bin','r+b'); m=mmap.mmap(f.fileno(), 4096); m[0:5]=b'HELLO'; m.flush()\"",
             Fs,
         ),
         // linkat(fd, "", AT_EMPTY_PATH): linking through /proc/self/fd fails
@@ -165,49 +165,49 @@ fn corpus() -> Vec<Case> {
         case(
             "O_TMPFILE then linkat",
             "",
-            "python3 -c \"import os, ctypes; libc = ctypes.CDLL(None, use_errno=True); fd = os.open('/work', os.O_TMPFILE | os.O_WRONLY, 0o644); os.write(fd, b'tmp'); assert libc.linkat(fd, b'', -100, b'/work/linked', 0x1000) == 0\"",
+            "python3 -c \"import os, ctypes; libc = ctypes.CDLL(None, use_errno=True); fd = os.open('/sandbox', os.O_TMPFILE | os.O_WRONLY, 0o644); os.write(fd, b'tmp'); assert libc.linkat(fd, b'', -100, b'/sandbox/linked', 0x1000) == 0\"",
             Fs,
         ),
-        case("rename over an existing file", "", "echo new > /work/cfg.tmp && mv /work/cfg.tmp /work/cfg", Fs),
-        case("a hard link", "", "ln /work/notes.txt /work/notes-link", Fs),
+        case("rename over an existing file", "", "echo new > /sandbox/cfg.tmp && mv /sandbox/cfg.tmp /sandbox/cfg", Fs),
+        case("a hard link", "", "ln /sandbox/notes.txt /sandbox/notes-link", Fs),
         case(
             "truncate to the same size",
             "",
-            "truncate -s $(stat -c %s /work/notes.txt) /work/notes.txt",
+            "truncate -s $(stat -c %s /sandbox/notes.txt) /sandbox/notes.txt",
             Fs,
         ),
-        case("chmod only", "", "chmod 600 /work/notes.txt", Fs),
+        case("chmod only", "", "chmod 600 /sandbox/notes.txt", Fs),
         case(
             "xattr only",
             "",
-            "python3 -c \"import os; os.setxattr('/work/notes.txt', 'user.crab', b'v')\"",
+            "python3 -c \"import os; os.setxattr('/sandbox/notes.txt', 'user.crab', b'v')\"",
             Fs,
         ),
-        case("times only", "", "touch -d 2001-01-01 /work/notes.txt", Fs),
-        case("a symlink", "", "ln -s /etc/os-release /work/link", Fs),
+        case("times only", "", "touch -d 2001-01-01 /sandbox/notes.txt", Fs),
+        case("a symlink", "", "ln -s /etc/os-release /sandbox/link", Fs),
         case("a write to /dev/shm", "", "echo x > /dev/shm/state", Proc),
         case("a write to a bind-mounted host volume", "", "echo x > /data/out", Skip),
         case(
             "files and processes at once",
             "",
-            "echo both > /work/both && nohup sleep 100000 </dev/null >/dev/null 2>&1 &",
+            "echo both > /sandbox/both && nohup sleep 100000 </dev/null >/dev/null 2>&1 &",
             Full,
         ),
     ]
 }
 
-/// Prepares /work once: data files, a git repo, a venv, a wheel, a tarball,
+/// Prepares /sandbox once: data files, a git repo, a venv, a wheel, a tarball,
 /// and the long-lived processes some cases poke at.
 const PREPARE: &str = r#"
 set -e
-mkdir -p /work && cd /work
+mkdir -p /sandbox && cd /sandbox
 echo '{"a": 1}' > data.json
 printf 'old line\n' > notes.txt
 echo one > cfg
 head -c 4096 /dev/zero > mapped.bin
 mkdir -p src && echo 'int main(void){return 0;}' > src/main.c && tar -cf src.tar src && rm -r src
 git init -q repo && cd repo && git config user.email a@b && git config user.name a
-echo readme > README && git add README && git commit -qm init && cd /work
+echo readme > README && git add README && git commit -qm init && cd /sandbox
 python3 -m venv --without-pip venv
 mkdir -p wheel/crabpkg && echo 'X = 1' > wheel/crabpkg/__init__.py
 (cd wheel && python3 -m zipfile -c ../pkg.whl crabpkg) && rm -r wheel
@@ -219,7 +219,7 @@ def bump(*_):
     global count
     count += 1
 def report(*_):
-    with open('/work/counter.report', 'w') as f:
+    with open('/sandbox/counter.report', 'w') as f:
         f.write(str(count))
 signal.signal(signal.SIGUSR1, bump)
 signal.signal(signal.SIGUSR2, report)
@@ -227,12 +227,12 @@ while True:
     signal.pause()
 EOF
 nohup python3 counter.py </dev/null >/dev/null 2>&1 & echo $! > counter.pid
-nohup python3 -c "import os, time; fd = os.open('/work/fifo', os.O_RDWR); time.sleep(10**6)" </dev/null >/dev/null 2>&1 &
+nohup python3 -c "import os, time; fd = os.open('/sandbox/fifo', os.O_RDWR); time.sleep(10**6)" </dev/null >/dev/null 2>&1 &
 nohup python3 -c "
 import os, time
-fd = os.open('/work/ghost', os.O_RDWR | os.O_CREAT, 0o600)
+fd = os.open('/sandbox/ghost', os.O_RDWR | os.O_CREAT, 0o600)
 os.dup2(fd, 3)
-os.unlink('/work/ghost')
+os.unlink('/sandbox/ghost')
 time.sleep(10**6)
 " </dev/null >/dev/null 2>&1 & echo $! > ghost.pid
 sleep 0.5
@@ -269,7 +269,7 @@ def walk(top, skip):
             except OSError:
                 pass
             files[p] = e
-skip = {'/proc', '/sys', '/dev', '/data', '/work/counter.report'}
+skip = {'/proc', '/sys', '/dev', '/data', '/sandbox/counter.report'}
 walk('/', skip)
 walk('/dev/shm', set())
 procs = []
@@ -306,18 +306,18 @@ for p in os.listdir('/proc'):
     procs.append([int(p), cmd, held])
 count = None
 try:
-    pid = int(open('/work/counter.pid').read())
+    pid = int(open('/sandbox/counter.pid').read())
     os.kill(pid, signal.SIGUSR2)
     for _ in range(100):
         time.sleep(0.02)
         try:
-            if os.stat('/work/counter.report').st_mtime_ns > 0:
-                count = open('/work/counter.report').read()
+            if os.stat('/sandbox/counter.report').st_mtime_ns > 0:
+                count = open('/sandbox/counter.report').read()
                 if count:
                     break
         except OSError:
             pass
-    os.unlink('/work/counter.report')
+    os.unlink('/sandbox/counter.report')
 except (OSError, ValueError):
     pass
 print(json.dumps({'files': files, 'procs': sorted(procs), 'count': count}))

@@ -26,14 +26,14 @@ import compileall, os, shutil, subprocess, sys, time
 w = sys.argv[1]
 t = time.perf_counter()
 if w == 'build':
-    shutil.rmtree('/work/b', ignore_errors=True)
-    os.makedirs('/work/b')
-    subprocess.run(['tar', '-xf', '/work/project.tar', '-C', '/work/b'], check=True)
-    compileall.compile_dir('/work/b', quiet=1)
+    shutil.rmtree('/sandbox/b', ignore_errors=True)
+    os.makedirs('/sandbox/b')
+    subprocess.run(['tar', '-xf', '/sandbox/project.tar', '-C', '/sandbox/b'], check=True)
+    compileall.compile_dir('/sandbox/b', quiet=1)
 elif w == 'writes':
-    os.makedirs('/work/w', exist_ok=True)
+    os.makedirs('/sandbox/w', exist_ok=True)
     for i in range(20000):
-        with open('/work/w/%d' % (i % 200), 'w') as f:
+        with open('/sandbox/w/%d' % (i % 200), 'w') as f:
             f.write('x' * 100)
 elif w == 'find':
     for _ in range(10):
@@ -43,14 +43,14 @@ print(time.perf_counter() - t)
 
 const PREPARE: &str = r#"
 import os, random, tarfile
-os.makedirs('/work/project', exist_ok=True)
+os.makedirs('/sandbox/project', exist_ok=True)
 random.seed(1)
 for i in range(600):
-    with open('/work/project/mod%d.py' % i, 'w') as f:
+    with open('/sandbox/project/mod%d.py' % i, 'w') as f:
         for j in range(40):
             f.write('def f%d(x):\n    return x * %d + %d\n' % (j, random.randint(1, 99), j))
-with tarfile.open('/work/project.tar', 'w') as t:
-    t.add('/work/project', arcname='project')
+with tarfile.open('/sandbox/project.tar', 'w') as t:
+    t.add('/sandbox/project', arcname='project')
 "#;
 
 fn run_workload(g: &Guard, name: &str) -> Duration {
@@ -161,7 +161,7 @@ fn main() {
     g.exec_ok(&[
         "sh",
         "-c",
-        "echo x > /work/a; echo y > /work/b; rm -f /work/w/1",
+        "echo x > /sandbox/a; echo y > /sandbox/b; rm -f /sandbox/w/1",
     ]);
     let mut us = Vec::new();
     for _ in 0..(10 * n) {
