@@ -106,6 +106,21 @@ fn baseline_path(c: &Container) -> PathBuf {
     c.dir().join("crab-baseline.json")
 }
 
+/// The baseline of the last process dump (None before the first).
+fn load_baseline(c: &Container) -> Option<Baseline> {
+    let bytes = std::fs::read(baseline_path(c)).ok()?;
+    serde_json::from_slice(&bytes).ok()
+}
+
+/// Writes the baseline whole (temporary file, then rename).
+fn save_baseline(c: &Container, base: &Baseline) -> Result<()> {
+    let path = baseline_path(c);
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(&tmp, serde_json::to_vec(base).expect("baseline serializes"))
+        .and_then(|()| std::fs::rename(&tmp, &path))
+        .map_err(Error::io(format!("write {}", path.display())))
+}
+
 /// Starts the inspector's records of a new container (policy `adaptive`).
 /// A host without a working inspector still runs containers: the error is
 /// logged, and classifying this container's turns will fail, saying why.
@@ -277,10 +292,7 @@ fn classify_against(
         }
     }
 
-    let base: Baseline = std::fs::read(baseline_path(c))
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok())
-        .unwrap_or_default();
+    let base = load_baseline(c).unwrap_or_default();
     if !base.mounts.is_empty() && base.mounts != map.signature() {
         (fs, proc) = (true, true);
         out.reasons
@@ -388,14 +400,7 @@ pub fn captured(c: &Container, kind: Kind, pid: i32) -> Result<()> {
             queues: procs::queues(&procs::processes(tracking.path())),
             mounts: map.signature(),
         };
-        let path = baseline_path(c);
-        let tmp = path.with_extension("json.tmp");
-        std::fs::write(
-            &tmp,
-            serde_json::to_vec(&base).expect("baseline serializes"),
-        )
-        .and_then(|()| std::fs::rename(&tmp, &path))
-        .map_err(Error::io(format!("write {}", path.display())))?;
+        save_baseline(c, &base)?;
     }
     let insp = Inspector::open(pins)?;
     insp.forget(
@@ -433,11 +438,7 @@ pub fn positions(c: &Container) -> Positions {
 /// freeze made no progress in user space: its baseline CPU time is moved to
 /// now. Any other task keeps the time read while frozen.
 pub fn settle(c: &Container, before: &Positions) {
-    let path = baseline_path(c);
-    let Some(mut base) = std::fs::read(&path)
-        .ok()
-        .and_then(|b| serde_json::from_slice::<Baseline>(&b).ok())
-    else {
+    let Some(mut base) = load_baseline(c) else {
         return;
     };
     let deadline = Instant::now() + std::time::Duration::from_millis(50);
@@ -448,7 +449,7 @@ pub fn settle(c: &Container, before: &Positions) {
                 Some((sp2, pc2)) if &sp2 == sp && &pc2 == pc => {
                     if let (Some(b), Some(now)) = (
                         base.tasks.iter_mut().find(|t| t.tid == *tid),
-                        procs::tasks_one(*tid),
+                        procs::task(*tid),
                     ) {
                         // Leaving and restarting a system call costs microseconds;
                         // more than that is work, which must stay visible.
@@ -468,13 +469,7 @@ pub fn settle(c: &Container, before: &Positions) {
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
     }
-    let tmp = path.with_extension("json.tmp");
-    let r = std::fs::write(
-        &tmp,
-        serde_json::to_vec(&base).expect("baseline serializes"),
-    )
-    .and_then(|()| std::fs::rename(&tmp, &path));
-    if let Err(e) = r {
+    if let Err(e) = save_baseline(c, &base) {
         tracing::warn!(id = %c.state.id, error = %e, "write settled baseline");
     }
 }

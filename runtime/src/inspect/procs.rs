@@ -46,7 +46,8 @@ pub fn tasks(cgroup: &Path) -> Vec<Task> {
         .collect()
 }
 
-fn task(tid: i32) -> Option<Task> {
+/// One task, by tid (None once it is gone).
+pub fn task(tid: i32) -> Option<Task> {
     let stat = std::fs::read_to_string(format!("/proc/{tid}/stat")).ok()?;
     // The command may hold spaces and parentheses: fields start after the last ')'.
     let (head, rest) = stat.rsplit_once(')')?;
@@ -60,11 +61,6 @@ fn task(tid: i32) -> Option<Task> {
         runtime_ns,
         comm,
     })
-}
-
-/// One task, by tid.
-pub fn tasks_one(tid: i32) -> Option<Task> {
-    task(tid)
 }
 
 /// Where task `tid` is blocked: the user stack pointer and instruction of the
