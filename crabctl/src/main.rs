@@ -77,6 +77,15 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// A container's turn metrics: turns by kind, checkpoint latency, slot
+    /// waits, how long answers were held.
+    Stats {
+        /// Container id.
+        id: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Run the turn proxy of a container in the foreground: a listener in its
     /// network namespace that forwards to an LLM API; each LLM request ends a
     /// turn, and its answer waits for that turn's checkpoint.
@@ -185,6 +194,7 @@ fn main() -> Result<()> {
         Command::Turn { id, dry_run, json } => {
             turn::run(&config, &cli.namespace, &id, dry_run, json)
         }
+        Command::Stats { id, json } => turn::stats(&config, &cli.namespace, &id, json),
         Command::Proxy {
             id,
             upstream,

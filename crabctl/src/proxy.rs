@@ -31,6 +31,7 @@ impl Boundary for Turns {
                 namespace: self.namespace.clone(),
                 id: self.id.clone(),
                 dry_run: false,
+                background: true,
             },
         );
         let call =

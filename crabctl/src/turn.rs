@@ -15,6 +15,7 @@ pub fn run(config: &Config, namespace: &str, id: &str, dry_run: bool, json: bool
             namespace: namespace.into(),
             id: id.into(),
             dry_run,
+            background: false,
         },
     )?;
     let Response::Turn {
@@ -34,6 +35,40 @@ pub fn run(config: &Config, namespace: &str, id: &str, dry_run: bool, json: bool
         println!(
             "  recorded: checkpoint {} (seq {}) in {} ms: fs {} ms, dump {} ms",
             e.name, e.seq, e.timings.total_ms, e.timings.fs_ms, e.timings.dump_ms
+        );
+    }
+    Ok(())
+}
+
+/// `crabctl stats ID`: the container's turn metrics.
+pub fn stats(config: &Config, namespace: &str, id: &str, json: bool) -> Result<()> {
+    let r = call(
+        config,
+        Request::Stats {
+            namespace: namespace.into(),
+            id: id.into(),
+        },
+    )?;
+    let Response::Stats { stats: s } = r else {
+        bail!("stats {id}: unexpected answer {r:?}");
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&s)?);
+        return Ok(());
+    }
+    println!(
+        "{id}: {} turns: {} skip, {} fs-only, {} process-only, {} full, {} failed; \
+         {} promoted; {} bytes of images written",
+        s.turns, s.skip, s.fs_only, s.process_only, s.full, s.failed, s.promoted, s.bytes_written
+    );
+    for (what, d) in [
+        ("checkpoint", &s.checkpoint_ms),
+        ("slot wait", &s.queue_ms),
+        ("answer held", &s.gating_ms),
+    ] {
+        println!(
+            "  {what:<11} ms: p50 {:.1}  p95 {:.1}  p99 {:.1}  max {:.1}  ({} samples)",
+            d.p50, d.p95, d.p99, d.max, d.count
         );
     }
     Ok(())

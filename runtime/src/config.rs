@@ -39,6 +39,8 @@ pub struct Config {
     pub checkpoint: Checkpoint,
     /// When turns are checkpointed, and at which grain.
     pub policy: Policy,
+    /// The turn proxy the shim starts for each container.
+    pub proxy: Proxy,
 }
 
 /// Shim log levels.
@@ -127,6 +129,30 @@ pub struct Policy {
     pub turn_on_exec: bool,
 }
 
+/// The turn proxy (see `docs/proxy.md`). Off unless an upstream is set, here
+/// or by a container's annotation `io.crab.proxy.upstream`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Proxy {
+    /// The LLM API the proxy forwards to (`http://host:port` or
+    /// `https://host[:port]`); empty: no proxy.
+    pub upstream: String,
+    /// Where it listens, inside each container's network namespace
+    /// (annotation `io.crab.proxy.listen`).
+    pub listen: String,
+    /// Put `OPENAI_BASE_URL` and `ANTHROPIC_BASE_URL`, pointing at the
+    /// listener, into the container's environment (unless the spec sets them).
+    pub inject_env: bool,
+    /// Serve the agent API (checkpoint, list, rollback, fork; also as MCP
+    /// tools) under `/.crab/` on the listener.
+    pub agent_api: bool,
+    /// Extra trusted CA certificates (PEM) for an https upstream.
+    pub upstream_ca: PathBuf,
+    /// The proxy program (`crabctl`): a path, or a name looked up beside the
+    /// shim's own binary, then in `PATH`.
+    pub command: PathBuf,
+}
+
 /// Policy modes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -146,6 +172,45 @@ impl Default for Config {
             storage: Storage::default(),
             checkpoint: Checkpoint::default(),
             policy: Policy::default(),
+            proxy: Proxy::default(),
+        }
+    }
+}
+
+impl Proxy {
+    /// Whether a proxy runs.
+    pub fn enabled(&self) -> bool {
+        !self.upstream.is_empty()
+    }
+
+    /// Checks the upstream and the listen address; the error names the key.
+    pub fn check(&self) -> std::result::Result<(), (&'static str, String)> {
+        if self.enabled() {
+            let rest = self
+                .upstream
+                .strip_prefix("http://")
+                .or_else(|| self.upstream.strip_prefix("https://"))
+                .ok_or(("proxy.upstream", format!("{:?} is not an http:// or https:// URL", self.upstream)))?;
+            if rest.split('/').next().unwrap_or("").is_empty() {
+                return Err(("proxy.upstream", format!("{:?} has no host", self.upstream)));
+            }
+        }
+        self.listen
+            .parse::<std::net::SocketAddr>()
+            .map_err(|e| ("proxy.listen", format!("{:?}: {e}", self.listen)))?;
+        Ok(())
+    }
+}
+
+impl Default for Proxy {
+    fn default() -> Self {
+        Proxy {
+            upstream: String::new(),
+            listen: "127.0.0.1:8787".into(),
+            inject_env: true,
+            agent_api: true,
+            upstream_ca: PathBuf::new(),
+            command: PathBuf::from("crabctl"),
         }
     }
 }
@@ -297,6 +362,7 @@ impl Config {
             return Err(bad("storage.pool", "must not be empty".into()));
         }
         parse_size(&self.storage.pool_size).map_err(|m| bad("storage.pool_size", m))?;
+        self.proxy.check().map_err(|(key, m)| bad(key, m))?;
         Ok(())
     }
 

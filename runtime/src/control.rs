@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::history::Entry;
 use crate::checkpoint::ops::CheckpointRequest;
+use crate::checkpoint::stats::TurnStats;
 use crate::config::Config;
 use crate::inspect::Classification;
 use crate::{Error, Result};
@@ -59,6 +60,35 @@ pub enum Request {
         /// Classify only; take nothing.
         #[serde(default)]
         dry_run: bool,
+        /// Hidden in the LLM's think time: queue the checkpoint at low priority
+        /// until a `Promote` (else high: someone waits for it now).
+        #[serde(default)]
+        background: bool,
+    },
+    /// The LLM answered before the turn's checkpoint is durable: raise that
+    /// checkpoint to high priority in the host's queue.
+    Promote {
+        /// containerd namespace.
+        namespace: String,
+        /// Container id.
+        id: String,
+    },
+    /// An agent's answer was held this long for its turn's checkpoint (reported
+    /// by the proxy, for the container's metrics).
+    Gated {
+        /// containerd namespace.
+        namespace: String,
+        /// Container id.
+        id: String,
+        /// Microseconds held.
+        us: u64,
+    },
+    /// The container's turn metrics.
+    Stats {
+        /// containerd namespace.
+        namespace: String,
+        /// Container id.
+        id: String,
     },
     /// Make the container's processes and files those of a checkpoint, in place.
     Rollback {
@@ -79,6 +109,9 @@ impl Request {
             | Request::List { namespace, id }
             | Request::Remove { namespace, id, .. }
             | Request::Turn { namespace, id, .. }
+            | Request::Promote { namespace, id }
+            | Request::Gated { namespace, id, .. }
+            | Request::Stats { namespace, id }
             | Request::Rollback { namespace, id, .. } => (namespace, id),
         }
     }
@@ -98,7 +131,7 @@ pub struct Rollback {
 }
 
 /// The answer.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "result", rename_all = "kebab-case")]
 pub enum Response {
     /// A checkpoint taken or removed.
@@ -122,6 +155,17 @@ pub enum Response {
     RolledBack {
         /// It.
         report: Rollback,
+    },
+    /// Done; nothing to report.
+    Done {
+        /// Whether it changed anything (for a promotion: whether a checkpoint
+        /// was waiting).
+        changed: bool,
+    },
+    /// The container's turn metrics.
+    Stats {
+        /// They.
+        stats: TurnStats,
     },
     /// The request failed.
     Error {

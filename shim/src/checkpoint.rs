@@ -259,6 +259,7 @@ impl TaskService {
                 oom: None,
                 restore: Some(pending),
                 control,
+                proxy: None,
             },
         );
         Ok(CreateTaskResponse::default())

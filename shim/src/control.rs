@@ -87,14 +87,29 @@ impl TaskService {
                 .crab_remove(&id, &checkpoint)
                 .await
                 .map(|entry| Response::Entry { entry }),
-            Request::Turn { id, dry_run, .. } => {
-                self.crab_turn(&id, dry_run)
+            Request::Turn {
+                id,
+                dry_run,
+                background,
+                ..
+            } => {
+                self.crab_turn(&id, dry_run, background)
                     .await
                     .map(|(classification, entry)| Response::Turn {
                         classification,
                         entry,
                     })
             }
+            Request::Promote { id, .. } => Ok(Response::Done {
+                changed: self.turns.promote(&id),
+            }),
+            Request::Gated { id, us, .. } => {
+                self.turns.gated(&id, us);
+                Ok(Response::Done { changed: true })
+            }
+            Request::Stats { id, .. } => Ok(Response::Stats {
+                stats: self.turns.stats(&id),
+            }),
             Request::Rollback { id, checkpoint, .. } => self
                 .crab_rollback(&id, &checkpoint)
                 .await
@@ -229,6 +244,9 @@ impl TaskService {
                 inst.init.status = Status::RUNNING;
                 let ms = started.elapsed().as_millis() as u64;
                 tracing::info!(%id, seq = entry.seq, pid, ms, "rolled back");
+                if let Some(p) = &inst.proxy {
+                    p.relisten();
+                }
                 Ok(Rollback {
                     checkpoint: entry,
                     pid,

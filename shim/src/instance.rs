@@ -37,6 +37,8 @@ pub struct Instance {
     pub restore: Option<PendingRestore>,
     /// The control socket's server.
     pub control: Option<JoinHandle<()>>,
+    /// The turn proxy, when the configuration asks for one.
+    pub proxy: Option<crate::proxy::TurnProxy>,
 }
 
 impl Instance {

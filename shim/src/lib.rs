@@ -18,6 +18,7 @@ pub mod metrics;
 pub mod oom;
 pub mod options;
 pub mod process;
+pub mod proxy;
 pub mod rootfs;
 pub mod service;
 pub mod task;

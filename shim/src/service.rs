@@ -23,6 +23,8 @@ pub struct Service {
     namespace: String,
     id: String,
     bundle: PathBuf,
+    /// containerd's GRPC address.
+    address: String,
 }
 
 #[async_trait]
@@ -42,6 +44,7 @@ impl Shim for Service {
             namespace: args.namespace.clone(),
             id: args.id.clone(),
             bundle,
+            address: args.address.clone(),
         }
     }
 
@@ -102,7 +105,7 @@ impl Shim for Service {
 
     async fn create_task_service(&self, publisher: RemotePublisher) -> Self::T {
         let events = Events::new(publisher, &self.namespace);
-        let service = TaskService::new(events, self.exit.clone(), &self.namespace);
+        let service = TaskService::new(events, self.exit.clone(), &self.namespace, &self.address);
         let exits = service.clone();
         match monitor_subscribe(Topic::Pid).await {
             Ok(mut sub) => {

@@ -61,6 +61,9 @@ pub struct TaskService {
     pub(crate) events: Events,
     pub(crate) exit: Arc<ExitSignal>,
     pub(crate) namespace: String,
+    pub(crate) turns: Arc<crate::turn::Turns>,
+    /// containerd's address (the proxy's forks go through it).
+    pub(crate) address: String,
 }
 
 pub(crate) async fn blocking<T: Send + 'static>(
@@ -78,12 +81,19 @@ fn not_found(id: &str) -> ShimError {
 
 impl TaskService {
     /// A service with no containers.
-    pub fn new(events: Events, exit: Arc<ExitSignal>, namespace: &str) -> TaskService {
+    pub fn new(
+        events: Events,
+        exit: Arc<ExitSignal>,
+        namespace: &str,
+        address: &str,
+    ) -> TaskService {
         TaskService {
             state: Arc::new(Mutex::new(State::default())),
             events,
             exit,
             namespace: namespace.to_string(),
+            turns: Arc::default(),
+            address: address.to_string(),
         }
     }
 
@@ -112,6 +122,8 @@ impl TaskService {
         )?;
         let bundle = PathBuf::from(&req.bundle);
         config.storage.backend = rootfs::backend_for(&config, &bundle)?;
+        let spec = crab_runtime::container::load_spec(&bundle)?;
+        crate::proxy::configure(&mut config, &spec)?;
         tracing::info!(id = %req.id, ?source, backend = ?config.storage.backend, "create");
         let key = ContainerKey::new(&self.namespace, &req.id)?;
         // Written before anything is made, so that `delete` after a shim crash knows
@@ -128,6 +140,7 @@ impl TaskService {
             }
             return created;
         }
+        crate::proxy::inject_env(&config, &bundle)?;
         let rootfs_mounted =
             rootfs::prepare(&config, &key, &req.rootfs, &bundle.join("rootfs")).await?;
         let stdio = StdioPaths {
@@ -153,6 +166,19 @@ impl TaskService {
                 return Err(e);
             }
         };
+        let proxy = match self.start_proxy(&config, &bundle, &req.id).await {
+            Ok(p) => p,
+            Err(e) => {
+                let c = container.clone();
+                let _ = blocking(move || {
+                    let _ = c.kill(Signal::SIGKILL, true);
+                    c.delete()
+                })
+                .await;
+                rootfs::release(&config, &key, &bundle.join("rootfs"), rootfs_mounted).await;
+                return Err(e);
+            }
+        };
         let mut init = Process::new("", stdio);
         init.pid = pid;
         init.io = Some(io);
@@ -172,6 +198,7 @@ impl TaskService {
                 image: crate::checkpoint::image_mounts(&req),
                 restore: None,
                 control,
+                proxy,
             },
         );
         self.publish_create(&req, pid).await;
@@ -179,6 +206,33 @@ impl TaskService {
             pid: pid as u32,
             ..Default::default()
         })
+    }
+
+    /// Starts the container's turn proxy when its configuration asks for one.
+    pub(crate) async fn start_proxy(
+        &self,
+        config: &Config,
+        bundle: &Path,
+        id: &str,
+    ) -> ShimResult<Option<crate::proxy::TurnProxy>> {
+        if !config.proxy.enabled() {
+            return Ok(None);
+        }
+        let (config, bundle, id) = (config.clone(), bundle.to_path_buf(), id.to_string());
+        let (namespace, address) = (self.namespace.clone(), self.address.clone());
+        tokio::task::spawn_blocking(move || {
+            let log = config.namespace_dir(&namespace).join(format!("{id}.proxy.log"));
+            let launch = crate::proxy::Launch {
+                config_file: &bundle.join(BUNDLE_CONFIG),
+                address: &address,
+                namespace: &namespace,
+                id: &id,
+                log: &log,
+            };
+            crate::proxy::start(&config, &launch).map(Some)
+        })
+        .await
+        .map_err(|e| ShimError::Other(format!("turn proxy: {e}")))?
     }
 
     async fn publish_create(&self, req: &CreateTaskRequest, pid: i32) {
@@ -215,6 +269,11 @@ impl TaskService {
             }
             if inst.restore.is_some() {
                 self.start_restored(inst).await?;
+                // The restored processes are in a new network namespace.
+                match self.start_proxy(&inst.config, &inst.bundle, &req.id).await {
+                    Ok(p) => inst.proxy = p,
+                    Err(e) => tracing::error!(id = %req.id, error = %e, "no turn proxy"),
+                }
             } else {
                 let c = inst.container.clone();
                 blocking(move || c.start()).await?;
@@ -391,6 +450,7 @@ impl TaskService {
             )));
         }
         let mut inst = state.containers.remove(&req.id).expect("checked above");
+        self.turns.forget(&req.id);
         if let Some(io) = inst.init.io.as_mut() {
             io.finish(OUTPUT_DRAIN).await;
         }
@@ -401,6 +461,9 @@ impl TaskService {
         }
         if let Some(t) = inst.oom.take() {
             t.abort();
+        }
+        if let Some(p) = inst.proxy.take() {
+            let _ = tokio::task::spawn_blocking(move || p.stop()).await;
         }
         if let Some(t) = inst.control.take() {
             t.abort();
@@ -611,7 +674,7 @@ impl TaskService {
                 // state lock is free (after this exit is recorded).
                 let (svc, id) = (self.clone(), id.clone());
                 tokio::spawn(async move {
-                    if let Err(e) = svc.crab_turn(&id, false).await {
+                    if let Err(e) = svc.crab_turn(&id, false, true).await {
                         tracing::warn!(%id, error = %e, "turn after exec");
                     }
                 });

@@ -1,8 +1,15 @@
-//! `crabctl turn`: the end of an agent's turn, through the semantic policy.
+//! `crabctl turn`: the end of an agent's turn, through the semantic policy, and
+//! the turn metrics of each container.
 
-use crab_runtime::checkpoint::bounded;
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Instant;
+
+use crab_runtime::checkpoint::bounded_at;
 use crab_runtime::checkpoint::history::Entry;
 use crab_runtime::checkpoint::ops::CheckpointRequest;
+use crab_runtime::checkpoint::sched::Priority;
+use crab_runtime::checkpoint::stats::{Recorder, TurnStats};
 use crab_runtime::checkpoint::Kind;
 use crab_runtime::config::PolicyMode;
 use crab_runtime::inspect::{self, Classification};
@@ -11,20 +18,103 @@ use crate::control::check_dumpable;
 use crate::error::ShimResult;
 use crate::task::{blocking, TaskService};
 
+/// Each container's pending turn (to promote) and metrics. Kept apart from the
+/// task state: a promotion must get through while the turn holds that lock.
+#[derive(Debug, Default)]
+pub struct Turns(Mutex<HashMap<String, TurnsOf>>);
+
+#[derive(Debug, Default)]
+struct TurnsOf {
+    pending: Option<Priority>,
+    recorder: Recorder,
+}
+
+impl Turns {
+    fn with<T>(&self, id: &str, f: impl FnOnce(&mut TurnsOf) -> T) -> T {
+        let mut all = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        f(all.entry(id.to_string()).or_default())
+    }
+
+    /// Raises the pending turn checkpoint of `id`, if any, to high priority.
+    pub fn promote(&self, id: &str) -> bool {
+        self.with(id, |t| match &t.pending {
+            Some(p) if !p.is_high() => {
+                p.promote();
+                t.recorder.promoted();
+                true
+            }
+            _ => false,
+        })
+    }
+
+    /// Records how long an answer was held for `id`'s turn.
+    pub fn gated(&self, id: &str, us: u64) {
+        self.with(id, |t| t.recorder.gated(us as f64 / 1000.0));
+    }
+
+    /// `id`'s metrics.
+    pub fn stats(&self, id: &str) -> TurnStats {
+        self.with(id, |t| t.recorder.stats())
+    }
+
+    /// Forgets a deleted container.
+    pub fn forget(&self, id: &str) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
+    }
+}
+
 impl TaskService {
     /// Classifies the container's turn and, unless `dry_run`, takes the
     /// checkpoint it needs: nothing but a manifest entry for a skip, a snapshot
-    /// for fs-only, a dump for process-only, both for full.
+    /// for fs-only, a dump for process-only, both for full. A `background` turn
+    /// (one hidden in the LLM's think time) queues at low priority until
+    /// promoted.
     pub async fn crab_turn(
         &self,
         id: &str,
         dry_run: bool,
+        background: bool,
     ) -> ShimResult<(Classification, Option<Entry>)> {
+        let started = Instant::now();
+        let priority = if background {
+            Priority::low()
+        } else {
+            Priority::high()
+        };
+        self.turns
+            .with(id, |t| t.pending = Some(priority.clone()));
+        let result = self.turn_locked(id, dry_run, priority).await;
+        let total_ms = started.elapsed().as_secs_f64() * 1000.0;
+        self.turns.with(id, |t| {
+            t.pending = None;
+            match &result {
+                Ok((_, Some((entry, waited)))) => t.recorder.turn(
+                    entry.kind,
+                    total_ms,
+                    waited.as_secs_f64() * 1000.0,
+                    entry.process_bytes,
+                ),
+                Ok((_, None)) => {}
+                Err(_) => t.recorder.failed(),
+            }
+        });
+        let (class, entry) = result?;
+        tracing::info!(%id, kind = ?class.kind, reasons = ?class.reasons,
+            classify_us = class.elapsed_us, total_ms, "turn");
+        Ok((class, entry.map(|(e, _)| e)))
+    }
+
+    async fn turn_locked(
+        &self,
+        id: &str,
+        dry_run: bool,
+        priority: Priority,
+    ) -> ShimResult<(Classification, Option<(Entry, std::time::Duration)>)> {
         let state = self.state.lock().await;
         let inst = state.get(id)?;
         check_dumpable(inst, id)?;
         let (c, config) = (inst.container.clone(), inst.config.clone());
-        let (class, entry) = blocking(move || {
+        blocking(move || {
             let class = match config.policy.mode {
                 PolicyMode::Adaptive => {
                     let insp = inspect::inspector(&config)?;
@@ -40,16 +130,13 @@ impl TaskService {
                 name: None,
                 mark: false,
             };
-            let entry = if class.kind == Kind::Skip {
-                c.take_checkpoint(&config, req)?
+            let taken = if class.kind == Kind::Skip {
+                (c.take_checkpoint(&config, req)?, std::time::Duration::ZERO)
             } else {
-                bounded(&config, || c.take_checkpoint(&config, req))?
+                bounded_at(&config, &priority, || c.take_checkpoint(&config, req))?
             };
-            Ok::<_, crab_runtime::Error>((class, Some(entry)))
+            Ok::<_, crab_runtime::Error>((class, Some(taken)))
         })
-        .await?;
-        tracing::info!(%id, kind = ?class.kind, reasons = ?class.reasons,
-            classify_us = class.elapsed_us, "turn");
-        Ok((class, entry))
+        .await
     }
 }

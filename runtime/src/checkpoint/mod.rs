@@ -15,8 +15,9 @@ pub mod history;
 pub mod ops;
 pub mod restore_helper;
 pub mod reuse;
-pub mod slots;
+pub mod sched;
 pub mod source;
+pub mod stats;
 pub mod tty;
 
 use std::path::{Path, PathBuf};
@@ -178,14 +179,29 @@ impl Manifest {
     }
 }
 
-/// Runs `f` holding one of the host's checkpoint slots (`checkpoint.max_parallel`):
-/// dumps and restores of different containers run in parallel, within the bound.
+/// Runs `f` holding one of the host's checkpoint slots (`checkpoint.max_parallel`),
+/// queued at high priority: what a person or containerd asked for.
 pub fn bounded<T>(config: &crate::config::Config, f: impl FnOnce() -> Result<T>) -> Result<T> {
-    let _slot = slots::acquire(
+    bounded_at(config, &sched::Priority::high(), f).map(|(v, _)| v)
+}
+
+/// Runs `f` holding one of the host's checkpoint slots, queued at `priority`
+/// (which may be promoted while it waits); also says how long it waited.
+/// Dumps and restores of different containers run in parallel, within the bound.
+pub fn bounded_at<T>(
+    config: &crate::config::Config,
+    priority: &sched::Priority,
+    f: impl FnOnce() -> Result<T>,
+) -> Result<(T, std::time::Duration)> {
+    let slot = sched::acquire(
         &config.state_dir.join("slots"),
         config.checkpoint.max_parallel,
+        priority,
     )?;
-    f()
+    let waited = slot.as_ref().map(|s| s.waited).unwrap_or_default();
+    let v = f()?;
+    drop(slot);
+    Ok((v, waited))
 }
 
 /// Total size of the regular files under `dir`.

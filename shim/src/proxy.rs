@@ -1,0 +1,204 @@
+//! The container's turn proxy: a child process of the shim (`crabctl proxy
+//! --managed`), so the shim never speaks HTTP.
+//!
+//! - **When.** The runtime config's `[proxy] upstream`, or the annotation
+//!   `io.crab.proxy.upstream`, turns it on; `io.crab.proxy.listen` moves it.
+//! - **The environment.** Before the container is made, its spec gets
+//!   `OPENAI_BASE_URL` and `ANTHROPIC_BASE_URL` pointing at the listener
+//!   (unless the spec sets them already).
+//! - **Lifetime.** The proxy reads a pipe whose other end only the shim holds:
+//!   when the shim dies, even by SIGKILL, the proxy sees EOF and exits. The shim
+//!   stops it when the task is deleted.
+//! - **Restore and rollback.** They put the processes in a new network
+//!   namespace; SIGHUP tells the proxy to bind a listener there too (it keeps
+//!   the old one, which an agent outside the sandbox may still be using).
+
+use std::io::{BufRead, BufReader};
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use crab_runtime::config::Config;
+use nix::sys::signal::Signal;
+use oci_spec::runtime::Spec;
+
+use crate::error::{ShimError, ShimResult};
+
+/// The annotation that turns the proxy on for one container (its upstream).
+pub const UPSTREAM_ANNOTATION: &str = "io.crab.proxy.upstream";
+/// The annotation that sets where it listens in the container.
+pub const LISTEN_ANNOTATION: &str = "io.crab.proxy.listen";
+/// How long the shim waits for the proxy's listener.
+const READY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Applies the container's proxy annotations to `config`, and checks them.
+pub fn configure(config: &mut Config, spec: &Spec) -> ShimResult<()> {
+    if let Some(a) = spec.annotations() {
+        if let Some(u) = a.get(UPSTREAM_ANNOTATION) {
+            config.proxy.upstream = u.clone();
+        }
+        if let Some(l) = a.get(LISTEN_ANNOTATION) {
+            config.proxy.listen = l.clone();
+        }
+    }
+    config
+        .proxy
+        .check()
+        .map_err(|(key, m)| ShimError::InvalidArgument(format!("turn proxy: {key}: {m}")))
+}
+
+/// The variables that point an agent's SDK at the proxy.
+fn base_urls(listen: &str) -> [(&'static str, String); 2] {
+    [
+        ("OPENAI_BASE_URL", format!("http://{listen}/v1")),
+        ("ANTHROPIC_BASE_URL", format!("http://{listen}")),
+    ]
+}
+
+/// Adds the base-URL variables to the process of `bundle/config.json`. The
+/// file is edited as JSON so that fields this crate's spec types do not know
+/// survive.
+pub fn inject_env(config: &Config, bundle: &Path) -> ShimResult<()> {
+    if !config.proxy.enabled() || !config.proxy.inject_env {
+        return Ok(());
+    }
+    let file = bundle.join("config.json");
+    let bad = |e: String| ShimError::Other(format!("{}: {e}", file.display()));
+    let text = std::fs::read(&file).map_err(|e| bad(e.to_string()))?;
+    let mut spec: serde_json::Value =
+        serde_json::from_slice(&text).map_err(|e| bad(e.to_string()))?;
+    let Some(env) = spec
+        .pointer_mut("/process/env")
+        .and_then(|e| e.as_array_mut())
+    else {
+        return Ok(());
+    };
+    for (name, value) in base_urls(&config.proxy.listen) {
+        let prefix = format!("{name}=");
+        if !env
+            .iter()
+            .any(|v| v.as_str().is_some_and(|s| s.starts_with(&prefix)))
+        {
+            env.push(format!("{prefix}{value}").into());
+        }
+    }
+    let out = serde_json::to_vec(&spec).map_err(|e| bad(e.to_string()))?;
+    std::fs::write(&file, out).map_err(|e| bad(e.to_string()))
+}
+
+/// The running proxy of one container.
+#[derive(Debug)]
+pub struct TurnProxy {
+    child: Child,
+    /// The write end of the proxy's lifeline pipe.
+    _lifeline: OwnedFd,
+}
+
+/// Where to find the proxy program: a path as given, else beside the shim's
+/// own binary, else a name for `PATH`.
+fn program(config: &Config) -> PathBuf {
+    let cmd = &config.proxy.command;
+    if cmd.is_absolute() {
+        return cmd.clone();
+    }
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|d| d.join(cmd)))
+        .filter(|p| p.is_file())
+        .unwrap_or_else(|| cmd.clone())
+}
+
+/// What the proxy is started with.
+pub struct Launch<'a> {
+    /// The container's resolved configuration file (beside its bundle).
+    pub config_file: &'a Path,
+    /// containerd's address, for forks.
+    pub address: &'a str,
+    /// containerd namespace.
+    pub namespace: &'a str,
+    /// Container id.
+    pub id: &'a str,
+    /// Where its log goes.
+    pub log: &'a Path,
+}
+
+/// Starts the proxy and waits until it listens in the container.
+pub fn start(config: &Config, l: &Launch) -> ShimResult<TurnProxy> {
+    let fail = |m: String| ShimError::Other(format!("turn proxy of {}: {m}", l.id));
+    let (life_r, life_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+        .map_err(|e| fail(format!("pipe: {e}")))?;
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(l.log)
+        .map_err(|e| fail(format!("open {}: {e}", l.log.display())))?;
+    let mut cmd = Command::new(program(config));
+    cmd.arg("--config")
+        .arg(l.config_file)
+        .args(["--address", l.address, "--namespace", l.namespace])
+        .args(["proxy", l.id, "--managed"])
+        .args(["--upstream", &config.proxy.upstream])
+        .args(["--listen", &config.proxy.listen]);
+    if !config.policy.fail_closed {
+        cmd.arg("--fail-open");
+    }
+    if config.proxy.agent_api {
+        cmd.arg("--agent-api");
+    }
+    if !config.proxy.upstream_ca.as_os_str().is_empty() {
+        cmd.arg("--upstream-ca").arg(&config.proxy.upstream_ca);
+    }
+    let mut child = cmd
+        .stdin(Stdio::from(life_r))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(log))
+        .spawn()
+        .map_err(|e| fail(format!("run {}: {e}", program(config).display())))?;
+    let stdout = child.stdout.take().expect("piped");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = BufReader::new(stdout).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    let proxy = TurnProxy {
+        child,
+        _lifeline: life_w,
+    };
+    match rx.recv_timeout(READY_TIMEOUT) {
+        Ok(line) if line.starts_with("ready ") => {
+            tracing::info!(id = %l.id, listen = %line.trim_end(), "turn proxy");
+            Ok(proxy)
+        }
+        Ok(line) => {
+            proxy.stop();
+            let log = std::fs::read_to_string(l.log).unwrap_or_default();
+            let last = log.lines().last().unwrap_or("").to_string();
+            Err(fail(format!(
+                "it did not start ({:?}): {last}",
+                line.trim_end()
+            )))
+        }
+        Err(_) => {
+            proxy.stop();
+            Err(fail(format!("not listening after {READY_TIMEOUT:?}")))
+        }
+    }
+}
+
+impl TurnProxy {
+    /// After a restore or rollback: listen in the container's new namespace too.
+    pub fn relisten(&self) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        if let Err(e) = nix::sys::signal::kill(pid, Signal::SIGHUP) {
+            tracing::warn!(error = %e, "cannot tell the turn proxy to relisten");
+        }
+    }
+
+    /// Stops it (the task is deleted).
+    pub fn stop(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
