@@ -46,25 +46,47 @@ async fn rest_routes_reach_the_sandbox() {
     let got = send(p, "GET", "/.crab/v1/checkpoints", "").await;
     assert_eq!(got.status, StatusCode::OK);
     assert_eq!(got.content_type, "application/json");
-    assert_eq!(got.json(), json!({"checkpoints": [{"seq": 1, "name": "first"}]}));
+    assert_eq!(
+        got.json(),
+        json!({"checkpoints": [{"seq": 1, "name": "first"}]})
+    );
 
     let got = send(p, "POST", "/.crab/v1/checkpoints", "{\"name\":\"before\"}").await;
     assert_eq!(got.status, StatusCode::CREATED);
-    assert_eq!(got.json(), json!({"checkpoint": {"seq": 2, "name": "before"}}));
+    assert_eq!(
+        got.json(),
+        json!({"checkpoint": {"seq": 2, "name": "before"}})
+    );
 
     let got = send(p, "POST", "/.crab/v1/checkpoints", "").await;
     assert_eq!(got.status, StatusCode::CREATED, "an empty body is allowed");
 
-    let got = send(p, "POST", "/.crab/v1/rollback", "{\"checkpoint\":\"first\"}").await;
+    let got = send(
+        p,
+        "POST",
+        "/.crab/v1/rollback",
+        "{\"checkpoint\":\"first\"}",
+    )
+    .await;
     assert_eq!(got.status, StatusCode::OK);
     assert_eq!(got.json(), json!({"rolled_back": {"seq": 1}}));
 
-    let got = send(p, "POST", "/.crab/v1/fork", "{\"checkpoint\":2,\"count\":2}").await;
+    let got = send(
+        p,
+        "POST",
+        "/.crab/v1/fork",
+        "{\"checkpoint\":2,\"count\":2}",
+    )
+    .await;
     assert_eq!(got.status, StatusCode::OK);
     assert_eq!(got.json(), json!({"ids": ["web-fork-0", "web-fork-1"]}));
 
     let got = send(p, "POST", "/.crab/v1/fork", "{}").await;
-    assert_eq!(got.json(), json!({"ids": ["web-fork-0"]}), "count 1 by default");
+    assert_eq!(
+        got.json(),
+        json!({"ids": ["web-fork-0"]}),
+        "count 1 by default"
+    );
 
     assert_eq!(
         s.sandbox.calls(),
@@ -87,14 +109,49 @@ async fn rest_errors_are_json_with_the_right_status() {
     let error = |got: &Got| got.json()["error"].as_str().unwrap().to_string();
 
     for (method, path, body, status) in [
-        ("POST", "/.crab/v1/rollback", "{not json", StatusCode::BAD_REQUEST),
+        (
+            "POST",
+            "/.crab/v1/rollback",
+            "{not json",
+            StatusCode::BAD_REQUEST,
+        ),
         ("POST", "/.crab/v1/rollback", "{}", StatusCode::BAD_REQUEST),
-        ("POST", "/.crab/v1/fork", "{\"count\":0}", StatusCode::BAD_REQUEST),
-        ("POST", "/.crab/v1/fork", "{\"count\":65}", StatusCode::BAD_REQUEST),
-        ("POST", "/.crab/v1/fork", "{\"chekpoint\":\"a\"}", StatusCode::BAD_REQUEST),
-        ("POST", "/.crab/v1/checkpoints", "[1]", StatusCode::BAD_REQUEST),
-        ("GET", "/.crab/v1/rollback", "", StatusCode::METHOD_NOT_ALLOWED),
-        ("DELETE", "/.crab/v1/checkpoints", "", StatusCode::METHOD_NOT_ALLOWED),
+        (
+            "POST",
+            "/.crab/v1/fork",
+            "{\"count\":0}",
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "POST",
+            "/.crab/v1/fork",
+            "{\"count\":65}",
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "POST",
+            "/.crab/v1/fork",
+            "{\"chekpoint\":\"a\"}",
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "POST",
+            "/.crab/v1/checkpoints",
+            "[1]",
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "GET",
+            "/.crab/v1/rollback",
+            "",
+            StatusCode::METHOD_NOT_ALLOWED,
+        ),
+        (
+            "DELETE",
+            "/.crab/v1/checkpoints",
+            "",
+            StatusCode::METHOD_NOT_ALLOWED,
+        ),
         ("GET", "/.crab/v2/anything", "", StatusCode::NOT_FOUND),
         ("GET", "/.crab", "", StatusCode::NOT_FOUND),
     ] {
@@ -102,13 +159,22 @@ async fn rest_errors_are_json_with_the_right_status() {
         assert_eq!(got.status, status, "{method} {path} {body}: {}", got.text());
         assert!(!error(&got).is_empty());
     }
-    assert!(s.sandbox.calls().is_empty(), "no bad request reached the sandbox");
+    assert!(
+        s.sandbox.calls().is_empty(),
+        "no bad request reached the sandbox"
+    );
 
     // The sandbox's own failures are 500s that say why.
     let got = send(p, "POST", "/.crab/v1/checkpoints", "{\"name\":\"fail\"}").await;
     assert_eq!(got.status, StatusCode::INTERNAL_SERVER_ERROR);
     assert_eq!(error(&got), "disk full");
-    let got = send(p, "POST", "/.crab/v1/rollback", "{\"checkpoint\":\"missing\"}").await;
+    let got = send(
+        p,
+        "POST",
+        "/.crab/v1/rollback",
+        "{\"checkpoint\":\"missing\"}",
+    )
+    .await;
     assert_eq!(got.status, StatusCode::INTERNAL_SERVER_ERROR);
     assert!(error(&got).contains("missing"));
     s.assert_local();
@@ -118,7 +184,14 @@ async fn rest_errors_are_json_with_the_right_status() {
 async fn web_pages_are_refused() {
     let s = setup().await;
     let headers = [("origin", "http://evil.example:8080")];
-    let got = send_with(s.proxy, "POST", "/.crab/v1/rollback", "{\"checkpoint\":1}", &headers).await;
+    let got = send_with(
+        s.proxy,
+        "POST",
+        "/.crab/v1/rollback",
+        "{\"checkpoint\":1}",
+        &headers,
+    )
+    .await;
     assert_eq!(got.status, StatusCode::FORBIDDEN);
     let headers = [("origin", "http://127.0.0.1:8080")];
     let got = send_with(s.proxy, "GET", "/.crab/v1/checkpoints", "", &headers).await;
@@ -165,9 +238,12 @@ async fn mcp_initialize_list_and_notifications() {
     let s = setup().await;
     let p = s.proxy;
 
-    let (status, r) = rpc(p, json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+    let (status, r) = rpc(
+        p,
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
         "params": {"protocolVersion": "2025-03-26", "capabilities": {},
-                   "clientInfo": {"name": "t", "version": "0"}}}))
+                   "clientInfo": {"name": "t", "version": "0"}}}),
+    )
     .await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(r["id"], 1);
@@ -175,23 +251,39 @@ async fn mcp_initialize_list_and_notifications() {
     assert_eq!(r["result"]["capabilities"], json!({"tools": {}}));
     assert_eq!(r["result"]["serverInfo"]["name"], "crab-sandbox");
 
-    let (_, r) = rpc(p, json!({"jsonrpc": "2.0", "id": 2, "method": "initialize",
-        "params": {"protocolVersion": "1999-01-01"}}))
+    let (_, r) = rpc(
+        p,
+        json!({"jsonrpc": "2.0", "id": 2, "method": "initialize",
+        "params": {"protocolVersion": "1999-01-01"}}),
+    )
     .await;
     assert_eq!(r["result"]["protocolVersion"], "2025-06-18");
 
-    let (status, r) = rpc(p, json!({"jsonrpc": "2.0", "method": "notifications/initialized"})).await;
+    let (status, r) = rpc(
+        p,
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+    )
+    .await;
     assert_eq!((status, r), (StatusCode::ACCEPTED, Value::Null));
 
     let (_, r) = rpc(p, json!({"jsonrpc": "2.0", "id": "p", "method": "ping"})).await;
     assert_eq!(r, json!({"jsonrpc": "2.0", "id": "p", "result": {}}));
 
-    let (_, r) = rpc(p, json!({"jsonrpc": "2.0", "id": 3, "method": "tools/list"})).await;
+    let (_, r) = rpc(
+        p,
+        json!({"jsonrpc": "2.0", "id": 3, "method": "tools/list"}),
+    )
+    .await;
     let tools = r["result"]["tools"].as_array().unwrap();
     let names: Vec<&str> = tools.iter().map(|t| t["name"].as_str().unwrap()).collect();
     assert_eq!(
         names,
-        ["sandbox_checkpoint", "sandbox_rollback", "sandbox_list_checkpoints", "sandbox_fork"]
+        [
+            "sandbox_checkpoint",
+            "sandbox_rollback",
+            "sandbox_list_checkpoints",
+            "sandbox_fork"
+        ]
     );
     for t in tools {
         assert_eq!(t["inputSchema"]["type"], "object", "{t}");
@@ -215,20 +307,35 @@ async fn mcp_tools_call_the_sandbox() {
     let (_, r) = rpc(p, call(1, "sandbox_checkpoint", json!({"name": "a"}))).await;
     assert_eq!(text(&r), json!({"checkpoint": {"seq": 2, "name": "a"}}));
     let (_, r) = rpc(p, call(2, "sandbox_list_checkpoints", json!({}))).await;
-    assert_eq!(text(&r), json!({"checkpoints": [{"seq": 1, "name": "first"}]}));
+    assert_eq!(
+        text(&r),
+        json!({"checkpoints": [{"seq": 1, "name": "first"}]})
+    );
     let (_, r) = rpc(p, call(3, "sandbox_rollback", json!({"checkpoint": "a"}))).await;
     assert_eq!(text(&r), json!({"rolled_back": {"seq": 1}}));
     let (_, r) = rpc(p, call(4, "sandbox_fork", json!({"count": 3}))).await;
-    assert_eq!(text(&r), json!({"ids": ["web-fork-0", "web-fork-1", "web-fork-2"]}));
+    assert_eq!(
+        text(&r),
+        json!({"ids": ["web-fork-0", "web-fork-1", "web-fork-2"]})
+    );
     // No arguments at all is an empty object.
-    let (_, r) = rpc(p, json!({"jsonrpc": "2.0", "id": 5, "method": "tools/call",
-        "params": {"name": "sandbox_checkpoint"}}))
+    let (_, r) = rpc(
+        p,
+        json!({"jsonrpc": "2.0", "id": 5, "method": "tools/call",
+        "params": {"name": "sandbox_checkpoint"}}),
+    )
     .await;
     assert_eq!(text(&r)["checkpoint"]["seq"], 2);
 
     assert_eq!(
         s.sandbox.calls(),
-        ["checkpoint Some(\"a\")", "list", "rollback a", "fork None 3", "checkpoint None"]
+        [
+            "checkpoint Some(\"a\")",
+            "list",
+            "rollback a",
+            "fork None 3",
+            "checkpoint None"
+        ]
     );
     s.assert_local();
 }
@@ -239,18 +346,32 @@ async fn mcp_errors() {
     let p = s.proxy;
 
     // Tool failures and bad arguments are results the LLM can read.
-    let (status, r) = rpc(p, call(1, "sandbox_rollback", json!({"checkpoint": "missing"}))).await;
+    let (status, r) = rpc(
+        p,
+        call(1, "sandbox_rollback", json!({"checkpoint": "missing"})),
+    )
+    .await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(r["result"]["isError"], true);
-    assert!(r["result"]["content"][0]["text"].as_str().unwrap().contains("missing"));
+    assert!(r["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .contains("missing"));
     let (_, r) = rpc(p, call(2, "sandbox_rollback", json!({}))).await;
     assert_eq!(r["result"]["isError"], true);
-    assert!(r["result"]["content"][0]["text"].as_str().unwrap().contains("checkpoint"));
+    assert!(r["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .contains("checkpoint"));
 
     let (_, r) = rpc(p, call(3, "sandbox_destroy", json!({}))).await;
     assert_eq!(r["error"]["code"], -32602);
     assert_eq!(r["id"], 3);
-    let (_, r) = rpc(p, json!({"jsonrpc": "2.0", "id": 4, "method": "resources/list"})).await;
+    let (_, r) = rpc(
+        p,
+        json!({"jsonrpc": "2.0", "id": 4, "method": "resources/list"}),
+    )
+    .await;
     assert_eq!(r["error"]["code"], -32601);
 
     let got = send(p, "POST", "/.crab/mcp", "{\"jsonrpc\":").await;
@@ -258,7 +379,10 @@ async fn mcp_errors() {
     assert_eq!(got.json()["error"]["code"], -32700);
     assert_eq!(got.json()["id"], Value::Null);
     let (status, r) = rpc(p, json!([{"jsonrpc": "2.0", "id": 5, "method": "ping"}])).await;
-    assert_eq!((status, r["error"]["code"].clone()), (StatusCode::BAD_REQUEST, json!(-32600)));
+    assert_eq!(
+        (status, r["error"]["code"].clone()),
+        (StatusCode::BAD_REQUEST, json!(-32600))
+    );
 
     let got = send(p, "GET", "/.crab/mcp", "").await;
     assert_eq!(got.status, StatusCode::METHOD_NOT_ALLOWED);

@@ -73,7 +73,11 @@ async fn the_answer_is_held_until_the_gate_opens_and_the_gate_is_promoted() {
     let answer = tokio::spawn(send(proxy, "POST", "/v1/chat/completions", REQUEST));
     // The upstream answered at once; the agent still has nothing.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(seen.lock().unwrap().len(), 1, "the request went upstream at once");
+    assert_eq!(
+        seen.lock().unwrap().len(),
+        1,
+        "the request went upstream at once"
+    );
     assert!(!answer.is_finished(), "the answer is held");
     assert_eq!(boundary.promoted(), 1, "the answer came first: promoted");
 
@@ -135,7 +139,11 @@ async fn an_unreachable_upstream_gives_502_naming_it() {
 
     let got = send(proxy, "POST", "/v1/chat/completions", REQUEST).await;
     assert_eq!(got.status, StatusCode::BAD_GATEWAY);
-    assert!(got.text().contains(&format!("http://{up}")), "{}", got.text());
+    assert!(
+        got.text().contains(&format!("http://{up}")),
+        "{}",
+        got.text()
+    );
     assert!(!got.text().contains("sk-secret"));
 }
 
