@@ -106,6 +106,6 @@ mod tests {
         let (r, held) = held.await.unwrap();
         assert!(r.is_ok());
         assert_eq!(n.load(Ordering::SeqCst), 1);
-        assert!(held >= Duration::from_millis(30));
+        assert!(held >= Duration::from_millis(20), "held {held:?}");
     }
 }
