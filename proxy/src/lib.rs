@@ -6,17 +6,27 @@
 //! request upstream at once, so the checkpoint runs while the LLM thinks. When
 //! the answer arrives before the checkpoint is durable, the answer is held until
 //! it is, then streamed to the agent chunk by chunk. Every other path passes
-//! through untouched.
+//! through untouched, except the reserved prefix `/.crab/`: there the agent
+//! reaches its own sandbox (checkpoint, rollback, fork; REST and MCP) through
+//! the caller's [`Sandbox`].
 //!
 //! The listening socket is made inside the container's network namespace
 //! ([`netns::bind_in`]); the proxy itself runs on the host and connects
-//! upstream from there. This crate knows HTTP only: what a turn boundary does
-//! (classify, checkpoint) is the caller's [`Boundary`].
+//! upstream from there. One [`Proxy`] can serve several such listeners (a
+//! rolled-back container lives in a new namespace). This crate knows HTTP
+//! only: what a turn boundary or a sandbox call does is the caller's.
 
+mod api;
+mod mcp;
 pub mod netns;
 mod server;
+mod turn;
+mod upstream;
 
-pub use server::{serve, Boundary, Gate, Upstream};
+pub use api::Sandbox;
+pub use server::Proxy;
+pub use turn::{Boundary, Gate};
+pub use upstream::Upstream;
 
 /// What can go wrong setting the proxy up.
 #[derive(Debug, thiserror::Error)]
@@ -30,8 +40,16 @@ pub enum Error {
         source: std::io::Error,
     },
     /// The upstream address is not usable.
-    #[error("bad upstream {0:?}: expected http://host:port")]
+    #[error("bad upstream {0:?}: expected http://host:port or https://host[:port]")]
     BadUpstream(String),
+    /// The CA file for an HTTPS upstream is not usable.
+    #[error("CA file {path}: {reason}")]
+    CaFile {
+        /// The file given.
+        path: String,
+        /// Why it cannot be used.
+        reason: String,
+    },
 }
 
 /// Result of this crate's calls.

@@ -1,9 +1,8 @@
-//! The proxy's HTTP side: accept, mark turn boundaries, forward, hold the
-//! answer until the turn's checkpoint is durable, stream it back.
+//! The proxy's HTTP side: accept, route the agent API, mark turn boundaries,
+//! forward, hold the answer until the turn's checkpoint is durable, stream it
+//! back.
 
-use std::future::Future;
 use std::net::TcpListener;
-use std::pin::Pin;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -13,173 +12,144 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use tokio::net::TcpStream;
 
+use crate::api::{self, Sandbox};
+use crate::turn::Boundary;
+use crate::upstream::Upstream;
 use crate::{is_turn_boundary, Error, Result};
 
-/// Resolves when what a turn boundary started is durable (or failed, with why).
-pub struct Gate(Pin<Box<dyn Future<Output = std::result::Result<(), String>> + Send>>);
+pub(crate) type Body = BoxBody<Bytes, hyper::Error>;
 
-impl Gate {
-    /// A gate on `f`, which must already be running (spawned) so that it
-    /// overlaps with the upstream request.
-    pub fn new(f: impl Future<Output = std::result::Result<(), String>> + Send + 'static) -> Gate {
-        Gate(Box::pin(f))
-    }
-
-    /// A gate that is open at once.
-    pub fn open() -> Gate {
-        Gate::new(async { Ok(()) })
-    }
-}
-
-/// What a turn boundary does: start the turn's checkpoint, and say when it is
-/// durable. Called once per LLM request, before the request goes upstream.
-pub trait Boundary: Send + Sync + 'static {
-    /// The agent's turn ended: start the checkpoint and return its gate.
-    fn turn(&self) -> Gate;
-}
-
-/// Where requests go: a plain-HTTP `host:port`.
-#[derive(Debug, Clone)]
-pub struct Upstream {
-    authority: String,
-}
-
-impl Upstream {
-    /// Parses `http://host:port` (a path, if any, is ignored: the agent's
-    /// request path is kept).
-    pub fn parse(url: &str) -> Result<Upstream> {
-        let rest = url
-            .strip_prefix("http://")
-            .ok_or_else(|| Error::BadUpstream(url.to_string()))?;
-        let authority = rest.split('/').next().unwrap_or("");
-        if authority.is_empty() || !authority.contains(':') {
-            return Err(Error::BadUpstream(url.to_string()));
-        }
-        Ok(Upstream {
-            authority: authority.to_string(),
-        })
-    }
-}
-
-type Body = BoxBody<Bytes, hyper::Error>;
-
-fn plain(status: StatusCode, msg: String) -> Response<Body> {
-    let mut r = Response::new(
-        Full::new(Bytes::from(msg))
-            .map_err(|never| match never {})
-            .boxed(),
-    );
+/// A whole (not streamed) answer.
+pub(crate) fn full(status: StatusCode, content_type: &str, body: Bytes) -> Response<Body> {
+    let mut r = Response::new(Full::new(body).map_err(|never| match never {}).boxed());
     *r.status_mut() = status;
+    if let Ok(v) = content_type.parse() {
+        r.headers_mut().insert(http::header::CONTENT_TYPE, v);
+    }
     r
 }
 
-/// Serves `listener` (already bound, e.g. in a container's network namespace)
-/// until it fails. With `fail_closed`, an answer whose checkpoint failed is
-/// replaced by a 503; otherwise the failure is only logged.
-pub async fn serve(
-    listener: TcpListener,
+fn plain(status: StatusCode, msg: String) -> Response<Body> {
+    full(status, "text/plain; charset=utf-8", Bytes::from(msg))
+}
+
+/// One proxy: its upstream, what turn boundaries do, and optionally the agent
+/// API. Shared by every listener it serves, so a container that moved to a new
+/// network namespace (after a rollback) keeps the same turns and sandbox.
+pub struct Proxy {
     upstream: Upstream,
     boundary: Arc<dyn Boundary>,
+    sandbox: Option<Arc<dyn Sandbox>>,
     fail_closed: bool,
-) -> Result<()> {
-    let listener = tokio::net::TcpListener::from_std(listener).map_err(|source| Error::Io {
-        what: "listen".into(),
-        source,
-    })?;
-    loop {
-        let (stream, _) = listener.accept().await.map_err(|source| Error::Io {
-            what: "accept".into(),
+}
+
+impl Proxy {
+    /// A proxy to `upstream`. With `fail_closed`, an answer whose checkpoint
+    /// failed is replaced by a 503; otherwise the failure is only logged.
+    /// Without [`Proxy::with_sandbox`], the agent API answers 404.
+    pub fn new(upstream: Upstream, boundary: Arc<dyn Boundary>, fail_closed: bool) -> Proxy {
+        Proxy {
+            upstream,
+            boundary,
+            sandbox: None,
+            fail_closed,
+        }
+    }
+
+    /// Turns on the agent API (`/.crab/`) on every listener, acting on `sandbox`.
+    pub fn with_sandbox(mut self, sandbox: Arc<dyn Sandbox>) -> Proxy {
+        self.sandbox = Some(sandbox);
+        self
+    }
+
+    /// Serves one already-bound listener (e.g. made in a container's network
+    /// namespace by [`crate::netns::bind_in`]) until accepting fails. Call it
+    /// once per listener, each in a task of its own.
+    pub async fn serve(self: Arc<Self>, listener: TcpListener) -> Result<()> {
+        // A std listener must be non-blocking before tokio takes it.
+        listener.set_nonblocking(true).map_err(|source| Error::Io {
+            what: "make the listener non-blocking".into(),
             source,
         })?;
-        let (upstream, boundary) = (upstream.clone(), boundary.clone());
-        tokio::spawn(async move {
-            let service = service_fn(move |req| {
-                let (upstream, boundary) = (upstream.clone(), boundary.clone());
-                async move {
-                    Ok::<_, std::convert::Infallible>(
-                        forward(req, &upstream, boundary.as_ref(), fail_closed).await,
-                    )
+        let listener = tokio::net::TcpListener::from_std(listener).map_err(|source| Error::Io {
+            what: "listen".into(),
+            source,
+        })?;
+        loop {
+            let (stream, _) = listener.accept().await.map_err(|source| Error::Io {
+                what: "accept".into(),
+                source,
+            })?;
+            let proxy = self.clone();
+            tokio::spawn(async move {
+                let service = service_fn(move |req| {
+                    let proxy = proxy.clone();
+                    async move { Ok::<_, std::convert::Infallible>(proxy.handle(req).await) }
+                });
+                if let Err(e) = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await
+                {
+                    tracing::debug!(error = %e, "client connection ended");
                 }
             });
-            if let Err(e) = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await
-            {
-                tracing::debug!(error = %e, "client connection ended");
-            }
-        });
+        }
     }
-}
 
-async fn forward(
-    mut req: Request<Incoming>,
-    upstream: &Upstream,
-    boundary: &dyn Boundary,
-    fail_closed: bool,
-) -> Response<Body> {
-    // Only the method and path are logged: headers carry credentials.
-    let (method, path) = (req.method().clone(), req.uri().path().to_string());
-    let gate = is_turn_boundary(&method, &path).then(|| boundary.turn());
-    let stream = match TcpStream::connect(&upstream.authority).await {
-        Ok(s) => s,
-        Err(e) => {
-            return plain(
+    /// The one place where the agent API is told from proxied traffic.
+    async fn handle(&self, req: Request<Incoming>) -> Response<Body> {
+        if api::is_reserved(req.uri().path()) {
+            return api::handle(self.sandbox.as_ref(), req).await;
+        }
+        self.forward(req).await
+    }
+
+    async fn forward(&self, mut req: Request<Incoming>) -> Response<Body> {
+        // Only the method and path are logged: headers carry credentials.
+        let (method, path) = (req.method().clone(), req.uri().path().to_string());
+        let gate = is_turn_boundary(&method, &path).then(|| self.boundary.turn());
+        let upstream = &self.upstream;
+        let bad_gateway = |why: String| {
+            tracing::warn!(%method, %path, %upstream, error = %why, "upstream failed");
+            plain(
                 StatusCode::BAD_GATEWAY,
-                format!("crab proxy: cannot reach {}: {e}\n", upstream.authority),
+                format!("crab proxy: upstream {upstream}: {why}\n"),
             )
+        };
+        let mut sender = match upstream.connect().await {
+            Ok(s) => s,
+            Err(why) => return bad_gateway(why),
+        };
+        // Origin-form request line; the Host the upstream expects.
+        let path_and_query = req
+            .uri()
+            .path_and_query()
+            .map(|p| p.as_str().to_string())
+            .unwrap_or_else(|| "/".into());
+        *req.uri_mut() = path_and_query.parse().expect("a path parses as a URI");
+        if let Ok(host) = upstream.host_header().parse() {
+            req.headers_mut().insert(http::header::HOST, host);
         }
-    };
-    let (mut sender, conn) = match hyper::client::conn::http1::handshake(TokioIo::new(stream)).await
-    {
-        Ok(x) => x,
-        Err(e) => return plain(StatusCode::BAD_GATEWAY, format!("crab proxy: {e}\n")),
-    };
-    tokio::spawn(async move {
-        if let Err(e) = conn.await {
-            tracing::debug!(error = %e, "upstream connection ended");
-        }
-    });
-    // Origin-form request line; the Host the upstream expects.
-    let path_and_query = req
-        .uri()
-        .path_and_query()
-        .map(|p| p.as_str().to_string())
-        .unwrap_or_else(|| "/".into());
-    *req.uri_mut() = path_and_query.parse().expect("a path parses as a URI");
-    if let Ok(host) = upstream.authority.parse() {
-        req.headers_mut().insert(http::header::HOST, host);
-    }
-    let resp = match sender.send_request(req).await {
-        Ok(r) => r,
-        Err(e) => return plain(StatusCode::BAD_GATEWAY, format!("crab proxy: {e}\n")),
-    };
-    if let Some(gate) = gate {
-        // The answer waits for the turn's checkpoint: the agent must not act on
-        // it before the state it acts on is safe.
-        if let Err(e) = gate.0.await {
-            tracing::warn!(%method, %path, error = %e, "turn checkpoint failed");
-            if fail_closed {
-                return plain(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    format!("crab proxy: the sandbox checkpoint failed: {e}\n"),
-                );
+        let resp = match sender.send_request(req).await {
+            Ok(r) => r,
+            Err(e) => return bad_gateway(format!("request failed: {e}")),
+        };
+        if let Some(gate) = gate {
+            // The answer waits for the turn's checkpoint: the agent must not act
+            // on it before the state it acts on is safe.
+            let (result, held) = gate.hold().await;
+            self.boundary.gated(held);
+            if let Err(e) = result {
+                tracing::warn!(%method, %path, error = %e, "turn checkpoint failed");
+                if self.fail_closed {
+                    return plain(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!("crab proxy: the sandbox checkpoint failed: {e}\n"),
+                    );
+                }
             }
         }
-    }
-    resp.map(|b| b.boxed())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn upstreams_need_a_scheme_host_and_port() {
-        assert!(Upstream::parse("http://127.0.0.1:8000").is_ok());
-        assert!(Upstream::parse("http://llm:80/v1").is_ok());
-        assert!(Upstream::parse("https://api.example.com").is_err());
-        assert!(Upstream::parse("http://nohost").is_err());
+        resp.map(|b| b.boxed())
     }
 }

@@ -1,0 +1,305 @@
+//! The agent API: what an agent may do to its own sandbox, under the reserved
+//! prefix `/.crab/` on the proxy's listener. These requests never go upstream
+//! and never end a turn. REST routes live here; MCP (`/.crab/mcp`) in
+//! [`crate::mcp`], both on the same operations ([`Op`]).
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use serde_json::{json, Value};
+
+use crate::server::{full, Body};
+
+/// The agent API's requests are small JSON objects; more is refused.
+const MAX_BODY: usize = 64 * 1024;
+
+/// The most forks one request may ask for.
+pub(crate) const MAX_FORKS: u32 = 64;
+
+/// What an agent may do to the proxy's own container (and only that one: there
+/// is no id parameter). The methods block (they talk to the runtime); the
+/// proxy calls them on tokio's blocking pool. An `Err` is a message for the
+/// agent: it is sent back as is.
+pub trait Sandbox: Send + Sync + 'static {
+    /// The container's checkpoints, as a JSON array.
+    fn list(&self) -> std::result::Result<Value, String>;
+    /// Takes a checkpoint now, optionally named; returns its entry.
+    fn checkpoint(&self, name: Option<String>) -> std::result::Result<Value, String>;
+    /// Rolls the container back to `checkpoint` (a name or a sequence number).
+    fn rollback(&self, checkpoint: &str) -> std::result::Result<Value, String>;
+    /// Starts `count` copies of the container from `checkpoint` (the latest
+    /// when `None`); returns the new containers' ids.
+    fn fork(
+        &self,
+        checkpoint: Option<String>,
+        count: u32,
+    ) -> std::result::Result<Vec<String>, String>;
+}
+
+/// One thing the agent asked for, its arguments checked.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Op {
+    List,
+    Checkpoint {
+        name: Option<String>,
+    },
+    Rollback {
+        checkpoint: String,
+    },
+    Fork {
+        checkpoint: Option<String>,
+        count: u32,
+    },
+}
+
+/// Which operation, before its arguments are read.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Kind {
+    List,
+    Checkpoint,
+    Rollback,
+    Fork,
+}
+
+impl Op {
+    /// Reads the arguments of `kind` from a JSON object (`null` counts as `{}`).
+    /// Unknown fields are refused: a misspelt `checkpoint` must not silently
+    /// fork or roll back to the latest one.
+    pub(crate) fn parse(kind: Kind, args: Value) -> std::result::Result<Op, String> {
+        let mut args = match args {
+            Value::Null => serde_json::Map::new(),
+            Value::Object(m) => m,
+            other => return Err(format!("expected a JSON object, got {other}")),
+        };
+        let allowed: &[&str] = match kind {
+            Kind::List => &[],
+            Kind::Checkpoint => &["name"],
+            Kind::Rollback => &["checkpoint"],
+            Kind::Fork => &["checkpoint", "count"],
+        };
+        if let Some(k) = args.keys().find(|k| !allowed.contains(&k.as_str())) {
+            return Err(format!("unknown field {k:?} (expected: {allowed:?})"));
+        }
+        let checkpoint = reference(args.remove("checkpoint"))?;
+        Ok(match kind {
+            Kind::List => Op::List,
+            Kind::Checkpoint => Op::Checkpoint {
+                name: match args.remove("name") {
+                    None | Some(Value::Null) => None,
+                    Some(Value::String(s)) if !s.is_empty() => Some(s),
+                    Some(v) => return Err(format!("\"name\" must be a non-empty string, got {v}")),
+                },
+            },
+            Kind::Rollback => Op::Rollback {
+                checkpoint: checkpoint.ok_or("missing field \"checkpoint\"")?,
+            },
+            Kind::Fork => Op::Fork {
+                checkpoint,
+                count: match args.remove("count") {
+                    None | Some(Value::Null) => 1,
+                    Some(v) => v
+                        .as_u64()
+                        .and_then(|n| u32::try_from(n).ok())
+                        .filter(|n| (1..=MAX_FORKS).contains(n))
+                        .ok_or(format!("\"count\" must be 1 to {MAX_FORKS}, got {v}"))?,
+                },
+            },
+        })
+    }
+
+    /// Runs the operation on the blocking pool; the answer is the JSON object
+    /// both the REST routes and the MCP tools give back.
+    pub(crate) async fn run(self, sandbox: Arc<dyn Sandbox>) -> std::result::Result<Value, String> {
+        tokio::task::spawn_blocking(move || {
+            Ok(match self {
+                Op::List => json!({ "checkpoints": sandbox.list()? }),
+                Op::Checkpoint { name } => json!({ "checkpoint": sandbox.checkpoint(name)? }),
+                Op::Rollback { checkpoint } => {
+                    json!({ "rolled_back": sandbox.rollback(&checkpoint)? })
+                }
+                Op::Fork { checkpoint, count } => {
+                    json!({ "ids": sandbox.fork(checkpoint, count)? })
+                }
+            })
+        })
+        .await
+        .map_err(|e| format!("the sandbox call failed: {e}"))?
+    }
+}
+
+/// A checkpoint named by a string, or by its sequence number.
+fn reference(v: Option<Value>) -> std::result::Result<Option<String>, String> {
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) if !s.is_empty() => Ok(Some(s)),
+        Some(Value::Number(n)) if n.is_u64() => Ok(Some(n.to_string())),
+        Some(v) => Err(format!(
+            "\"checkpoint\" must be a name or a sequence number, got {v}"
+        )),
+    }
+}
+
+/// Whether `path` is under the reserved prefix.
+pub(crate) fn is_reserved(path: &str) -> bool {
+    path == "/.crab" || path.starts_with("/.crab/")
+}
+
+pub(crate) fn json_response(status: StatusCode, v: &Value) -> Response<Body> {
+    full(status, "application/json", Bytes::from(v.to_string()))
+}
+
+fn error(status: StatusCode, msg: impl std::fmt::Display) -> Response<Body> {
+    json_response(status, &json!({ "error": msg.to_string() }))
+}
+
+fn method_not_allowed(allow: &'static str) -> Response<Body> {
+    let mut r = error(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!("method not allowed (allowed: {allow})"),
+    );
+    r.headers_mut()
+        .insert(http::header::ALLOW, http::HeaderValue::from_static(allow));
+    r
+}
+
+/// A browser page (in the sandbox or reached through DNS rebinding) must not
+/// drive the agent API: a request it sends carries an `Origin`, and only
+/// loopback origins are let through. Agents' HTTP clients send none.
+fn foreign_origin(req: &Request<Incoming>) -> bool {
+    let Some(origin) = req.headers().get(http::header::ORIGIN) else {
+        return false;
+    };
+    let origin = origin.to_str().unwrap_or("");
+    let host = origin
+        .split_once("://")
+        .map(|(_, rest)| rest)
+        .unwrap_or("")
+        .split('/')
+        .next()
+        .unwrap_or("");
+    let host = match host.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or(""),
+        None => host.split(':').next().unwrap_or(""),
+    };
+    !(host == "localhost" || host == "::1" || host.starts_with("127."))
+}
+
+/// Reads the whole body as JSON; an empty body is `null`.
+pub(crate) async fn read_json(body: Incoming) -> std::result::Result<Value, (StatusCode, String)> {
+    let bytes = Limited::new(body, MAX_BODY)
+        .collect()
+        .await
+        .map_err(|e| {
+            (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("cannot read the body (at most {MAX_BODY} bytes): {e}"),
+            )
+        })?
+        .to_bytes();
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(Value::Null);
+    }
+    serde_json::from_slice(&bytes).map_err(|e| {
+        (
+            StatusCode::BAD_REQUEST,
+            format!("the body is not JSON: {e}"),
+        )
+    })
+}
+
+/// Answers a request under `/.crab/`.
+pub(crate) async fn handle(
+    sandbox: Option<&Arc<dyn Sandbox>>,
+    req: Request<Incoming>,
+) -> Response<Body> {
+    let (method, path) = (req.method().clone(), req.uri().path().to_string());
+    tracing::info!(%method, %path, "agent API");
+    let Some(sandbox) = sandbox.cloned() else {
+        return error(
+            StatusCode::NOT_FOUND,
+            "the agent API is off: this proxy has no sandbox to act on",
+        );
+    };
+    if foreign_origin(&req) {
+        return error(StatusCode::FORBIDDEN, "requests from web pages are refused");
+    }
+    let kind = match (path.as_str(), &method) {
+        ("/.crab/mcp", &Method::POST) => return crate::mcp::handle(sandbox, req).await,
+        ("/.crab/mcp", _) => return method_not_allowed("POST"),
+        ("/.crab/v1/checkpoints", &Method::GET) => Kind::List,
+        ("/.crab/v1/checkpoints", &Method::POST) => Kind::Checkpoint,
+        ("/.crab/v1/checkpoints", _) => return method_not_allowed("GET, POST"),
+        ("/.crab/v1/rollback", &Method::POST) => Kind::Rollback,
+        ("/.crab/v1/fork", &Method::POST) => Kind::Fork,
+        ("/.crab/v1/rollback" | "/.crab/v1/fork", _) => return method_not_allowed("POST"),
+        _ => {
+            return error(
+                StatusCode::NOT_FOUND,
+                format!("no such agent API path {path}"),
+            )
+        }
+    };
+    let args = match kind {
+        Kind::List => Value::Null,
+        _ => match read_json(req.into_body()).await {
+            Ok(v) => v,
+            Err((status, msg)) => return error(status, msg),
+        },
+    };
+    let op = match Op::parse(kind, args) {
+        Ok(op) => op,
+        Err(msg) => return error(StatusCode::BAD_REQUEST, msg),
+    };
+    let created = matches!(op, Op::Checkpoint { .. });
+    match op.run(sandbox).await {
+        Ok(v) if created => json_response(StatusCode::CREATED, &v),
+        Ok(v) => json_response(StatusCode::OK, &v),
+        Err(msg) => {
+            tracing::warn!(%method, %path, error = %msg, "agent API call failed");
+            error(StatusCode::INTERNAL_SERVER_ERROR, msg)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arguments_are_checked() {
+        assert_eq!(
+            Op::parse(Kind::Checkpoint, Value::Null),
+            Ok(Op::Checkpoint { name: None })
+        );
+        assert_eq!(
+            Op::parse(Kind::Rollback, json!({"checkpoint": 3})),
+            Ok(Op::Rollback {
+                checkpoint: "3".into()
+            })
+        );
+        assert!(Op::parse(Kind::Rollback, json!({})).is_err());
+        assert!(Op::parse(Kind::Rollback, json!({"checkpoint": true})).is_err());
+        assert_eq!(
+            Op::parse(Kind::Fork, json!({})),
+            Ok(Op::Fork {
+                checkpoint: None,
+                count: 1
+            })
+        );
+        assert!(Op::parse(Kind::Fork, json!({"count": 0})).is_err());
+        assert!(Op::parse(Kind::Fork, json!({"count": 65})).is_err());
+        assert!(Op::parse(Kind::Fork, json!({"chekpoint": "a"})).is_err());
+        assert!(Op::parse(Kind::List, json!([1])).is_err());
+    }
+
+    #[test]
+    fn the_prefix_is_reserved() {
+        assert!(is_reserved("/.crab/v1/fork"));
+        assert!(is_reserved("/.crab"));
+        assert!(!is_reserved("/.crabby"));
+        assert!(!is_reserved("/v1/messages"));
+    }
+}
