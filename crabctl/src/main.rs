@@ -92,15 +92,26 @@ enum Command {
     Proxy {
         /// Container id.
         id: String,
-        /// The LLM API (plain HTTP): http://host:port.
+        /// The LLM API: http://host:port or https://host[:port].
         #[arg(long)]
         upstream: String,
+        /// Extra trusted CA certificates (PEM) for an https upstream.
+        #[arg(long)]
+        upstream_ca: Option<PathBuf>,
         /// Where to listen, inside the container.
         #[arg(long, default_value = "127.0.0.1:8080")]
         listen: std::net::SocketAddr,
         /// Pass answers on even when their checkpoint failed (only log).
         #[arg(long)]
         fail_open: bool,
+        /// Serve the agent API (checkpoint, list, rollback, fork; REST and
+        /// MCP) under /.crab/ on the listener.
+        #[arg(long)]
+        agent_api: bool,
+        /// Started by the shim: print `ready ADDR`, exit at EOF on stdin,
+        /// listen in the container's new namespace on SIGHUP.
+        #[arg(long, hide = true)]
+        managed: bool,
     },
     /// List a container's checkpoints.
     Ls {
@@ -198,9 +209,25 @@ fn main() -> Result<()> {
         Command::Proxy {
             id,
             upstream,
+            upstream_ca,
             listen,
             fail_open,
-        } => proxy::run(&config, &cli.namespace, &id, &upstream, listen, fail_open),
+            agent_api,
+            managed,
+        } => proxy::run(
+            &config,
+            &cli.address,
+            &cli.namespace,
+            &id,
+            proxy::Options {
+                upstream,
+                upstream_ca,
+                listen,
+                fail_open,
+                agent_api,
+                managed,
+            },
+        ),
         Command::Ls { id, json } => ckpt::list(&config, &cli.namespace, &id, json),
         Command::Rm { id, checkpoint } => ckpt::remove(&config, &cli.namespace, &id, &checkpoint),
         Command::Restore { id, checkpoint } => recover::restore(

@@ -1,32 +1,85 @@
-//! `crabctl proxy`: the turn proxy for one container, in the foreground.
+//! `crabctl proxy`: the turn proxy of one container.
 //!
 //! Its listener lives in the container's network namespace; each LLM request
-//! through it ends a turn (`crabctl turn`, through the shim), and the answer is
-//! held until that checkpoint is durable.
+//! through it ends a turn (through the shim, queued at low priority and
+//! promoted when the answer comes first), and the answer is held until that
+//! checkpoint is durable. With `--agent-api` the agent may also checkpoint,
+//! list, roll back and fork its own container under `/.crab/` (REST and MCP).
+//!
+//! Run by hand it stays in the foreground. Run by the shim (`--managed`) it
+//! prints `ready ADDR` once listening, exits when its stdin (a pipe only the
+//! shim holds) reaches EOF, and on SIGHUP (after a restore or rollback put the
+//! container in a new network namespace) listens there too.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use crab_proxy::{Boundary, Gate, Upstream};
+use crab_proxy::{Boundary, Gate, Proxy, Sandbox, Upstream};
+use crab_runtime::checkpoint::ops::CheckpointRequest;
+use crab_runtime::checkpoint::Kind;
 use crab_runtime::config::Config;
 use crab_runtime::container::Container;
 use crab_runtime::control::{self, Request, Response};
+use serde_json::Value;
 
 /// A turn's checkpoint can take a while under load.
 const TURN_TIMEOUT: Duration = Duration::from_secs(600);
+/// Reports to the shim are small; they must not hold anything up.
+const REPORT_TIMEOUT: Duration = Duration::from_secs(10);
 
-struct Turns {
+/// How `crabctl proxy` was asked to run.
+pub struct Options {
+    /// The LLM API.
+    pub upstream: String,
+    /// Extra trusted roots for an https upstream.
+    pub upstream_ca: Option<PathBuf>,
+    /// Where to listen in the container.
+    pub listen: SocketAddr,
+    /// Pass answers on when their checkpoint failed.
+    pub fail_open: bool,
+    /// Serve the agent API under `/.crab/`.
+    pub agent_api: bool,
+    /// Started by the shim (see the module docs).
+    pub managed: bool,
+}
+
+/// The container the proxy serves: where its control socket and containerd are.
+#[derive(Clone)]
+struct Target {
     config: Config,
+    address: String,
     namespace: String,
     id: String,
 }
 
-impl Boundary for Turns {
+impl Target {
+    fn call(&self, request: Request, timeout: Duration) -> Result<Response, String> {
+        match control::call(&self.config, &request, timeout) {
+            Ok(Response::Error { message }) => Err(message),
+            Ok(r) => Ok(r),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// Sends a report without waiting for it.
+    fn report(&self, request: Request) {
+        let t = self.clone();
+        tokio::task::spawn_blocking(move || {
+            if let Err(e) = t.call(request, REPORT_TIMEOUT) {
+                eprintln!("crab proxy: report to the shim failed: {e}");
+            }
+        });
+    }
+}
+
+impl Boundary for Target {
     fn turn(&self) -> Gate {
-        let (config, request) = (
-            self.config.clone(),
+        let (t, request) = (
+            self.clone(),
             Request::Turn {
                 namespace: self.namespace.clone(),
                 id: self.id.clone(),
@@ -34,49 +87,184 @@ impl Boundary for Turns {
                 background: true,
             },
         );
-        let call =
-            tokio::task::spawn_blocking(move || control::call(&config, &request, TURN_TIMEOUT));
+        let call = tokio::task::spawn_blocking(move || t.call(request, TURN_TIMEOUT));
+        let (t, promote) = (
+            self.clone(),
+            Request::Promote {
+                namespace: self.namespace.clone(),
+                id: self.id.clone(),
+            },
+        );
         Gate::new(async move {
             match call.await {
                 Ok(Ok(Response::Turn { .. })) => Ok(()),
-                Ok(Ok(Response::Error { message })) => Err(message),
                 Ok(Ok(other)) => Err(format!("unexpected answer {other:?}")),
-                Ok(Err(e)) => Err(e.to_string()),
+                Ok(Err(e)) => Err(e),
                 Err(e) => Err(e.to_string()),
             }
         })
+        .on_promote(move || t.report(promote))
+    }
+
+    fn gated(&self, held: Duration) {
+        self.report(Request::Gated {
+            namespace: self.namespace.clone(),
+            id: self.id.clone(),
+            us: held.as_micros() as u64,
+        });
     }
 }
 
-/// Runs the proxy until it fails.
-pub fn run(
-    config: &Config,
-    namespace: &str,
-    id: &str,
-    upstream: &str,
-    listen: SocketAddr,
-    fail_open: bool,
-) -> Result<()> {
-    let upstream_parsed = Upstream::parse(upstream)?;
-    let pid = Container::load(config, namespace, id)?.init_pid()?;
-    let listener = crab_proxy::netns::bind_in(pid, listen)?;
-    println!(
-        "{id}: proxy listening on {listen} in the container's network namespace, to {upstream}"
-    );
-    let boundary = Arc::new(Turns {
+impl Sandbox for Target {
+    fn list(&self) -> Result<Value, String> {
+        match self.call(
+            Request::List {
+                namespace: self.namespace.clone(),
+                id: self.id.clone(),
+            },
+            TURN_TIMEOUT,
+        )? {
+            Response::Entries { entries } => json(&entries),
+            other => Err(format!("unexpected answer {other:?}")),
+        }
+    }
+
+    fn checkpoint(&self, name: Option<String>) -> Result<Value, String> {
+        let request = Request::Checkpoint {
+            namespace: self.namespace.clone(),
+            id: self.id.clone(),
+            request: CheckpointRequest {
+                kind: Kind::Full,
+                name,
+                mark: false,
+            },
+        };
+        match self.call(request, TURN_TIMEOUT)? {
+            Response::Entry { entry } => json(&entry),
+            other => Err(format!("unexpected answer {other:?}")),
+        }
+    }
+
+    fn rollback(&self, checkpoint: &str) -> Result<Value, String> {
+        let request = Request::Rollback {
+            namespace: self.namespace.clone(),
+            id: self.id.clone(),
+            checkpoint: checkpoint.to_string(),
+        };
+        // The shim tells this proxy (SIGHUP) to listen in the new namespace.
+        match self.call(request, TURN_TIMEOUT)? {
+            Response::RolledBack { report } => json(&report),
+            other => Err(format!("unexpected answer {other:?}")),
+        }
+    }
+
+    fn fork(&self, checkpoint: Option<String>, count: u32) -> Result<Vec<String>, String> {
+        let t = self.clone();
+        let prefix = format!(
+            "{}-fork{}",
+            self.id,
+            crab_runtime::checkpoint::Manifest::now_ms()
+        );
+        // fork_into runs its own async runtime: on a plain thread, not in ours.
+        std::thread::spawn(move || {
+            crate::recover::fork_into(
+                &t.config,
+                &t.address,
+                &t.namespace,
+                &t.id,
+                checkpoint.as_deref(),
+                count as usize,
+                Some(&prefix),
+            )
+            .map(|f| f.made.into_iter().map(|(id, _, _)| id).collect())
+            .map_err(|e| format!("{e:#}"))
+        })
+        .join()
+        .map_err(|_| "fork thread panicked".to_string())?
+    }
+}
+
+fn json<T: serde::Serialize>(v: &T) -> Result<Value, String> {
+    serde_json::to_value(v).map_err(|e| e.to_string())
+}
+
+/// The network namespaces listened in, by inode.
+#[derive(Default)]
+struct Listening(Mutex<Vec<u64>>);
+
+impl Listening {
+    /// Binds in the container's current namespace unless already there.
+    fn bind_current(&self, t: &Target, listen: SocketAddr, proxy: &Arc<Proxy>) -> Result<bool> {
+        let pid = Container::load(&t.config, &t.namespace, &t.id)?.init_pid()?;
+        let ns = std::fs::metadata(format!("/proc/{pid}/ns/net"))
+            .with_context(|| format!("network namespace of pid {pid}"))?
+            .ino();
+        let mut seen = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if seen.contains(&ns) {
+            return Ok(false);
+        }
+        let listener = crab_proxy::netns::bind_in(pid, listen)?;
+        seen.push(ns);
+        let proxy = proxy.clone();
+        tokio::spawn(async move {
+            if let Err(e) = proxy.serve(listener).await {
+                eprintln!("crab proxy: listener ended: {e}");
+            }
+        });
+        Ok(true)
+    }
+}
+
+/// Runs the proxy until it fails (or, managed, until the shim is gone).
+pub fn run(config: &Config, address: &str, namespace: &str, id: &str, o: Options) -> Result<()> {
+    let mut upstream = Upstream::parse(&o.upstream)?;
+    if let Some(ca) = &o.upstream_ca {
+        upstream = upstream.with_ca_file(ca)?;
+    }
+    let target = Arc::new(Target {
         config: config.clone(),
+        address: address.into(),
         namespace: namespace.into(),
         id: id.into(),
     });
-    tokio::runtime::Builder::new_multi_thread()
+    let mut proxy = Proxy::new(upstream, target.clone(), !o.fail_open);
+    if o.agent_api {
+        proxy = proxy.with_sandbox(target.clone());
+    }
+    let proxy = Arc::new(proxy);
+    let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
-        .context("tokio runtime")?
-        .block_on(crab_proxy::serve(
-            listener,
-            upstream_parsed,
-            boundary,
-            !fail_open,
-        ))?;
+        .context("tokio runtime")?;
+    rt.block_on(async move {
+        let listening = Listening::default();
+        listening.bind_current(&target, o.listen, &proxy)?;
+        if !o.managed {
+            println!(
+                "{id}: proxy listening on {} in the container's network namespace, to {}",
+                o.listen, o.upstream
+            );
+            std::future::pending::<()>().await;
+        }
+        println!("ready {}", o.listen);
+        let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+            .context("SIGHUP handler")?;
+        let mut lifeline = tokio::task::spawn_blocking(|| {
+            // EOF when the shim that started this proxy is gone.
+            let _ = std::io::copy(&mut std::io::stdin(), &mut std::io::sink());
+        });
+        loop {
+            tokio::select! {
+                _ = &mut lifeline => return anyhow::Ok(()),
+                _ = hup.recv() => match listening.bind_current(&target, o.listen, &proxy) {
+                    Ok(true) => eprintln!("crab proxy: listening in the container's new network namespace"),
+                    Ok(false) => {}
+                    Err(e) => eprintln!("crab proxy: cannot listen in the new namespace: {e:#}"),
+                },
+            }
+        }
+    })?;
+    // The lifeline's blocking read may still be parked; do not wait for it.
+    rt.shutdown_background();
     Ok(())
 }

@@ -55,6 +55,16 @@ pub fn restore(
     Ok(())
 }
 
+/// What a fork made.
+pub struct Forked {
+    /// The checkpoint the forks run from.
+    pub checkpoint: String,
+    /// The new containers, with their init pids and how long each took.
+    pub made: Vec<(String, i32, std::time::Duration)>,
+    /// Of the whole time, the checkpoint taken first (when none was named).
+    pub checkpointed: std::time::Duration,
+}
+
 /// `crabctl fork ID [CKPT] --count N`: N new containers running from the checkpoint
 /// (a new full one when none is named), each with its own clone of the files.
 pub fn fork(
@@ -66,6 +76,33 @@ pub fn fork(
     count: usize,
     prefix: Option<&str>,
 ) -> Result<()> {
+    let started = Instant::now();
+    let f = fork_into(config, address, namespace, id, ckpt, count, prefix)?;
+    for (new_id, pid, took) in &f.made {
+        println!(
+            "{new_id}: forked from {id} checkpoint {} in {} ms; init pid {pid}",
+            f.checkpoint,
+            took.as_millis()
+        );
+    }
+    println!(
+        "{count} forks of {id} in {} ms ({} ms of them for the checkpoint)",
+        started.elapsed().as_millis(),
+        f.checkpointed.as_millis()
+    );
+    Ok(())
+}
+
+/// Makes the forks (see [`fork`]); fails, naming each failure, unless all were made.
+pub fn fork_into(
+    config: &Config,
+    address: &str,
+    namespace: &str,
+    id: &str,
+    ckpt: Option<&str>,
+    count: usize,
+    prefix: Option<&str>,
+) -> Result<Forked> {
     let key = ContainerKey::new(namespace, id)?;
     let started = Instant::now();
     let checkpoint = match ckpt {
@@ -112,12 +149,10 @@ pub fn fork(
         anyhow::Ok(out)
     })?;
     let mut failed = Vec::new();
+    let mut made = Vec::new();
     for (new_id, pid, took) in results {
         match pid {
-            Ok(pid) => println!(
-                "{new_id}: forked from {id} checkpoint {checkpoint} in {} ms; init pid {pid}",
-                took.as_millis()
-            ),
+            Ok(pid) => made.push((new_id, pid as i32, took)),
             Err(e) => failed.push(format!("{new_id}: {e:#}")),
         }
     }
@@ -128,10 +163,10 @@ pub fn fork(
             failed.join("\n")
         );
     }
-    println!(
-        "{count} forks of {id} in {} ms ({} ms of them for the checkpoint)",
-        started.elapsed().as_millis(),
-        checkpointed.as_millis()
-    );
-    Ok(())
+    made.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(Forked {
+        checkpoint,
+        made,
+        checkpointed,
+    })
 }

@@ -3,70 +3,18 @@
 //! the history), SSE bytes arrive unchanged, the answer is held until the
 //! checkpoint is durable, and other paths pass through without a turn.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpListener;
+use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
+use crab_integration::llm::{self, SSE};
 use crab_integration::{address, crabctl_ok, namespace, Guard, CRAB, PYTHON};
 use serde_json::Value;
 
-const SSE: [&str; 3] = [
-    "data: {\"choices\":[{\"delta\":{\"content\":\"ls\"}}]}\n\n",
-    "data: {\"choices\":[{\"delta\":{\"content\":\" -la\"}}]}\n\n",
-    "data: [DONE]\n\n",
-];
-
-/// One request as the stub saw it.
-struct Seen {
-    head: String,
-    body: String,
-}
-
-/// A stub LLM: answers every request with SSE chunks, a little apart.
-fn stub_llm() -> (u16, mpsc::Receiver<Seen>) {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = l.local_addr().unwrap().port();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for conn in l.incoming() {
-            let Ok(mut conn) = conn else { return };
-            let mut r = BufReader::new(conn.try_clone().unwrap());
-            let mut head = String::new();
-            loop {
-                let mut line = String::new();
-                if r.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
-                    break;
-                }
-                head.push_str(&line);
-            }
-            let len = head
-                .lines()
-                .find_map(|l| {
-                    l.to_ascii_lowercase()
-                        .strip_prefix("content-length:")
-                        .map(|v| v.trim().parse::<usize>().unwrap_or(0))
-                })
-                .unwrap_or(0);
-            let mut body = vec![0; len];
-            let _ = r.read_exact(&mut body);
-            let _ = tx.send(Seen {
-                head,
-                body: String::from_utf8_lossy(&body).into_owned(),
-            });
-            let _ = conn.write_all(
-                b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n",
-            );
-            for chunk in SSE {
-                let _ = conn.write_all(format!("{:x}\r\n{chunk}\r\n", chunk.len()).as_bytes());
-                let _ = conn.flush();
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            let _ = conn.write_all(b"0\r\n\r\n");
-        }
-    });
-    (port, rx)
+/// The stub LLM of the first test: answers at once, chunks 100 ms apart.
+fn stub_llm() -> (u16, mpsc::Receiver<llm::Seen>) {
+    llm::stub(Duration::ZERO, Duration::from_millis(100))
 }
 
 struct Proxy(Child);

@@ -190,7 +190,10 @@ impl Proxy {
                 .upstream
                 .strip_prefix("http://")
                 .or_else(|| self.upstream.strip_prefix("https://"))
-                .ok_or(("proxy.upstream", format!("{:?} is not an http:// or https:// URL", self.upstream)))?;
+                .ok_or((
+                    "proxy.upstream",
+                    format!("{:?} is not an http:// or https:// URL", self.upstream),
+                ))?;
             if rest.split('/').next().unwrap_or("").is_empty() {
                 return Err(("proxy.upstream", format!("{:?} has no host", self.upstream)));
             }

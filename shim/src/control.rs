@@ -92,14 +92,13 @@ impl TaskService {
                 dry_run,
                 background,
                 ..
-            } => {
-                self.crab_turn(&id, dry_run, background)
-                    .await
-                    .map(|(classification, entry)| Response::Turn {
-                        classification,
-                        entry,
-                    })
-            }
+            } => self
+                .crab_turn(&id, dry_run, background)
+                .await
+                .map(|(classification, entry)| Response::Turn {
+                    classification,
+                    entry,
+                }),
             Request::Promote { id, .. } => Ok(Response::Done {
                 changed: self.turns.promote(&id),
             }),

@@ -126,8 +126,8 @@ pub struct Launch<'a> {
 /// Starts the proxy and waits until it listens in the container.
 pub fn start(config: &Config, l: &Launch) -> ShimResult<TurnProxy> {
     let fail = |m: String| ShimError::Other(format!("turn proxy of {}: {m}", l.id));
-    let (life_r, life_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
-        .map_err(|e| fail(format!("pipe: {e}")))?;
+    let (life_r, life_w) =
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| fail(format!("pipe: {e}")))?;
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)

@@ -221,7 +221,9 @@ impl TaskService {
         let (config, bundle, id) = (config.clone(), bundle.to_path_buf(), id.to_string());
         let (namespace, address) = (self.namespace.clone(), self.address.clone());
         tokio::task::spawn_blocking(move || {
-            let log = config.namespace_dir(&namespace).join(format!("{id}.proxy.log"));
+            let log = config
+                .namespace_dir(&namespace)
+                .join(format!("{id}.proxy.log"));
             let launch = crate::proxy::Launch {
                 config_file: &bundle.join(BUNDLE_CONFIG),
                 address: &address,

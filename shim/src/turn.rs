@@ -81,8 +81,7 @@ impl TaskService {
         } else {
             Priority::high()
         };
-        self.turns
-            .with(id, |t| t.pending = Some(priority.clone()));
+        self.turns.with(id, |t| t.pending = Some(priority.clone()));
         let result = self.turn_locked(id, dry_run, priority).await;
         let total_ms = started.elapsed().as_secs_f64() * 1000.0;
         self.turns.with(id, |t| {

@@ -256,7 +256,10 @@ mod tests {
         w.join().unwrap();
         drop(b);
         assert!(acquire(t.path(), 0, &Priority::low()).unwrap().is_none());
-        assert_eq!(std::fs::read_dir(t.path().join("queue")).unwrap().count(), 0);
+        assert_eq!(
+            std::fs::read_dir(t.path().join("queue")).unwrap().count(),
+            0
+        );
     }
 
     #[test]

@@ -1,0 +1,74 @@
+//! A stub LLM server on the host, for the proxy tests and benches: it answers
+//! every request with the same SSE chunks, after a configurable think time.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// The chunks of every answer.
+pub const SSE: [&str; 3] = [
+    "data: {\"choices\":[{\"delta\":{\"content\":\"ls\"}}]}\n\n",
+    "data: {\"choices\":[{\"delta\":{\"content\":\" -la\"}}]}\n\n",
+    "data: [DONE]\n\n",
+];
+
+/// One request as the stub saw it.
+pub struct Seen {
+    /// Request line and headers.
+    pub head: String,
+    /// The body.
+    pub body: String,
+}
+
+/// Starts a stub on 127.0.0.1: each request waits `think`, then gets the SSE
+/// chunks `gap` apart. Returns its port and the requests it sees.
+pub fn stub(think: Duration, gap: Duration) -> (u16, mpsc::Receiver<Seen>) {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind the stub LLM");
+    let port = l.local_addr().expect("stub address").port();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for conn in l.incoming() {
+            let Ok(conn) = conn else { return };
+            let tx = tx.clone();
+            std::thread::spawn(move || answer(conn, think, gap, tx));
+        }
+    });
+    (port, rx)
+}
+
+fn answer(mut conn: std::net::TcpStream, think: Duration, gap: Duration, tx: mpsc::Sender<Seen>) {
+    let mut r = BufReader::new(conn.try_clone().expect("clone a socket"));
+    let mut head = String::new();
+    loop {
+        let mut line = String::new();
+        if r.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+            break;
+        }
+        head.push_str(&line);
+    }
+    let len = head
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("content-length:")
+                .map(|v| v.trim().parse::<usize>().unwrap_or(0))
+        })
+        .unwrap_or(0);
+    let mut body = vec![0; len];
+    let _ = r.read_exact(&mut body);
+    let _ = tx.send(Seen {
+        head,
+        body: String::from_utf8_lossy(&body).into_owned(),
+    });
+    std::thread::sleep(think);
+    let _ = conn.write_all(
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n",
+    );
+    for chunk in SSE {
+        let _ = conn.write_all(format!("{:x}\r\n{chunk}\r\n", chunk.len()).as_bytes());
+        let _ = conn.flush();
+        std::thread::sleep(gap);
+    }
+    let _ = conn.write_all(b"0\r\n\r\n");
+}

@@ -1,0 +1,212 @@
+//! The turn proxy as the shim runs it: started for each container whose
+//! configuration or annotation names an upstream, found by an agent in the
+//! sandbox through `OPENAI_BASE_URL`, and offering the agent API (REST and MCP)
+//! that checkpoints, rolls back and forks the agent's own container.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use crab_integration::llm::{self, SSE};
+use crab_integration::{config_with, crabctl_ok, ctr_ok, wait_until, Guard, CRAB, PYTHON};
+use serde_json::{json, Value};
+
+/// Where the shim's proxy listens by default, inside the container.
+const LISTEN: &str = "127.0.0.1:8787";
+
+/// An agent in the sandbox: one LLM request to wherever its SDK's variable
+/// points, the answer and the variables kept in files, then idle.
+const SANDBOXED_AGENT: &str = r#"
+import json, os, time, urllib.request
+base = os.environ['OPENAI_BASE_URL']
+open('/tmp/env', 'w').write(base + ' ' + os.environ['ANTHROPIC_BASE_URL'])
+req = urllib.request.Request(base + '/chat/completions', method='POST',
+    data=json.dumps({'model': 'stub', 'stream': True, 'messages': []}).encode(),
+    headers={'Content-Type': 'application/json'})
+body = urllib.request.urlopen(req, timeout=60).read().decode()
+open('/tmp/answer', 'w').write(body)
+time.sleep(100000)
+"#;
+
+#[test]
+fn the_shim_starts_the_proxy_and_a_sandboxed_agent_finds_it_through_its_environment() {
+    let (port, seen) = llm::stub(Duration::from_millis(300), Duration::from_millis(10));
+    let config = config_with(&format!("[proxy]\nupstream = \"http://127.0.0.1:{port}\""));
+    let path = config.to_string_lossy().into_owned();
+    let g = Guard::run_detached(
+        CRAB,
+        PYTHON,
+        &["--runtime-config-path", &path],
+        &["python3", "-c", SANDBOXED_AGENT],
+    );
+    assert!(
+        wait_until(Duration::from_secs(60), || g
+            .exec(&["cat", "/tmp/answer"])
+            .status
+            .success()),
+        "the agent never got its answer"
+    );
+    assert_eq!(g.exec_ok(&["cat", "/tmp/answer"]), SSE.concat());
+    assert_eq!(
+        g.exec_ok(&["cat", "/tmp/env"]),
+        format!("http://{LISTEN}/v1 http://{LISTEN}")
+    );
+    let req = seen.recv_timeout(Duration::from_secs(5)).unwrap();
+    assert!(
+        req.head.starts_with("POST /v1/chat/completions "),
+        "{}",
+        req.head
+    );
+    // The request was a turn: one checkpoint, and the metrics say so.
+    let h: Vec<Value> = serde_json::from_str(&crabctl_ok(&["ls", &g.id, "--json"])).unwrap();
+    assert_eq!(h.len(), 1, "{h:?}");
+    let stats: Value = serde_json::from_str(&crabctl_ok(&["stats", &g.id, "--json"])).unwrap();
+    assert_eq!(stats["turns"], 1, "{stats}");
+    assert_eq!(stats["full"], 1, "{stats}");
+    assert_eq!(stats["checkpoint_ms"]["count"], 1, "{stats}");
+    assert!(
+        wait_until(Duration::from_secs(5), || {
+            let s: Value = serde_json::from_str(&crabctl_ok(&["stats", &g.id, "--json"])).unwrap();
+            s["gating_ms"]["count"] == 1
+        }),
+        "the held answer was not reported"
+    );
+}
+
+/// The agent outside the sandbox: a long-lived process in the network
+/// namespace it was started in, making one HTTP request through the proxy per
+/// line on stdin (`METHOD PATH BODY`) and printing the status and body.
+const HOST_AGENT: &str = r#"
+import http.client, sys, json
+for line in sys.stdin:
+    method, path, body = (line.rstrip('\n').split(' ', 2) + [''])[:3]
+    c = http.client.HTTPConnection('127.0.0.1', 8787, timeout=120)
+    c.request(method, path, body=body or None, headers={'Content-Type': 'application/json'})
+    r = c.getresponse()
+    print(json.dumps({'status': r.status, 'body': r.read().decode()}), flush=True)
+"#;
+
+/// A running [`HOST_AGENT`].
+struct Agent {
+    child: std::process::Child,
+    out: BufReader<std::process::ChildStdout>,
+}
+
+impl Agent {
+    /// Starts it in the network namespace of `pid`.
+    fn start(pid: i32) -> Agent {
+        let mut child = Command::new("nsenter")
+            .arg(format!("--net=/proc/{pid}/ns/net"))
+            .args(["python3", "-c", HOST_AGENT])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start the agent");
+        let out = BufReader::new(child.stdout.take().unwrap());
+        Agent { child, out }
+    }
+
+    fn request(&mut self, method: &str, path: &str, body: &Value) -> (u16, String) {
+        let body = if body.is_null() {
+            String::new()
+        } else {
+            body.to_string()
+        };
+        let stdin = self.child.stdin.as_mut().unwrap();
+        writeln!(stdin, "{method} {path} {body}").unwrap();
+        let mut line = String::new();
+        self.out.read_line(&mut line).unwrap();
+        let v: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"));
+        (
+            v["status"].as_u64().unwrap() as u16,
+            v["body"].as_str().unwrap().to_string(),
+        )
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn json_of(body: &str) -> Value {
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"))
+}
+
+#[test]
+fn an_agent_checkpoints_rolls_back_and_forks_its_sandbox_and_carries_on() {
+    let (port, _seen) = llm::stub(Duration::ZERO, Duration::ZERO);
+    let annotation = format!("io.crab.proxy.upstream=http://127.0.0.1:{port}");
+    let g = Guard::run_detached(
+        CRAB,
+        PYTHON,
+        &["--annotation", &annotation],
+        &["sleep", "infinity"],
+    );
+    // The agent lives outside the sandbox's processes, in its network
+    // namespace as it was when the agent started.
+    let first = g.pid();
+    let mut agent = Agent::start(first);
+
+    let (status, body) = agent.request("POST", "/.crab/v1/checkpoints", &json!({"name": "before"}));
+    assert_eq!(status, 201, "{body}");
+    assert_eq!(json_of(&body)["checkpoint"]["name"], "before");
+
+    g.exec_ok(&["sh", "-c", "echo oops > /root/mistake"]);
+    let (status, body) = agent.request(
+        "POST",
+        "/.crab/v1/rollback",
+        &json!({"checkpoint": "before"}),
+    );
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        !g.exec(&["test", "-e", "/root/mistake"]).status.success(),
+        "the file written after the checkpoint is still there"
+    );
+
+    // The agent carries on: its next LLM request is a turn, as before.
+    let (status, body) = agent.request("POST", "/v1/chat/completions", &json!({}));
+    assert_eq!((status, body.as_str()), (200, SSE.concat().as_str()));
+
+    // The restored processes are in a new network namespace, and the proxy
+    // listens there too.
+    let restored = g.pid();
+    assert_ne!(restored, first);
+    let mut inside = Agent::start(restored);
+    let (status, body) = inside.request("GET", "/.crab/v1/checkpoints", &Value::Null);
+    assert_eq!(status, 200, "{body}");
+    let names: Vec<String> = json_of(&body)["checkpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap().to_string())
+        .collect();
+    assert!(names.contains(&"before".to_string()), "{names:?}");
+
+    // The same operations as MCP tools.
+    let mut call = |name: &str, args: Value| {
+        let msg = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                         "params": {"name": name, "arguments": args}});
+        let (status, body) = inside.request("POST", "/.crab/mcp", &msg);
+        assert_eq!(status, 200, "{body}");
+        let v = json_of(&body);
+        assert_eq!(v["result"]["isError"], false, "{v}");
+        json_of(v["result"]["content"][0]["text"].as_str().unwrap())
+    };
+    let listed = call("sandbox_list_checkpoints", json!({}));
+    assert!(listed.to_string().contains("\"before\""), "{listed}");
+    let forked = call("sandbox_fork", json!({"checkpoint": "before", "count": 1}));
+    let ids: Vec<String> = serde_json::from_value(forked["ids"].clone()).unwrap();
+    assert_eq!(ids.len(), 1, "{forked}");
+    let fork = Guard::new(&ids[0]);
+    let tasks = ctr_ok(&["task", "ls"]);
+    assert!(
+        tasks
+            .lines()
+            .any(|l| l.starts_with(&fork.id) && l.contains("RUNNING")),
+        "{tasks}"
+    );
+    assert!(!fork.exec(&["test", "-e", "/root/mistake"]).status.success());
+}
