@@ -188,6 +188,12 @@ fn json<T: serde::Serialize>(v: &T) -> Result<Value, String> {
     serde_json::to_value(v).map_err(|e| e.to_string())
 }
 
+fn netns_inode(path: &str) -> Result<u64> {
+    Ok(std::fs::metadata(path)
+        .with_context(|| format!("network namespace {path}"))?
+        .ino())
+}
+
 /// The network namespaces listened in, by inode.
 #[derive(Default)]
 struct Listening(Mutex<Vec<u64>>);
@@ -196,9 +202,7 @@ impl Listening {
     /// Binds in the container's current namespace unless already there.
     fn bind_current(&self, t: &Target, listen: SocketAddr, proxy: &Arc<Proxy>) -> Result<bool> {
         let pid = Container::load(&t.config, &t.namespace, &t.id)?.init_pid()?;
-        let ns = std::fs::metadata(format!("/proc/{pid}/ns/net"))
-            .with_context(|| format!("network namespace of pid {pid}"))?
-            .ino();
+        let ns = netns_inode(&format!("/proc/{pid}/ns/net"))?;
         let mut seen = self.0.lock().unwrap_or_else(|e| e.into_inner());
         if seen.contains(&ns) {
             return Ok(false);
@@ -229,7 +233,15 @@ pub fn run(config: &Config, address: &str, namespace: &str, id: &str, o: Options
     });
     let mut proxy = Proxy::new(upstream, target.clone(), !o.fail_open);
     if o.agent_api {
-        proxy = proxy.with_sandbox(target.clone());
+        // The agent API is safe because only the container's own namespace
+        // reaches the listener: a container on the host's network would open
+        // its rollback to every local user.
+        let pid = Container::load(config, namespace, id)?.init_pid()?;
+        if netns_inode(&format!("/proc/{pid}/ns/net"))? == netns_inode("/proc/self/ns/net")? {
+            eprintln!("crab proxy: {id} shares the host's network namespace: agent API off");
+        } else {
+            proxy = proxy.with_sandbox(target.clone());
+        }
     }
     let proxy = Arc::new(proxy);
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -1,5 +1,6 @@
 //! A stub LLM server on the host, for the proxy tests and benches: it answers
-//! every request with the same SSE chunks, after a configurable think time.
+//! every request with the same answer after a configurable think time: SSE
+//! chunks when the request asks to stream (`"stream": true`), else one JSON body.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
@@ -13,6 +14,9 @@ pub const SSE: [&str; 3] = [
     "data: [DONE]\n\n",
 ];
 
+/// The whole answer to a request that did not ask to stream.
+pub const JSON_ANSWER: &str = "{\"choices\":[{\"message\":{\"content\":\"ls -la\"}}]}";
+
 /// One request as the stub saw it.
 pub struct Seen {
     /// Request line and headers.
@@ -21,8 +25,8 @@ pub struct Seen {
     pub body: String,
 }
 
-/// Starts a stub on 127.0.0.1: each request waits `think`, then gets the SSE
-/// chunks `gap` apart. Returns its port and the requests it sees.
+/// Starts a stub on 127.0.0.1: each request waits `think` (or its own
+/// `"think_ms"`), then gets its answer (SSE chunks `gap` apart). Returns its port and the requests it sees.
 pub fn stub(think: Duration, gap: Duration) -> (u16, mpsc::Receiver<Seen>) {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind the stub LLM");
     let port = l.local_addr().expect("stub address").port();
@@ -57,11 +61,35 @@ fn answer(mut conn: std::net::TcpStream, think: Duration, gap: Duration, tx: mps
         .unwrap_or(0);
     let mut body = vec![0; len];
     let _ = r.read_exact(&mut body);
-    let _ = tx.send(Seen {
-        head,
-        body: String::from_utf8_lossy(&body).into_owned(),
-    });
+    let body = String::from_utf8_lossy(&body).into_owned();
+    let stream = body.replace(' ', "").contains("\"stream\":true");
+    // A request may set its own think time: `"think_ms": N` in its body.
+    let think = body
+        .split("\"think_ms\":")
+        .nth(1)
+        .and_then(|r| {
+            let digits: String = r
+                .trim_start()
+                .chars()
+                .take_while(char::is_ascii_digit)
+                .collect();
+            digits.parse().ok()
+        })
+        .map(Duration::from_millis)
+        .unwrap_or(think);
+    let _ = tx.send(Seen { head, body });
     std::thread::sleep(think);
+    if !stream {
+        let _ = conn.write_all(
+            format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
+                 Connection: close\r\n\r\n{JSON_ANSWER}",
+                JSON_ANSWER.len()
+            )
+            .as_bytes(),
+        );
+        return;
+    }
     let _ = conn.write_all(
         b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n",
     );

@@ -168,7 +168,7 @@ fn an_agent_checkpoints_rolls_back_and_forks_its_sandbox_and_carries_on() {
 
     // The agent carries on: its next LLM request is a turn, as before.
     let (status, body) = agent.request("POST", "/v1/chat/completions", &json!({}));
-    assert_eq!((status, body.as_str()), (200, SSE.concat().as_str()));
+    assert_eq!((status, body.as_str()), (200, llm::JSON_ANSWER));
 
     // The restored processes are in a new network namespace, and the proxy
     // listens there too.
@@ -209,4 +209,140 @@ fn an_agent_checkpoints_rolls_back_and_forks_its_sandbox_and_carries_on() {
         "{tasks}"
     );
     assert!(!fork.exec(&["test", "-e", "/root/mistake"]).status.success());
+}
+
+fn stats(id: &str) -> Value {
+    serde_json::from_str(&crabctl_ok(&["stats", id, "--json"])).unwrap()
+}
+
+#[test]
+fn answers_are_held_only_while_their_checkpoint_is_pending() {
+    let (port, _seen) = llm::stub(Duration::ZERO, Duration::from_millis(5));
+    let annotation = format!("io.crab.proxy.upstream=http://127.0.0.1:{port}");
+    let g = Guard::run_detached(
+        CRAB,
+        PYTHON,
+        &["--annotation", &annotation],
+        &["sleep", "infinity"],
+    );
+    let mut agent = Agent::start(g.pid());
+
+    // The LLM answers at once; the turn's first checkpoint (full) is still
+    // running: the answer waits for it, and the checkpoint is promoted.
+    g.exec_ok(&["sh", "-c", "echo 1 > /root/a"]);
+    let (status, body) = agent.request(
+        "POST",
+        "/v1/chat/completions",
+        &json!({"stream": true, "think_ms": 0}),
+    );
+    assert_eq!((status, body.as_str()), (200, SSE.concat().as_str()));
+    let s = stats(&g.id);
+    assert_eq!(
+        (s["turns"].clone(), s["full"].clone()),
+        (json!(1), json!(1)),
+        "{s}"
+    );
+    assert_eq!(s["promoted"], 1, "{s}");
+
+    // The LLM thinks for 3 s; the fs-only checkpoint is durable long before:
+    // nothing is promoted and the answer (not streamed) passes at once.
+    g.exec_ok(&["sh", "-c", "echo 2 > /root/b"]);
+    let (status, body) = agent.request(
+        "POST",
+        "/v1/messages",
+        &json!({"stream": false, "think_ms": 3000}),
+    );
+    assert_eq!((status, body.as_str()), (200, llm::JSON_ANSWER));
+    let s = stats(&g.id);
+    assert_eq!(
+        (s["turns"].clone(), s["fs_only"].clone()),
+        (json!(2), json!(1)),
+        "{s}"
+    );
+    assert_eq!(s["promoted"], 1, "{s}");
+    assert!(
+        wait_until(Duration::from_secs(5), || stats(&g.id)["gating_ms"]
+            ["count"]
+            == 2),
+        "{}",
+        stats(&g.id)
+    );
+}
+
+#[test]
+fn a_container_reaches_only_its_own_agent_api() {
+    let (port, _seen) = llm::stub(Duration::ZERO, Duration::ZERO);
+    let annotation = format!("io.crab.proxy.upstream=http://127.0.0.1:{port}");
+    let flags = ["--annotation", annotation.as_str()];
+    let a = Guard::run_detached(CRAB, PYTHON, &flags, &["sleep", "infinity"]);
+    let b = Guard::run_detached(CRAB, PYTHON, &flags, &["sleep", "infinity"]);
+    a.exec_ok(&["sh", "-c", "echo kept > /root/a-file"]);
+    crabctl_ok(&["checkpoint", &a.id, "--name", "only-a"]);
+    a.exec_ok(&["sh", "-c", "echo later > /root/a-file"]);
+
+    let mut from_b = Agent::start(b.pid());
+    let (status, body) = from_b.request("GET", "/.crab/v1/checkpoints", &Value::Null);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        json_of(&body)["checkpoints"],
+        json!([]),
+        "b sees a's history"
+    );
+    let (status, body) = from_b.request(
+        "POST",
+        "/.crab/v1/rollback",
+        &json!({"checkpoint": "only-a"}),
+    );
+    assert_eq!(status, 500, "{body}");
+    assert!(body.contains("only-a"), "{body}");
+    assert_eq!(a.exec_ok(&["cat", "/root/a-file"]), "later\n");
+    assert_eq!(a.status().as_deref(), Some("RUNNING"));
+}
+
+/// Pids of the managed proxy of container `id`.
+fn proxy_pids(id: &str) -> Vec<i32> {
+    let out = Command::new("pgrep")
+        .args(["-f", &format!("proxy {id} --managed")])
+        .output()
+        .expect("pgrep");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+#[test]
+fn the_proxy_dies_with_its_shim_and_comes_back_with_a_restored_container() {
+    let (port, _seen) = llm::stub(Duration::ZERO, Duration::ZERO);
+    let annotation = format!("io.crab.proxy.upstream=http://127.0.0.1:{port}");
+    let g = Guard::run_detached(
+        CRAB,
+        PYTHON,
+        &["--annotation", &annotation],
+        &["sleep", "infinity"],
+    );
+    assert_eq!(proxy_pids(&g.id).len(), 1, "one proxy per container");
+    crabctl_ok(&["checkpoint", &g.id, "--name", "safe"]);
+    // The crash: the shim and the container's processes, SIGKILL.
+    let mut victims = crab_integration::shim_pids(&g.id);
+    victims.push(g.pid());
+    for pid in victims {
+        let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+    }
+    assert!(
+        wait_until(Duration::from_secs(10), || proxy_pids(&g.id).is_empty()),
+        "the proxy outlived its shim"
+    );
+    assert!(wait_until(Duration::from_secs(20), || g
+        .status()
+        .as_deref()
+        != Some("RUNNING")));
+    crabctl_ok(&["restore", &g.id]);
+    assert_eq!(proxy_pids(&g.id).len(), 1, "no proxy after the restore");
+    let mut agent = Agent::start(g.pid());
+    let (status, body) = agent.request("GET", "/.crab/v1/checkpoints", &Value::Null);
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"safe\""), "{body}");
+    let (status, _) = agent.request("POST", "/v1/chat/completions", &json!({}));
+    assert_eq!(status, 200);
 }
