@@ -3,7 +3,8 @@
 # `ctr images import` accepts. No registry is needed (the test hosts reach none):
 #
 #   docker.io/crab/busybox:latest  host's busybox-static + applet links, users root/nobody/crab
-#   docker.io/crab/python:latest   Debian bookworm minbase + python3, git (via debootstrap)
+#   docker.io/crab/python:latest   Debian bookworm minbase + python3, venv, git, make, tcc,
+#                                  sqlite3, patch (via debootstrap)
 #
 # Each image is one reproducible gzip layer packed by hack/oci-image.py. Output goes to
 # ${CRAB_IMAGE_DIR:-/var/lib/crab/images}/{busybox,python}.tar; an existing archive is
@@ -127,8 +128,9 @@ build_busybox() {
     pack "$rootfs" docker.io/crab/busybox:latest '["sh"]' "$out"
 }
 
-# The python image's extra packages (the inspector's corpus runs git in it).
-PY_INCLUDE=python3,git
+# The python image's extra packages: git for the inspector's corpus; venv, make, a
+# small C compiler (tcc with libc6-dev), sqlite3 and patch for the evaluation's tasks.
+PY_INCLUDE=python3,python3-venv,git,make,tcc,libc6-dev,sqlite3,patch
 
 debootstrap_cached() {
     # Prints the cached minbase+PY_INCLUDE rootfs, creating it on first use.
