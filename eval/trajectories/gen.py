@@ -733,6 +733,567 @@ def c_wordfreq():
     return t
 
 
+# ======================================================================= venv
+MKWHEEL = r'''
+"""Build a pure-python wheel by hand (no `wheel` package in this image).
+
+usage: python3 mkwheel.py SRC NAME VERSION OUTDIR [Requires-Dist ...]
+SRC/NAME is the package directory; SRC/entry_points.txt is copied if present.
+"""
+import base64
+import hashlib
+import os
+import sys
+import zipfile
+
+src, name, version, out = sys.argv[1:5]
+requires = sys.argv[5:]
+dist = "%s-%s.dist-info" % (name, version)
+files = []
+for root, dirs, names in os.walk(os.path.join(src, name)):
+    dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+    for fn in sorted(names):
+        path = os.path.join(root, fn)
+        with open(path, "rb") as f:
+            files.append((os.path.relpath(path, src), f.read()))
+meta = "Metadata-Version: 2.1\nName: %s\nVersion: %s\n" % (name, version)
+meta += "".join("Requires-Dist: %s\n" % r for r in requires)
+files.append((dist + "/METADATA", meta.encode()))
+files.append((dist + "/WHEEL", b"Wheel-Version: 1.0\nGenerator: mkwheel\nRoot-Is-Purelib: true\nTag: py3-none-any\n"))
+ep = os.path.join(src, "entry_points.txt")
+if os.path.exists(ep):
+    with open(ep, "rb") as f:
+        files.append((dist + "/entry_points.txt", f.read()))
+record = []
+for arc, data in files:
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    record.append("%s,sha256=%s,%d" % (arc, digest, len(data)))
+record.append(dist + "/RECORD,,")
+files.append((dist + "/RECORD", ("\n".join(record) + "\n").encode()))
+os.makedirs(out, exist_ok=True)
+whl = os.path.join(out, "%s-%s-py3-none-any.whl" % (name, version))
+with zipfile.ZipFile(whl, "w", zipfile.ZIP_DEFLATED) as z:
+    for arc, data in files:
+        info = zipfile.ZipInfo(arc, date_time=(1980, 1, 1, 0, 0, 0))
+        info.external_attr = 0o644 << 16
+        info.compress_type = zipfile.ZIP_DEFLATED
+        z.writestr(info, data)
+print(whl)
+'''
+
+PIP = ".venv/bin/pip install -q --no-index --disable-pip-version-check --find-links wheels"
+VENV_VOLATILE = ["**/__pycache__/**", "*.log"]
+
+
+@traj
+def venv_textkit():
+    t = Traj("venv-textkit", "venv with two hand-built wheels (slug, textstats), upgrade one", "venv")
+    t.r("python3 --version && ls -la")
+    t.sh("python3 -m venv .venv && .venv/bin/python -m pip --version")
+    t.r(".venv/bin/pip list --disable-pip-version-check 2>/dev/null")
+    t.write("mkwheel.py", MKWHEEL)
+    t.write("pkgs/slugkit/slugkit/__init__.py", '''
+        """Make URL slugs."""
+        import re
+
+        __version__ = "1.0.0"
+
+
+        def slugify(text, sep="-"):
+            text = text.lower()
+            text = re.sub(r"[^a-z0-9]+", sep, text)
+            return text.strip(sep)
+        ''')
+    t.write("pkgs/textstats/textstats/__init__.py", '''
+        """Simple text statistics."""
+
+        __version__ = "1.0.0"
+
+
+        def words(text):
+            return text.split()
+
+
+        def stats(text):
+            w = words(text)
+            return {"chars": len(text), "words": len(w), "lines": text.count("\\n")}
+        ''')
+    t.sh("python3 mkwheel.py pkgs/slugkit slugkit 1.0.0 wheels && python3 mkwheel.py pkgs/textstats textstats 1.0.0 wheels")
+    t.r("ls -la wheels && python3 -m zipfile -l wheels/slugkit-1.0.0-py3-none-any.whl")
+    t.sh(f"{PIP} slugkit textstats && .venv/bin/pip list --disable-pip-version-check | grep -E 'slugkit|textstats'")
+    t.r(".venv/bin/python -c 'import slugkit; print(slugkit.slugify(\"Hello, Crab World!\"))'")
+    t.write("posts.txt", """
+        Checkpointing AI Agents
+        Restore in 50 ms: How?
+        Why Sandboxes Crash (and what to do)
+        """)
+    t.write("app.py", '''
+        import json
+        import sys
+
+        import slugkit
+        import textstats
+
+
+        def main(path):
+            out = []
+            with open(path) as f:
+                for line in f:
+                    title = line.strip()
+                    if not title:
+                        continue
+                    out.append({"slug": slugkit.slugify(title), "title": title, "stats": textstats.stats(title)})
+            json.dump(out, sys.stdout, indent=2, sort_keys=True)
+            print()
+
+
+        if __name__ == "__main__":
+            main(sys.argv[1])
+        ''')
+    t.sh(".venv/bin/python app.py posts.txt > index.json && cat index.json")
+    t.r("grep -c slug index.json")
+    t.r(".venv/bin/python -c 'import textstats; print(textstats.__version__, textstats.__file__)'")
+    # upgrade textstats: add reading time, 1.1.0
+    t.write("pkgs/textstats/textstats/__init__.py", '''
+        """Simple text statistics."""
+
+        __version__ = "1.1.0"
+
+
+        def words(text):
+            return text.split()
+
+
+        def reading_seconds(text, wpm=200):
+            return round(len(words(text)) * 60 / wpm, 1)
+
+
+        def stats(text):
+            w = words(text)
+            return {"chars": len(text), "words": len(w), "lines": text.count("\\n"),
+                    "reading_s": reading_seconds(text)}
+        ''')
+    t.sh("python3 mkwheel.py pkgs/textstats textstats 1.1.0 wheels && ls wheels")
+    t.sh(f"{PIP} --upgrade textstats && .venv/bin/pip show --disable-pip-version-check textstats | head -n 2")
+    t.sh(".venv/bin/python app.py posts.txt > index.json && head -n 12 index.json")
+    t.r("ls .venv/lib/python3.11/site-packages | sort")
+    t.r("cat .venv/lib/python3.11/site-packages/textstats-1.1.0.dist-info/RECORD")
+    t.write("test_app.py", '''
+        import unittest
+
+        import slugkit
+        import textstats
+
+
+        class T(unittest.TestCase):
+            def test_slug(self):
+                self.assertEqual(slugkit.slugify("  A  b!! c "), "a-b-c")
+                self.assertEqual(slugkit.slugify("x y", sep="_"), "x_y")
+
+            def test_stats(self):
+                s = textstats.stats("one two three four")
+                self.assertEqual(s["words"], 4)
+                self.assertEqual(s["reading_s"], 1.2)
+
+
+        if __name__ == "__main__":
+            unittest.main()
+        ''')
+    t.sh(".venv/bin/python -m unittest -v test_app 2>&1 | tail -n 5")
+    t.r(".venv/bin/pip check --disable-pip-version-check")
+    t.r("cat index.json | .venv/bin/python -c 'import json,sys; print([p[\"slug\"] for p in json.load(sys.stdin)])'")
+    t.verify = r"""
+        set -e
+        .venv/bin/python -c 'import textstats, slugkit; assert textstats.__version__ == "1.1.0"; assert slugkit.slugify("A B") == "a-b"'
+        .venv/bin/pip list --disable-pip-version-check | grep -q 'textstats *1.1.0'
+        grep -q '"slug": "restore-in-50-ms-how"' index.json
+        grep -q reading_s index.json
+        .venv/bin/python -m unittest -q test_app
+        """
+    t.volatile = VENV_VOLATILE
+    return t
+
+
+@traj
+def venv_geometry():
+    t = Traj("venv-geometry", "venv: vecmath + shapes wheels with a dependency, app, upgrade vecmath", "venv")
+    t.r("ls -la; python3 -c 'import sys; print(sys.prefix)'")
+    t.sh("python3 -m venv .venv")
+    t.r(".venv/bin/python -c 'import sys; print(sys.prefix != sys.base_prefix)'")
+    t.write("tools/mkwheel.py", MKWHEEL)
+    t.write("src/vecmath/vecmath/__init__.py", '''
+        """2-D vectors."""
+        import math
+
+        __version__ = "0.1.0"
+
+
+        class Vec:
+            __slots__ = ("x", "y")
+
+            def __init__(self, x, y):
+                self.x, self.y = x, y
+
+            def __add__(self, o):
+                return Vec(self.x + o.x, self.y + o.y)
+
+            def __sub__(self, o):
+                return Vec(self.x - o.x, self.y - o.y)
+
+            def cross(self, o):
+                return self.x * o.y - self.y * o.x
+
+            def length(self):
+                return math.hypot(self.x, self.y)
+
+            def __repr__(self):
+                return "Vec(%g, %g)" % (self.x, self.y)
+        ''')
+    t.write("src/shapes/shapes/__init__.py", '''
+        """Polygons built on vecmath."""
+        from vecmath import Vec
+
+        __version__ = "0.1.0"
+
+
+        class Polygon:
+            def __init__(self, points):
+                self.pts = [Vec(x, y) for x, y in points]
+
+            def area(self):
+                n = len(self.pts)
+                s = sum(self.pts[i].cross(self.pts[(i + 1) % n]) for i in range(n))
+                return abs(s) / 2
+
+            def perimeter(self):
+                n = len(self.pts)
+                return sum((self.pts[(i + 1) % n] - self.pts[i]).length() for i in range(n))
+        ''')
+    t.sh("python3 tools/mkwheel.py src/vecmath vecmath 0.1.0 wheels")
+    t.sh("python3 tools/mkwheel.py src/shapes shapes 0.1.0 wheels 'vecmath>=0.1'")
+    t.r("python3 -m zipfile -l wheels/shapes-0.1.0-py3-none-any.whl")
+    t.r("python3 -c \"import zipfile; print(zipfile.ZipFile('wheels/shapes-0.1.0-py3-none-any.whl').read('shapes-0.1.0.dist-info/METADATA').decode())\"")
+    t.sh(f"{PIP} shapes && .venv/bin/pip list --disable-pip-version-check | grep -E 'shapes|vecmath'")
+    t.r(".venv/bin/python -c 'from shapes import Polygon; print(Polygon([(0,0),(4,0),(4,3)]).area())'")
+    t.write("plots.csv", """
+        name,points
+        square,0 0;2 0;2 2;0 2
+        triangle,0 0;4 0;4 3
+        lot7,0 0;10 0;10 5;6 8;0 5
+        """)
+    t.write("survey.py", '''
+        """Area/perimeter report for plots.csv."""
+        import csv
+        import sys
+
+        from shapes import Polygon
+
+
+        def parse(points):
+            return [tuple(float(v) for v in p.split()) for p in points.split(";")]
+
+
+        def main(path):
+            rows = []
+            with open(path, newline="") as f:
+                for r in csv.DictReader(f):
+                    poly = Polygon(parse(r["points"]))
+                    rows.append((r["name"], poly.area(), poly.perimeter()))
+            for name, a, p in rows:
+                print("%-10s area=%8.2f perimeter=%8.2f" % (name, a, p))
+            print("%-10s area=%8.2f" % ("TOTAL", sum(r[1] for r in rows)))
+
+
+        if __name__ == "__main__":
+            main(sys.argv[1] if len(sys.argv) > 1 else "plots.csv")
+        ''')
+    t.sh(".venv/bin/python survey.py | tee report-v1.txt")
+    t.r("cat report-v1.txt | grep TOTAL")
+    t.write("tests/test_shapes.py", '''
+        import unittest
+
+        from shapes import Polygon
+        from vecmath import Vec
+
+
+        class ShapeTests(unittest.TestCase):
+            def test_square(self):
+                sq = Polygon([(0, 0), (1, 0), (1, 1), (0, 1)])
+                self.assertEqual(sq.area(), 1)
+                self.assertEqual(sq.perimeter(), 4)
+
+            def test_vec(self):
+                self.assertEqual((Vec(3, 4)).length(), 5)
+        ''')
+    t.sh(".venv/bin/python -m unittest discover -s tests -v 2>&1 | tail -n 4")
+    # want centroid: needs Vec scaling -> vecmath 0.2.0
+    t.r(".venv/bin/python -c 'from vecmath import Vec; print(Vec(1,2) * 3)' 2>&1 | tail -n 1")
+    t.write("src/vecmath/vecmath/__init__.py", '''
+        """2-D vectors."""
+        import math
+
+        __version__ = "0.2.0"
+
+
+        class Vec:
+            __slots__ = ("x", "y")
+
+            def __init__(self, x, y):
+                self.x, self.y = x, y
+
+            def __add__(self, o):
+                return Vec(self.x + o.x, self.y + o.y)
+
+            def __sub__(self, o):
+                return Vec(self.x - o.x, self.y - o.y)
+
+            def __mul__(self, k):
+                return Vec(self.x * k, self.y * k)
+
+            def __eq__(self, o):
+                return (self.x, self.y) == (o.x, o.y)
+
+            def cross(self, o):
+                return self.x * o.y - self.y * o.x
+
+            def length(self):
+                return math.hypot(self.x, self.y)
+
+            def __repr__(self):
+                return "Vec(%g, %g)" % (self.x, self.y)
+
+
+        def centroid(points):
+            n = len(points)
+            s = Vec(0, 0)
+            for p in points:
+                s = s + p
+            return s * (1 / n)
+        ''')
+    t.sh("python3 tools/mkwheel.py src/vecmath vecmath 0.2.0 wheels && ls wheels")
+    t.sh(f"{PIP} --upgrade vecmath && .venv/bin/pip list --disable-pip-version-check | grep vecmath")
+    t.r(".venv/bin/python -c 'from vecmath import Vec, centroid; print(centroid([Vec(0,0), Vec(4,0), Vec(4,4), Vec(0,4)]))'")
+    t.sh(r"""sed -i 's/^from shapes import Polygon$/from shapes import Polygon\nfrom vecmath import centroid/' survey.py && sed -i 's/            rows.append((r\["name"\], poly.area(), poly.perimeter()))/            c = centroid(poly.pts)\n            rows.append((r["name"], poly.area(), poly.perimeter(), c))/' survey.py && sed -i 's/    for name, a, p in rows:/    for name, a, p, c in rows:/; s/        print("%-10s area=%8.2f perimeter=%8.2f" % (name, a, p))/        print("%-10s area=%8.2f perimeter=%8.2f centroid=(%.2f, %.2f)" % (name, a, p, c.x, c.y))/' survey.py && cat survey.py""")
+    t.sh(".venv/bin/python survey.py | tee report.txt")
+    t.r("diff report-v1.txt report.txt; true")
+    t.r(".venv/bin/pip check --disable-pip-version-check && .venv/bin/pip show --disable-pip-version-check shapes | grep -i requires")
+    t.sh(".venv/bin/python -m unittest discover -s tests 2>&1 | tail -n 1")
+    t.r("ls .venv/lib/python3.11/site-packages/ | grep -v pip")
+    t.verify = r"""
+        set -e
+        .venv/bin/python -c 'import vecmath; assert vecmath.__version__ == "0.2.0"'
+        grep -q 'TOTAL      area=   75.00' report.txt
+        grep -q 'centroid=(1.00, 1.00)' report.txt
+        .venv/bin/python -m unittest discover -s tests -q
+        ls wheels | grep -c whl | grep -qx 3
+        """
+    t.volatile = VENV_VOLATILE
+    return t
+
+
+@traj
+def venv_todo_cli():
+    t = Traj("venv-todo-cli", "venv: three local wheels incl. a console script, tests, upgrade", "venv")
+    t.r("ls -la && python3 -m venv --help | head -n 3")
+    t.sh("python3 -m venv .venv && ls .venv/bin")
+    t.r(".venv/bin/python -m pip list --disable-pip-version-check")
+    t.write("mkwheel.py", MKWHEEL)
+    t.r("python3 mkwheel.py 2>&1 | tail -n 1; head -n 6 mkwheel.py")
+    # package 1: storage
+    t.write("pkgs/todostore/todostore/__init__.py", '''
+        """JSON-file backed todo list."""
+        import json
+        import os
+
+        __version__ = "1.0.0"
+
+
+        class Store:
+            def __init__(self, path):
+                self.path = path
+                self.items = []
+                if os.path.exists(path):
+                    with open(path) as f:
+                        self.items = json.load(f)
+
+            def add(self, text, prio=2):
+                nid = max([i["id"] for i in self.items], default=0) + 1
+                self.items.append({"id": nid, "text": text, "prio": prio, "done": False})
+                return nid
+
+            def done(self, nid):
+                for i in self.items:
+                    if i["id"] == nid:
+                        i["done"] = True
+                        return True
+                return False
+
+            def save(self):
+                with open(self.path, "w") as f:
+                    json.dump(self.items, f, indent=1, sort_keys=True)
+                    f.write("\\n")
+        ''')
+    # package 2: formatting
+    t.write("pkgs/todofmt/todofmt/__init__.py", '''
+        """Render todo items as text."""
+
+        __version__ = "1.0.0"
+
+
+        def render(items):
+            lines = []
+            for i in items:
+                box = "[x]" if i["done"] else "[ ]"
+                lines.append("%s %3d %s" % (box, i["id"], i["text"]))
+            return "\\n".join(lines)
+        ''')
+    # package 3: cli with console script
+    t.write("pkgs/todocli/todocli/__init__.py", '''
+        __version__ = "1.0.0"
+        ''')
+    t.write("pkgs/todocli/todocli/main.py", '''
+        """todo - tiny command line todo list."""
+        import argparse
+        import sys
+
+        from todofmt import render
+        from todostore import Store
+
+
+        def main(argv=None):
+            ap = argparse.ArgumentParser(prog="todo")
+            ap.add_argument("--file", default="todo.json")
+            sub = ap.add_subparsers(dest="cmd", required=True)
+            a = sub.add_parser("add")
+            a.add_argument("text")
+            a.add_argument("--prio", type=int, default=2)
+            d = sub.add_parser("done")
+            d.add_argument("id", type=int)
+            sub.add_parser("list")
+            args = ap.parse_args(argv)
+            st = Store(args.file)
+            if args.cmd == "add":
+                print("added", st.add(args.text, args.prio))
+            elif args.cmd == "done":
+                if not st.done(args.id):
+                    print("no such item", args.id, file=sys.stderr)
+                    return 1
+            elif args.cmd == "list":
+                print(render(st.items))
+            st.save()
+            return 0
+
+
+        if __name__ == "__main__":
+            sys.exit(main())
+        ''')
+    t.write("pkgs/todocli/entry_points.txt", """
+        [console_scripts]
+        todo = todocli.main:main
+        """)
+    t.r("find pkgs -type f | sort")
+    t.sh("for p in todostore todofmt; do python3 mkwheel.py pkgs/$p $p 1.0.0 wheels; done")
+    t.sh("python3 mkwheel.py pkgs/todocli todocli 1.0.0 wheels todostore todofmt")
+    t.r("ls -la wheels")
+    t.r("python3 -m zipfile -l wheels/todocli-1.0.0-py3-none-any.whl")
+    t.sh(f"{PIP} todocli; echo \"exit=$?\"")
+    t.r(".venv/bin/pip list --disable-pip-version-check | grep todo")
+    t.r("ls -la .venv/bin/todo && head -n 3 .venv/bin/todo")
+    t.sh(".venv/bin/todo add 'write the checkpoint design doc' --prio 1")
+    t.sh(".venv/bin/todo add 'benchmark restore latency'")
+    t.sh(".venv/bin/todo add 'fix flaky shim test' --prio 1")
+    t.sh(".venv/bin/todo add 'update README'")
+    t.r(".venv/bin/todo list")
+    t.r("cat todo.json")
+    t.sh(".venv/bin/todo done 3 && .venv/bin/todo list")
+    t.sh(".venv/bin/todo done 9; echo \"exit=$?\"")
+    t.write("tests/test_todo.py", '''
+        import os
+        import tempfile
+        import unittest
+
+        from todocli.main import main
+        from todofmt import render
+        from todostore import Store
+
+
+        class TodoTests(unittest.TestCase):
+            def setUp(self):
+                self.dir = tempfile.TemporaryDirectory()
+                self.path = os.path.join(self.dir.name, "t.json")
+
+            def tearDown(self):
+                self.dir.cleanup()
+
+            def test_add_and_done(self):
+                s = Store(self.path)
+                a = s.add("a")
+                b = s.add("b")
+                self.assertEqual((a, b), (1, 2))
+                self.assertTrue(s.done(2))
+                self.assertFalse(s.done(5))
+
+            def test_render(self):
+                out = render([{"id": 1, "text": "x", "done": True, "prio": 1}])
+                self.assertEqual(out, "[x]   1 x")
+
+            def test_cli_roundtrip(self):
+                self.assertEqual(main(["--file", self.path, "add", "hello"]), 0)
+                self.assertEqual(Store(self.path).items[0]["text"], "hello")
+
+
+        if __name__ == "__main__":
+            unittest.main()
+        ''')
+    t.sh(".venv/bin/python -m unittest discover -s tests -v 2>&1 | tail -n 6")
+    # feature: sort by priority, show prio -> todofmt 1.1.0
+    t.r("cat .venv/lib/python3.11/site-packages/todofmt/__init__.py")
+    t.write("pkgs/todofmt/todofmt/__init__.py", '''
+        """Render todo items as text."""
+
+        __version__ = "1.1.0"
+
+        PRIO = {1: "!", 2: " ", 3: "."}
+
+
+        def render(items, by_prio=False):
+            if by_prio:
+                items = sorted(items, key=lambda i: (i["done"], i["prio"], i["id"]))
+            lines = []
+            for i in items:
+                box = "[x]" if i["done"] else "[ ]"
+                lines.append("%s %3d %s%s" % (box, i["id"], PRIO.get(i["prio"], "?"), i["text"]))
+            return "\\n".join(lines)
+        ''')
+    t.sh("python3 mkwheel.py pkgs/todofmt todofmt 1.1.0 wheels && ls wheels")
+    t.sh(f"{PIP} --upgrade todofmt && .venv/bin/pip list --disable-pip-version-check | grep todofmt")
+    t.r(".venv/bin/todo list")
+    t.sh(".venv/bin/python -m unittest discover -s tests 2>&1 | tail -n 3")
+    t.r("grep -n 'render' tests/test_todo.py")
+    t.sh("""sed -i 's/self.assertEqual(out, "\\[x\\]   1 x")/self.assertEqual(out, "[x]   1 !x")/' tests/test_todo.py && .venv/bin/python -m unittest discover -s tests 2>&1 | tail -n 1""")
+    t.r("grep -n 'list' pkgs/todocli/todocli/main.py")
+    t.sh(r"""sed -i 's/    sub.add_parser("list")/    ls = sub.add_parser("list")\n    ls.add_argument("--prio", action="store_true")/; s/        print(render(st.items))/        print(render(st.items, by_prio=args.prio))/' pkgs/todocli/todocli/main.py && sed -i 's/^__version__ = "1.0.0"/__version__ = "1.1.0"/' pkgs/todocli/todocli/__init__.py && sed -n '/add_parser("list")/,+2p' pkgs/todocli/todocli/main.py""")
+    t.sh("python3 mkwheel.py pkgs/todocli todocli 1.1.0 wheels todostore 'todofmt>=1.1'")
+    t.sh(f"{PIP} --upgrade todocli && .venv/bin/pip list --disable-pip-version-check | grep todo")
+    t.r(".venv/bin/todo list --prio")
+    t.sh(".venv/bin/todo add 'triage new issues' --prio 3 && .venv/bin/todo done 1 && .venv/bin/todo list --prio | tee board.txt")
+    t.sh(".venv/bin/python -m unittest discover -s tests 2>&1 | tail -n 1")
+    t.r(".venv/bin/pip check --disable-pip-version-check; cat .venv/lib/python3.11/site-packages/todocli-1.1.0.dist-info/entry_points.txt")
+    t.r("ls wheels && cat todo.json | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))'")
+    t.verify = r"""
+        set -e
+        .venv/bin/todo list --prio > /tmp/board.txt
+        cmp /tmp/board.txt board.txt
+        head -n 1 board.txt | grep -qx '\[ \]   2  benchmark restore latency'
+        grep -qx '\[x\]   1 !write the checkpoint design doc' board.txt
+        .venv/bin/pip list --disable-pip-version-check | grep -q 'todofmt *1.1.0'
+        .venv/bin/pip list --disable-pip-version-check | grep -q 'todocli *1.1.0'
+        .venv/bin/python -m unittest discover -s tests -q
+        """
+    t.volatile = VENV_VOLATILE
+    return t
+
+
 # ====================================================================== main
 def main():
     os.makedirs(OUT, exist_ok=True)
