@@ -23,7 +23,6 @@ import concurrent.futures
 import glob
 import hashlib
 import json
-import math
 import os
 import re
 import shlex
@@ -238,7 +237,9 @@ class Sandbox:
         return r.returncode, r.stdout, r.stderr
 
     def shell(self, workdir, command):
-        script = "mkdir -p %s && cd %s && %s" % (shlex.quote(workdir), shlex.quote(workdir), command)
+        # Not "cd WD && CMD": a CMD like "server & echo $! > pid" would then
+        # put the cd into the background job and run the rest elsewhere.
+        script = "mkdir -p %s && cd %s || exit 125\n%s" % (shlex.quote(workdir), shlex.quote(workdir), command)
         return self.exec(ENV_ARGS + ["timeout", "-s", "KILL", str(CMD_TIMEOUT), "sh", "-c", script])
 
     def write(self, workdir, path, content, mode):

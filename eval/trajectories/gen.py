@@ -1294,6 +1294,512 @@ def venv_todo_cli():
     return t
 
 
+# ===================================================================== server
+def start_server(t, port, script="server.py", extra=""):
+    t.sh(f"nohup python3 {script}{extra} </dev/null >server.log 2>&1 &\necho $! > server.pid\n" + wait_port(port))
+
+
+SERVER_VOLATILE = ["*.log", "*.pid", "*-journal", "**/__pycache__/**"]
+
+NOTES_SERVER = r'''
+"""Notes service: JSON over HTTP, stored in sqlite (notes.db)."""
+import json
+import sqlite3
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from urllib.parse import parse_qs, urlparse
+
+PORT = 9011
+db = sqlite3.connect("notes.db")
+db.execute("CREATE TABLE IF NOT EXISTS notes (id INTEGER PRIMARY KEY, title TEXT NOT NULL, body TEXT NOT NULL, tag TEXT)")
+db.commit()
+
+
+def row(r):
+    return {"id": r[0], "title": r[1], "body": r[2], "tag": r[3]}
+
+
+class H(BaseHTTPRequestHandler):
+    def reply(self, code, obj):
+        data = (json.dumps(obj, sort_keys=True) + "\n").encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def body(self):
+        n = int(self.headers.get("Content-Length", 0))
+        return json.loads(self.rfile.read(n) or b"{}")
+
+    def do_GET(self):
+        u = urlparse(self.path)
+        if u.path == "/health":
+            return self.reply(200, {"ok": True})
+        if u.path == "/notes":
+            q = parse_qs(u.query)
+            if "tag" in q:
+                rows = db.execute("SELECT * FROM notes WHERE tag = ? ORDER BY id", (q["tag"][0],))
+            else:
+                rows = db.execute("SELECT * FROM notes ORDER BY id")
+            return self.reply(200, [row(r) for r in rows])
+        if u.path.startswith("/notes/"):
+            r = db.execute("SELECT * FROM notes WHERE id = ?", (int(u.path[7:]),)).fetchone()
+            return self.reply(200, row(r)) if r else self.reply(404, {"error": "not found"})
+        self.reply(404, {"error": "no route"})
+
+    def do_POST(self):
+        if self.path != "/notes":
+            return self.reply(404, {"error": "no route"})
+        b = self.body()
+        cur = db.execute("INSERT INTO notes (title, body, tag) VALUES (?, ?, ?)", (b["title"], b.get("body", ""), b.get("tag")))
+        db.commit()
+        self.reply(201, {"id": cur.lastrowid})
+
+    def do_DELETE(self):
+        if not self.path.startswith("/notes/"):
+            return self.reply(404, {"error": "no route"})
+        n = db.execute("DELETE FROM notes WHERE id = ?", (int(self.path[7:]),)).rowcount
+        db.commit()
+        self.reply(200 if n else 404, {"deleted": n})
+
+    def log_message(self, fmt, *args):
+        pass
+
+
+if __name__ == "__main__":
+    print("listening on", PORT, flush=True)
+    HTTPServer(("127.0.0.1", PORT), H).serve_forever()
+'''
+
+NOTES_CLIENT = r'''
+"""Tiny client for the notes service: python3 client.py METHOD PATH [JSON]"""
+import json
+import sys
+import urllib.error
+import urllib.request
+
+BASE = "http://127.0.0.1:9011"
+
+
+def call(method, path, body=None):
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(BASE + path, data=data, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=5) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "dump":
+        print(json.dumps(call("GET", "/notes")[1], indent=1, sort_keys=True))
+        sys.exit(0)
+    body = json.loads(sys.argv[3]) if len(sys.argv) > 3 else None
+    status, obj = call(sys.argv[1], sys.argv[2], body)
+    print(status, json.dumps(obj, sort_keys=True))
+'''
+
+
+@traj
+def srv_notes():
+    t = Traj("srv-notes", "Notes HTTP service on sqlite: start, add, tag, edit, query", "server")
+    t.r("ls -la && python3 -c 'import sqlite3; print(sqlite3.sqlite_version)'")
+    t.write("server.py", NOTES_SERVER)
+    t.r("python3 -m py_compile server.py && echo syntax ok")
+    start_server(t, 9011)
+    t.r("cat server.log; python3 -c \"import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:9011/health').read().decode())\"")
+    t.write("client.py", NOTES_CLIENT)
+    notes = [("Checkpoint design", "CRIU + overlay snapshots", "design"),
+             ("Restore budget", "target 50 ms p50", "perf"),
+             ("Shim logging", "log to journald", "ops"),
+             ("Snapshot GC", "drop snapshots older than 10 generations", "design"),
+             ("Bench harness", "replay trajectories", "perf")]
+    for title, body, tag in notes:
+        t.sh("python3 client.py POST /notes '%s'" % json.dumps({"title": title, "body": body, "tag": tag}))
+    t.r("python3 client.py GET /notes")
+    t.r("python3 client.py GET '/notes?tag=design'")
+    t.r("python3 client.py GET /notes/2")
+    t.r("python3 client.py GET /notes/42")
+    t.r("sqlite3 -readonly notes.db 'SELECT tag, count(*) FROM notes GROUP BY tag ORDER BY tag'")
+    # need PUT for edits -> add it, restart
+    t.r("python3 client.py PUT /notes/3 '{\"tag\": \"design\"}' 2>&1 | tail -n 1")
+    t.r("grep -n 'def do_' server.py")
+    t.write("put.patch", r'''
+        --- server.py
+        +++ server.py
+        @@ -58,6 +58,18 @@
+                 db.commit()
+                 self.reply(201, {"id": cur.lastrowid})
+         
+        +    def do_PUT(self):
+        +        if not self.path.startswith("/notes/"):
+        +            return self.reply(404, {"error": "no route"})
+        +        nid = int(self.path[7:])
+        +        b = self.body()
+        +        for col in ("title", "body", "tag"):
+        +            if col in b:
+        +                db.execute("UPDATE notes SET %s = ? WHERE id = ?" % col, (b[col], nid))
+        +        db.commit()
+        +        r = db.execute("SELECT * FROM notes WHERE id = ?", (nid,)).fetchone()
+        +        return self.reply(200, row(r)) if r else self.reply(404, {"error": "not found"})
+        +
+             def do_DELETE(self):
+                 if not self.path.startswith("/notes/"):
+                     return self.reply(404, {"error": "no route"})
+        ''')
+    t.sh("patch -p0 < put.patch && rm -f put.patch server.py.orig && python3 -m py_compile server.py && rm -rf __pycache__ && echo ok")
+    t.sh("kill $(cat server.pid) && python3 -c \"\nimport socket, time\nfor i in range(50):\n    try:\n        socket.create_connection(('127.0.0.1', 9011), 0.2).close(); time.sleep(0.1)\n    except OSError:\n        print('stopped'); break\n\"")
+    start_server(t, 9011)
+    t.sh("python3 client.py PUT /notes/3 '{\"tag\": \"design\", \"body\": \"log to journald, rotate daily\"}'")
+    t.r("python3 client.py GET '/notes?tag=design'")
+    t.sh("python3 client.py DELETE /notes/5")
+    t.r("python3 client.py DELETE /notes/5")
+    t.sh("python3 client.py POST /notes '{\"title\": \"Replay harness\", \"body\": \"deterministic LLM replay\", \"tag\": \"perf\"}'")
+    t.r("python3 client.py GET /notes | head -c 600; echo")
+    t.r("sqlite3 -readonly notes.db 'SELECT id, title, tag FROM notes ORDER BY id'")
+    t.write("export.py", '''
+        """Export notes grouped by tag to notes.md (reads from the running service)."""
+        from client import call
+
+        status, notes = call("GET", "/notes")
+        assert status == 200
+        out = ["# Notes", ""]
+        for tag in sorted({n["tag"] or "" for n in notes}):
+            out.append("## " + (tag or "untagged"))
+            for n in notes:
+                if (n["tag"] or "") == tag:
+                    out.append("- %s: %s" % (n["title"], n["body"]))
+            out.append("")
+        with open("notes.md", "w") as f:
+            f.write("\\n".join(out))
+        print(len(notes), "notes exported")
+        ''')
+    t.sh("python3 export.py && cat notes.md")
+    t.r("python3 client.py GET /health")
+    t.r("ls -la")
+    t.verify = r"""
+        set -e
+        python3 client.py GET /health | grep -q '^200'
+        python3 client.py GET '/notes?tag=design' | python3 -c 'import json,sys; s,o=sys.stdin.read().split(" ",1); assert [n["id"] for n in json.loads(o)] == [1, 3, 4], o'
+        python3 client.py GET /notes/5 | grep -q 'Replay harness'
+        grep -q 'rotate daily' notes.md
+        """
+    t.probe = "python3 client.py dump"
+    t.volatile = SERVER_VOLATILE
+    return t
+
+
+INV_SERVER = r'''
+"""Inventory service: items and stock movements in sqlite (inventory.db)."""
+import json
+import sqlite3
+import sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from urllib.parse import urlparse
+
+PORT = int(sys.argv[1]) if len(sys.argv) > 1 else 9012
+db = sqlite3.connect("inventory.db")
+db.executescript("""
+CREATE TABLE IF NOT EXISTS items (sku TEXT PRIMARY KEY, name TEXT NOT NULL, price_cents INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS moves (id INTEGER PRIMARY KEY, sku TEXT NOT NULL REFERENCES items(sku), qty INTEGER NOT NULL, note TEXT);
+""")
+db.commit()
+
+
+def stock(sku):
+    return db.execute("SELECT coalesce(sum(qty), 0) FROM moves WHERE sku = ?", (sku,)).fetchone()[0]
+
+
+class H(BaseHTTPRequestHandler):
+    def reply(self, code, obj):
+        data = (json.dumps(obj, sort_keys=True) + "\n").encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def body(self):
+        return json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+
+    def do_GET(self):
+        path = urlparse(self.path).path
+        if path == "/health":
+            return self.reply(200, {"ok": True})
+        if path == "/items":
+            rows = db.execute("SELECT sku, name, price_cents FROM items ORDER BY sku").fetchall()
+            return self.reply(200, [{"sku": s, "name": n, "price_cents": p, "stock": stock(s)} for s, n, p in rows])
+        if path == "/report":
+            rows = db.execute("SELECT sku, price_cents FROM items ORDER BY sku").fetchall()
+            value = sum(p * stock(s) for s, p in rows)
+            return self.reply(200, {"items": len(rows), "stock_value_cents": value})
+        self.reply(404, {"error": "no route"})
+
+    def do_POST(self):
+        b = self.body()
+        if self.path == "/items":
+            db.execute("INSERT OR REPLACE INTO items VALUES (?, ?, ?)", (b["sku"], b["name"], b["price_cents"]))
+            db.commit()
+            return self.reply(201, {"sku": b["sku"]})
+        if self.path == "/moves":
+            if db.execute("SELECT 1 FROM items WHERE sku = ?", (b["sku"],)).fetchone() is None:
+                return self.reply(400, {"error": "unknown sku"})
+            db.execute("INSERT INTO moves (sku, qty, note) VALUES (?, ?, ?)", (b["sku"], b["qty"], b.get("note")))
+            db.commit()
+            return self.reply(201, {"sku": b["sku"], "stock": stock(b["sku"])})
+        self.reply(404, {"error": "no route"})
+
+    def log_message(self, fmt, *args):
+        sys.stderr.write("%s %s\n" % (self.command, self.path))
+
+
+if __name__ == "__main__":
+    print("inventory on", PORT, flush=True)
+    HTTPServer(("127.0.0.1", PORT), H).serve_forever()
+'''
+
+INV_CLIENT = r'''
+"""usage: python3 inv.py get PATH | post PATH JSON | dump"""
+import json
+import sys
+import urllib.error
+import urllib.request
+
+BASE = "http://127.0.0.1:9012"
+
+
+def call(method, path, body=None):
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(BASE + path, data=data, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=5) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+if __name__ == "__main__":
+    cmd = sys.argv[1]
+    if cmd == "dump":
+        print(json.dumps({"items": call("GET", "/items")[1], "report": call("GET", "/report")[1]}, indent=1, sort_keys=True))
+    elif cmd == "get":
+        print(*call("GET", sys.argv[2]))
+    else:
+        print(*call("POST", sys.argv[2], json.loads(sys.argv[3])))
+'''
+
+
+@traj
+def srv_inventory():
+    t = Traj("srv-inventory", "Inventory HTTP service on sqlite with stock moves and a report", "server")
+    t.r("ls -la; python3 --version")
+    t.write("server.py", INV_SERVER)
+    t.write("inv.py", INV_CLIENT)
+    t.r("python3 -m py_compile server.py inv.py && rm -rf __pycache__ && echo ok")
+    start_server(t, 9012)
+    t.r("python3 inv.py get /health && cat server.log")
+    items = [("BOLT-M4", "M4 bolt", 12), ("NUT-M4", "M4 nut", 5), ("WASH-M4", "M4 washer", 3),
+             ("BRKT-L", "L bracket", 250), ("RAIL-1M", "DIN rail 1 m", 480), ("PSU-24", "24 V power supply", 3900)]
+    for sku, name, price in items:
+        t.sh("python3 inv.py post /items '%s'" % json.dumps({"sku": sku, "name": name, "price_cents": price}))
+    t.r("python3 inv.py get /items")
+    moves = [("BOLT-M4", 500, "initial"), ("NUT-M4", 500, "initial"), ("WASH-M4", 1000, "initial"),
+             ("BRKT-L", 40, "initial"), ("RAIL-1M", 25, "initial"), ("PSU-24", 6, "initial"),
+             ("BOLT-M4", -120, "order 1001"), ("NUT-M4", -120, "order 1001"), ("BRKT-L", -8, "order 1001"),
+             ("PSU-24", -2, "order 1002"), ("RAIL-1M", -3, "order 1002")]
+    for sku, qty, note in moves:
+        t.sh("python3 inv.py post /moves '%s'" % json.dumps({"sku": sku, "qty": qty, "note": note}))
+    t.r("python3 inv.py get /report")
+    t.r("sqlite3 -readonly inventory.db 'SELECT sku, sum(qty) FROM moves GROUP BY sku ORDER BY sku'")
+    t.r("python3 inv.py post /moves '{\"sku\": \"GEAR-9\", \"qty\": 1}'")
+    # bug: stock can go negative
+    t.sh("python3 inv.py post /moves '{\"sku\": \"PSU-24\", \"qty\": -10, \"note\": \"order 1003\"}'")
+    t.r("python3 -c \"from inv import call; print([i for i in call('GET', '/items')[1] if i['stock'] < 0])\"")
+    t.r("sqlite3 -readonly inventory.db \"SELECT id, sku, qty, note FROM moves WHERE sku = 'PSU-24'\"")
+    t.sh("sqlite3 inventory.db \"DELETE FROM moves WHERE note = 'order 1003'\" && sqlite3 -readonly inventory.db 'SELECT count(*) FROM moves'")
+    t.r("grep -n 'unknown sku' server.py")
+    t.write("fix_stock.py", """
+        src = open("server.py").read()
+        old = '            db.execute("INSERT INTO moves (sku, qty, note)'
+        new = ('            if stock(b["sku"]) + b["qty"] < 0:\\n'
+               '                return self.reply(409, {"error": "insufficient stock", "stock": stock(b["sku"])})\\n' + old)
+        assert src.count(old) == 1
+        open("server.py", "w").write(src.replace(old, new))
+        print("patched")
+        """)
+    t.sh("python3 fix_stock.py && rm fix_stock.py")
+    t.r("sed -n '/def do_POST/,/no route/p' server.py")
+    t.sh("python3 -m py_compile server.py && rm -rf __pycache__ && kill $(cat server.pid); python3 -c \"\nimport socket, time\nfor i in range(50):\n    try:\n        socket.create_connection(('127.0.0.1', 9012), 0.2).close(); time.sleep(0.1)\n    except OSError:\n        print('stopped'); break\n\"")
+    start_server(t, 9012)
+    t.r("python3 inv.py post /moves '{\"sku\": \"PSU-24\", \"qty\": -10, \"note\": \"order 1003\"}'")
+    t.sh("python3 inv.py post /moves '{\"sku\": \"PSU-24\", \"qty\": -4, \"note\": \"order 1003\"}'")
+    for sku, qty, note in [("PSU-24", 10, "restock"), ("BOLT-M4", -200, "order 1004"), ("NUT-M4", -200, "order 1004"),
+                           ("WASH-M4", -400, "order 1004"), ("BRKT-L", 20, "restock"), ("PSU-24", -3, "order 1005")]:
+        t.sh("python3 inv.py post /moves '%s'" % json.dumps({"sku": sku, "qty": qty, "note": note}))
+    t.r("python3 inv.py get /items")
+    t.r("python3 inv.py get /report")
+    t.sh("python3 inv.py post /items '{\"sku\": \"PSU-24\", \"name\": \"24 V power supply\", \"price_cents\": 3750}'")
+    t.write("report.py", '''
+        """Low-stock report from the running inventory service."""
+        from inv import call
+
+        status, items = call("GET", "/items")
+        assert status == 200
+        lines = ["sku       stock  value"]
+        for i in items:
+            flag = "  LOW" if i["stock"] < 50 else ""
+            lines.append("%-8s %6d %8.2f%s" % (i["sku"], i["stock"], i["stock"] * i["price_cents"] / 100, flag))
+        total = call("GET", "/report")[1]["stock_value_cents"] / 100
+        lines.append("total %.2f" % total)
+        open("lowstock.txt", "w").write("\\n".join(lines) + "\\n")
+        print("\\n".join(lines))
+        ''')
+    t.sh("python3 report.py")
+    t.r("grep LOW lowstock.txt | wc -l")
+    t.r("sqlite3 -readonly inventory.db 'SELECT note, count(*) FROM moves GROUP BY note ORDER BY note'")
+    t.r("tail -n 5 server.log")
+    t.verify = r"""
+        set -e
+        python3 inv.py get /health | grep -q '^200'
+        python3 inv.py get /report | grep -q "'stock_value_cents': 54670"
+        python3 inv.py post /moves '{"sku": "PSU-24", "qty": -999}' | grep -q '^409'
+        grep -q '^total 546.70' lowstock.txt
+        test "$(sqlite3 inventory.db 'SELECT sum(qty) FROM moves WHERE sku = "PSU-24"')" = 7
+        """
+    t.probe = "python3 inv.py dump"
+    t.volatile = SERVER_VOLATILE
+    return t
+
+
+SHORT_SERVER = r'''
+"""URL shortener: POST /shorten {"url"}, GET /<code> -> 302, GET /stats. sqlite: links.db"""
+import json
+import sqlite3
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+ALPHA = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+db = sqlite3.connect("links.db")
+db.execute("CREATE TABLE IF NOT EXISTS links (id INTEGER PRIMARY KEY, url TEXT UNIQUE NOT NULL, hits INTEGER NOT NULL DEFAULT 0)")
+db.commit()
+
+
+def encode(n):
+    s = ""
+    n += 1000
+    while n:
+        n, r = divmod(n, 62)
+        s = ALPHA[r] + s
+    return s
+
+
+def decode(s):
+    n = 0
+    for ch in s:
+        n = n * 62 + ALPHA.index(ch)
+    return n - 1000
+
+
+class H(BaseHTTPRequestHandler):
+    def reply(self, code, obj, headers=()):
+        data = (json.dumps(obj, sort_keys=True) + "\n").encode()
+        self.send_response(code)
+        for k, v in headers:
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_POST(self):
+        if self.path != "/shorten":
+            return self.reply(404, {"error": "no route"})
+        url = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["url"]
+        db.execute("INSERT OR IGNORE INTO links (url) VALUES (?)", (url,))
+        db.commit()
+        nid = db.execute("SELECT id FROM links WHERE url = ?", (url,)).fetchone()[0]
+        self.reply(200, {"code": encode(nid), "url": url})
+
+    def do_GET(self):
+        if self.path == "/health":
+            return self.reply(200, {"ok": True})
+        if self.path == "/stats":
+            rows = db.execute("SELECT id, url, hits FROM links ORDER BY id").fetchall()
+            return self.reply(200, [{"code": encode(i), "url": u, "hits": h} for i, u, h in rows])
+        try:
+            nid = decode(self.path[1:])
+        except ValueError:
+            return self.reply(404, {"error": "bad code"})
+        r = db.execute("SELECT url FROM links WHERE id = ?", (nid,)).fetchone()
+        if not r:
+            return self.reply(404, {"error": "unknown code"})
+        db.execute("UPDATE links SET hits = hits + 1 WHERE id = ?", (nid,))
+        db.commit()
+        self.reply(302, {"location": r[0]}, [("Location", r[0])])
+
+    def log_message(self, fmt, *args):
+        pass
+
+
+HTTPServer(("127.0.0.1", 9013), H).serve_forever()
+'''
+
+
+@traj
+def srv_shortener():
+    t = Traj("srv-shortener", "URL shortener service on sqlite: shorten, follow, stats", "server")
+    t.r("ls -la")
+    t.write("shortener.py", SHORT_SERVER)
+    t.sh("nohup python3 shortener.py </dev/null >shortener.log 2>&1 &\necho $! > shortener.pid\n" + wait_port(9013))
+    t.write("sh.py", '''
+        import http.client
+        import json
+        import sys
+
+
+        def req(method, path, body=None):
+            c = http.client.HTTPConnection("127.0.0.1", 9013, timeout=5)
+            c.request(method, path, body=None if body is None else json.dumps(body))
+            r = c.getresponse()
+            return r.status, r.getheader("Location"), json.loads(r.read())
+
+
+        if __name__ == "__main__":
+            if sys.argv[1] == "add":
+                print(req("POST", "/shorten", {"url": sys.argv[2]})[2]["code"])
+            elif sys.argv[1] == "open":
+                print(*req("GET", "/" + sys.argv[2])[:2])
+            elif sys.argv[1] == "stats":
+                for s in req("GET", "/stats")[2]:
+                    print(s["code"], s["hits"], s["url"])
+        ''')
+    urls = ["https://example.com/docs/checkpoint", "https://example.com/docs/restore",
+            "https://example.com/blog/crab-0-1", "https://example.com/bench"]
+    for u in urls:
+        t.sh(f"python3 sh.py add {u}")
+    t.r("python3 sh.py add https://example.com/docs/restore")
+    t.r("python3 sh.py stats")
+    for code, n in [("g9", 3), ("ga", 1), ("gb", 2)]:
+        t.sh("for i in %s; do python3 sh.py open %s; done" % (" ".join(str(i) for i in range(n)), code))
+    t.r("python3 sh.py open zzzz; python3 sh.py open 'g!'")
+    t.r("python3 sh.py stats")
+    t.r("sqlite3 -readonly links.db 'SELECT * FROM links ORDER BY hits DESC, id'")
+    t.sh("python3 sh.py add https://example.com/pricing && python3 sh.py open gd")
+    t.sh("python3 sh.py stats | sort -k2,2nr -k1,1 > top.txt && cat top.txt")
+    t.r("head -n 1 top.txt")
+    t.r("python3 sh.py stats | head -n 1")
+    t.r("grep -c . top.txt && ls -la && cat shortener.log")
+    t.sh("python3 sh.py open ge; python3 sh.py stats | tail -n 2")
+    t.verify = r"""
+        set -e
+        python3 sh.py stats | grep -qx 'g9 3 https://example.com/docs/checkpoint'
+        head -n 1 top.txt | grep -qx 'g9 3 https://example.com/docs/checkpoint'
+        test "$(sqlite3 links.db 'SELECT sum(hits) FROM links')" = 7
+        """
+    t.probe = "python3 sh.py stats"
+    t.volatile = SERVER_VOLATILE
+    return t
+
+
 # ====================================================================== main
 def main():
     os.makedirs(OUT, exist_ok=True)
