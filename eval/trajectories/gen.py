@@ -1800,6 +1800,353 @@ def srv_shortener():
     return t
 
 
+# ======================================================================== git
+GIT_VOLATILE = [".git/index", ".git/logs/**", "**/__pycache__/**"]
+
+
+@traj
+def git_feature_merge():
+    t = Traj("git-feature-merge", "git: feature branch, conflicting hotfix on main, merge, tag", "git")
+    t.r("git --version && ls -la")
+    t.sh("git init -q -b main && git config user.name agent && git config user.email agent@example.com && git status --short")
+    t.write("greet.py", '''
+        import sys
+
+
+        def greet(name):
+            return "Hello, %s!" % name
+
+
+        if __name__ == "__main__":
+            print(greet(sys.argv[1] if len(sys.argv) > 1 else "world"))
+        ''')
+    t.write("README.md", """
+        # greet
+
+        `python3 greet.py NAME`
+        """)
+    t.sh("git add -A && git commit -q -m 'Initial greet script' && git log --oneline")
+    t.sh("git checkout -q -b feature/lang && git branch")
+    t.write("greet.py", '''
+        import sys
+
+        GREETINGS = {"en": "Hello", "de": "Hallo", "fr": "Bonjour", "es": "Hola"}
+
+
+        def greet(name, lang="en"):
+            return "%s, %s!" % (GREETINGS[lang], name)
+
+
+        if __name__ == "__main__":
+            args = sys.argv[1:]
+            lang = "en"
+            if args and args[0].startswith("--lang="):
+                lang = args.pop(0).split("=", 1)[1]
+            print(greet(args[0] if args else "world", lang))
+        ''')
+    t.r("git diff --stat && python3 greet.py --lang=de Crab")
+    t.sh("git commit -q -am 'Add --lang option' && git log --oneline")
+    t.write("test_greet.py", '''
+        import unittest
+
+        from greet import greet
+
+
+        class GreetTest(unittest.TestCase):
+            def test_default(self):
+                self.assertEqual(greet("x"), "Hello, x!")
+
+            def test_lang(self):
+                self.assertEqual(greet("x", "fr"), "Bonjour, x!")
+
+
+        if __name__ == "__main__":
+            unittest.main()
+        ''')
+    t.sh("python3 -m unittest -q test_greet 2>&1 | tail -n 1 && git add test_greet.py && git commit -q -m 'Add tests' && git log --oneline")
+    t.sh("git checkout -q main && git log --oneline --all --graph")
+    # hotfix on main: empty name handling (touches the same line region)
+    t.write("greet.py", '''
+        import sys
+
+
+        def greet(name):
+            name = name.strip() or "world"
+            return "Hello, %s!" % name
+
+
+        if __name__ == "__main__":
+            print(greet(sys.argv[1] if len(sys.argv) > 1 else "world"))
+        ''')
+    t.r("python3 greet.py '  '")
+    t.sh("git commit -q -am 'Fix: treat blank names as world' && git log --oneline")
+    t.sh("sed -i 's/^`python3 greet.py NAME`$/`python3 greet.py [--lang=xx] NAME` (blank NAME greets the world)/' README.md && git commit -q -am 'Document usage' && git show --stat HEAD | tail -n 3")
+    t.sh('git merge --no-ff -m "Merge branch \'feature/lang\'" feature/lang; echo "exit=$?"')
+    t.r("git status --short && git diff --name-only --diff-filter=U")
+    t.r("cat greet.py")
+    t.write("greet.py", '''
+        import sys
+
+        GREETINGS = {"en": "Hello", "de": "Hallo", "fr": "Bonjour", "es": "Hola"}
+
+
+        def greet(name, lang="en"):
+            name = name.strip() or "world"
+            return "%s, %s!" % (GREETINGS[lang], name)
+
+
+        if __name__ == "__main__":
+            args = sys.argv[1:]
+            lang = "en"
+            if args and args[0].startswith("--lang="):
+                lang = args.pop(0).split("=", 1)[1]
+            print(greet(args[0] if args else "world", lang))
+        ''')
+    t.sh("python3 -m unittest -q test_greet 2>&1 | tail -n 1 && python3 greet.py --lang=es ' '")
+    t.sh("git add greet.py && git commit -q --no-edit && git log --oneline --graph")
+    t.sh("""sed -i 's/^if __name__ == "__main__":$/    def test_blank(self):\\n        self.assertEqual(greet(" ", "de"), "Hallo, world!")\\n\\n\\nif __name__ == "__main__":/' test_greet.py && python3 -m unittest -v test_greet 2>&1 | tail -n 3""")
+    t.r("git diff")
+    t.sh("git commit -q -am 'Test blank names with --lang' && git tag -a v1.0 -m 'greet 1.0' && git tag -n")
+    t.sh("git branch -d feature/lang && git branch")
+    t.r("git log --oneline --graph --decorate")
+    t.r("git log --format='%H %s' | head -n 3")
+    t.r("git show v1.0 --stat | head -n 12")
+    t.verify = r"""
+        set -e
+        test "$(git rev-list --count HEAD)" = 7
+        test "$(git rev-list --merges --count HEAD)" = 1
+        git describe --exact-match HEAD | grep -qx v1.0
+        test -z "$(git status --porcelain)"
+        test "$(git branch --format='%(refname:short)')" = main
+        python3 greet.py --lang=fr ' ' | grep -qx 'Bonjour, world!'
+        python3 -m unittest -q test_greet
+        """
+    t.volatile = GIT_VOLATILE
+    return t
+
+
+@traj
+def git_rebase():
+    t = Traj("git-rebase", "git: topic branch with fixups, autosquash rebase onto main, cherry-pick, tag", "git")
+    t.r("ls -la && git --version")
+    t.sh("git init -q -b main && git status")
+    t.write("Makefile", """
+        test:
+        \t@sh tests.sh
+        .PHONY: test
+        """)
+    t.write("lib.sh", r"""
+        # shell helpers
+        upper() { printf '%s\n' "$1" | tr a-z A-Z; }
+        lower() { printf '%s\n' "$1" | tr A-Z a-z; }
+        """)
+    t.write("tests.sh", r"""
+        . ./lib.sh
+        fail=0
+        eq() { if [ "$1" = "$2" ]; then echo "ok   $3"; else echo "FAIL $3: '$1' != '$2'"; fail=1; fi; }
+        eq "$(upper abc)" ABC upper
+        eq "$(lower ABC)" abc lower
+        exit $fail
+        """)
+    t.sh("make test && git add . && git commit -q -m 'lib.sh with upper/lower and tests' && git log --oneline")
+    t.sh("git checkout -q -b topic/strings")
+    t.sh(r"""printf '%s\n' 'repeat() { n=$2; out=; while [ "$n" -gt 0 ]; do out="$out$1"; n=$((n - 1)); done; printf "%s\n" "$out"; }' >> lib.sh && tail -n 1 lib.sh""")
+    t.sh(r"""sed -i 's/^exit \$fail$/eq "$(repeat ab 3)" ababab repeat\nexit $fail/' tests.sh && make test""")
+    t.sh("git commit -q -am 'Add repeat' && git log --oneline")
+    t.sh(r"""printf '%s\n' 'reverse() { printf "%s\n" "$1" | rev; }' >> lib.sh && sed -i 's/^exit \$fail$/eq "$(reverse abc)" cba reverse\nexit $fail/' tests.sh && make test; echo "exit=$?" """)
+    t.r("which rev; dpkg -S bin/rev")
+    t.sh("git commit -q -am 'Add reverse' && git log --oneline")
+    # rev comes from util-linux (bsdextrautils): not in minimal images -> pure sed version
+    t.sh(r"""sed -i 's/^reverse() .*$/reverse() { printf "%s\\n" "$1" | sed "\/\\n\/!G;s\/\\(.\\)\\(.*\\n\\)\/\&\\2\\1\/;\/\/D;s\/.\/\/"; }/' lib.sh && tail -n 1 lib.sh && make test""")
+    t.sh("git commit -q -a --fixup=HEAD && git log --oneline")
+    t.r("git log --format='%h %s' main..HEAD")
+    # meanwhile on main
+    t.sh("git checkout -q main")
+    t.write("README", """
+        lib.sh: small POSIX shell string helpers. Run `make test`.
+        """)
+    t.sh("git add README && git commit -q -m 'Add README' && git log --oneline --all --graph")
+    t.sh(r"""sed -i 's/^# shell helpers$/# shell helpers (POSIX sh, no bashisms)/' lib.sh && git commit -q -am 'lib.sh: note POSIX' && git log --oneline""")
+    t.sh("git checkout -q topic/strings && GIT_SEQUENCE_EDITOR=: git rebase -q -i --autosquash main && git log --oneline --graph --all")
+    t.r("git log --format='%h %s' main..topic/strings")
+    t.sh("make test")
+    t.r("head -n 1 lib.sh && git diff main --stat")
+    t.r("git show --stat HEAD~1 | tail -n 4")
+    t.sh("git checkout -q main && git merge --ff-only topic/strings && git log --oneline")
+    t.sh("git tag v0.2 && git branch -d topic/strings")
+    # a stable branch gets a cherry-picked fix
+    t.sh("git checkout -q -b stable v0.2 && git checkout -q main")
+    t.sh(r"""sed -i 's/^upper() { printf .*$/upper() { printf '"'"'%s\\n'"'"' "$1" | tr '"'"'[:lower:]'"'"' '"'"'[:upper:]'"'"'; }/' lib.sh && sed -i 's/^lower() { printf .*$/lower() { printf '"'"'%s\\n'"'"' "$1" | tr '"'"'[:upper:]'"'"' '"'"'[:lower:]'"'"'; }/' lib.sh && head -n 3 lib.sh""")
+    t.sh("make test && git commit -q -am 'Use character classes in upper/lower'")
+    t.sh(r"""sed -i 's/^exit \$fail$/eq "$(upper "x-1")" X-1 upper-punct\nexit $fail/' tests.sh && make test && git commit -q -am 'Test punctuation in upper' && git log --oneline""")
+    t.sh("git checkout -q stable && git cherry-pick -x main~1 && git log --oneline")
+    t.r("git status --short; git log -1 --format=%B")
+    t.sh("make test && git tag v0.2.1 && git checkout -q main")
+    t.r("git log --oneline --graph --all --decorate")
+    t.r("git tag && git rev-list --count main stable")
+    t.r("git log --format='%an %ad %s' --date=iso main | head -n 3")
+    t.verify = r"""
+        set -e
+        test "$(git rev-list --count main)" = 7
+        test "$(git rev-list --count stable)" = 6
+        test "$(git log --format=%s main | grep -c fixup)" = 0
+        git log --format=%s v0.2 | head -n 2 | tr '\n' '|' | grep -qx 'Add reverse|Add repeat|'
+        git show v0.2.1:lib.sh | grep -q ':lower:'
+        ! git show v0.2:lib.sh | grep -q '| rev'
+        test "$(git rev-parse --abbrev-ref HEAD)" = main
+        make -s test | grep -c '^ok' | grep -qx 5
+        """
+    t.volatile = GIT_VOLATILE
+    return t
+
+
+UNITS = [("in", "cm", 2.54), ("ft", "m", 0.3048), ("mi", "km", 1.609344), ("lb", "kg", 0.45359237),
+         ("oz", "g", 28.349523125), ("gal", "l", 3.785411784), ("yd", "m", 0.9144), ("mph", "kmh", 1.609344),
+         ("nmi", "km", 1.852), ("acre", "m2", 4046.8564224), ("psi", "kpa", 6.894757), ("hp", "kw", 0.745699872)]
+
+
+@traj
+def git_release_tags():
+    t = Traj("git-release-tags", "git: many small commits, annotated release tags, bisect a regression, revert, release branch", "git")
+    t.r("ls -la && git --version")
+    t.sh("git init -q -b main && git config tag.sort version:refname && git config --get tag.sort")
+    t.write("conv.py", '''
+        """Unit conversions: python3 conv.py VALUE FROM TO"""
+        import sys
+
+        FACTORS = {
+            ("m", "cm"): 100.0,
+        }
+
+
+        def convert(value, src, dst):
+            if (src, dst) in FACTORS:
+                return value * FACTORS[(src, dst)]
+            if (dst, src) in FACTORS:
+                return value / FACTORS[(dst, src)]
+            raise KeyError("no conversion %s -> %s" % (src, dst))
+
+
+        if __name__ == "__main__":
+            v, a, b = sys.argv[1:4]
+            print("%.4f" % convert(float(v), a, b))
+        ''')
+    t.write("test_conv.py", '''
+        import unittest
+
+        from conv import FACTORS, convert
+
+        KNOWN = {("in", "cm"): 2.54, ("ft", "m"): 0.3048, ("mi", "km"): 1.609344, ("lb", "kg"): 0.45359237,
+                 ("oz", "g"): 28.349523125, ("gal", "l"): 3.785411784,
+                 ("mph", "kmh"): 1.609344, ("nmi", "km"): 1.852, ("acre", "m2"): 4046.8564224,
+                 ("psi", "kpa"): 6.894757, ("hp", "kw"): 0.745699872}
+
+
+        class ConvTest(unittest.TestCase):
+            def test_identity_pair(self):
+                self.assertAlmostEqual(convert(2, "m", "cm"), 200)
+                self.assertAlmostEqual(convert(50, "cm", "m"), 0.5)
+
+            def test_known_factors(self):
+                for pair, f in FACTORS.items():
+                    if pair in KNOWN:
+                        self.assertAlmostEqual(f, KNOWN[pair], places=6, msg=str(pair))
+
+            def test_unknown(self):
+                with self.assertRaises(KeyError):
+                    convert(1, "m", "parsec")
+
+
+        if __name__ == "__main__":
+            unittest.main()
+        ''')
+    t.write("CHANGELOG.md", """
+        # Changelog
+
+        ## 0.1.0
+        - m <-> cm
+        """)
+    t.sh("python3 -m unittest -q test_conv 2>&1 | tail -n 1 && git add -A && git commit -q -m 'conv 0.1.0' && git tag -a v0.1.0 -m 'Release 0.1.0'")
+    t.r("git log --oneline --decorate && git tag -n")
+    releases = {3: "0.2.0", 7: "0.3.0", 12: "0.4.0"}
+    changelog = ["- m <-> cm"]
+    pending = []
+    for i, (a, b, f) in enumerate(UNITS, 1):
+        shown = f
+        if (a, b) == ("yd", "m"):
+            shown = 0.9114  # typo: the regression bisect finds later
+        t.sh(f"""sed -i 's/^}}$/    ("{a}", "{b}"): {shown!r},\\n}}/' conv.py && grep -n '"{a}"' conv.py""")
+        if i % 3 == 1:
+            t.r(f"python3 conv.py 10 {a} {b} && python3 conv.py 10 {b} {a}")
+        t.sh("python3 -m unittest -q test_conv 2>&1 | tail -n 1")
+        t.sh(f"git commit -q -am 'Add {a} -> {b}' && git log --oneline -1")
+        pending.append(f"- {a} <-> {b}")
+        if i in releases:
+            ver = releases[i]
+            entry = "## %s\\n%s\\n" % (ver, "\\n".join(pending))
+            t.sh(f"""sed -i '2a\\\\n{entry}' CHANGELOG.md && sed -i '3{{/^$/d}}' CHANGELOG.md && head -n 12 CHANGELOG.md""")
+            t.sh(f"git commit -q -am 'Release {ver}' && git tag -a v{ver} -m 'Release {ver}' && git describe")
+            changelog = pending + changelog
+            pending = []
+    t.r("git tag -n && git log --oneline | wc -l")
+    t.r("python3 conv.py 100 yd m && python3 -c 'print(100 * 0.9144)'")
+    t.r("grep -n yd conv.py test_conv.py")
+    t.write("check_yd.sh", """
+        #!/bin/sh
+        # bisect helper: good if yd is not there yet, or converts correctly
+        grep -q '"yd"' conv.py || exit 0
+        test "$(python3 conv.py 1 yd m)" = 0.9144
+        """, mode="0755")
+    t.r("./check_yd.sh; echo \"exit=$?\"")
+    t.r("git log --oneline v0.2.0..HEAD | cat")
+    t.sh("git bisect start HEAD v0.2.0 && git bisect run ./check_yd.sh > bisect.out 2>&1; grep 'is the first bad commit' bisect.out")
+    t.r("git bisect log | tail -n 3; grep -A3 'first bad commit' bisect.out | tail -n 3")
+    t.sh("git bisect reset; git status --short; rm bisect.out check_yd.sh")
+    t.r("git log -S0.9114 --oneline")
+    t.sh("git revert --no-edit $(git log --format=%h --grep='Add yd -> m') 2>&1 | tail -n 2; git status --short")
+    t.r("git diff --name-only --diff-filter=U")
+    t.sh("git revert --abort && git status --short && git log --oneline -1")
+    t.sh(r"""sed -i 's/("yd", "m"): 0.9114,/("yd", "m"): 0.9144,/' conv.py && sed -i 's/("gal", "l"): 3.785411784,$/("gal", "l"): 3.785411784, ("yd", "m"): 0.9144,/' test_conv.py && git diff --stat""")
+    t.sh("python3 -m unittest -q test_conv 2>&1 | tail -n 1 && git commit -q -am 'Fix yd -> m factor (typo 0.9114), test it' && git log --oneline -3")
+    t.sh(r"""sed -i 's/^## 0.4.0$/## 0.4.1\n- fix yd <-> m factor\n\n## 0.4.0/' CHANGELOG.md && head -n 6 CHANGELOG.md""")
+    t.sh("git commit -q -am 'Release 0.4.1' && git tag -a v0.4.1 -m 'Release 0.4.1' && git describe")
+    # maintenance branch for 0.3 gets the fix too (0.9114 was introduced in 0.3.0)
+    t.sh("git checkout -q -b release/0.3 v0.3.0 && grep -n yd conv.py")
+    t.sh("git cherry-pick -x $(git log --format=%h --grep='Fix yd' main); echo \"exit=$?\"; git status --short")
+    t.r("git diff conv.py")
+    t.sh(r"""git checkout --ours conv.py && sed -i 's/("yd", "m"): 0.9114,/("yd", "m"): 0.9144,/' conv.py && git add conv.py && GIT_EDITOR=true git cherry-pick --continue && git log --oneline -2""")
+    t.sh("python3 -m unittest -q test_conv 2>&1 | tail -n 1 && git show --stat HEAD | tail -n 3")
+    t.sh(r"""sed -i 's/^## 0.3.0$/## 0.3.1\n- fix yd <-> m factor\n\n## 0.3.0/' CHANGELOG.md && git commit -q -am 'Release 0.3.1' && git tag -a v0.3.1 -m 'Release 0.3.1' && git describe""")
+    t.sh("git checkout -q main && git branch -a")
+    t.r("git log --oneline --graph --all --decorate | head -n 30")
+    t.r("git tag -l 'v0.*' && git for-each-ref --format='%(refname:short) %(taggername) %(subject)' refs/tags")
+    t.r("git shortlog -s -n --all")
+    t.r("git log --format='%h %ad %s' --date=short -5")
+    t.r("git describe --tags v0.3.1~1 && git describe --contains $(git log --format=%h --grep='Add psi')")
+    t.r("cat CHANGELOG.md")
+    t.r("python3 conv.py 3 hp kw && python3 conv.py 1 acre m2 && python3 conv.py 250 cm in")
+    t.r("git diff v0.4.0 v0.4.1 --stat && git rev-list --count v0.1.0..main")
+    t.r("git show v0.4.1 --no-patch --format='%(describe) %s' 2>/dev/null | head -n 1; git cat-file -t v0.4.1")
+    t.r("git ls-files && git status --short --branch")
+    t.verify = r"""
+        set -e
+        test "$(git tag | sort | tr '\n' ' ')" = "v0.1.0 v0.2.0 v0.3.0 v0.3.1 v0.4.0 v0.4.1 "
+        test "$(git cat-file -t v0.3.1)" = tag
+        git describe --exact-match main | grep -qx v0.4.1
+        test "$(git rev-list --count main)" = 18
+        test "$(git rev-list --count release/0.3)" = 12
+        git show v0.3.1:conv.py | grep -q '("yd", "m"): 0.9144'
+        git show v0.3.0:conv.py | grep -q '("yd", "m"): 0.9114'
+        test "$(git rev-parse --abbrev-ref HEAD)" = main
+        test ! -e .git/BISECT_LOG
+        python3 -m unittest -q test_conv
+        python3 conv.py 10 yd m | grep -qx 9.1440
+        head -n 4 CHANGELOG.md | grep -qx '## 0.4.1'
+        """
+    t.volatile = GIT_VOLATILE
+    return t
+
+
 # ====================================================================== main
 def main():
     os.makedirs(OUT, exist_ok=True)
