@@ -2147,6 +2147,389 @@ def git_release_tags():
     return t
 
 
+# ======================================================================= data
+@traj
+def data_sales():
+    t = Traj("data-sales", "Sales CSV pipeline: generate, clean with awk, aggregate, sort, report", "data")
+    t.r("ls -la && python3 --version && awk -W version 2>&1 | head -n 1")
+    t.sh("mkdir -p raw stage out")
+    t.write("gen_sales.py", '''
+        """Writes raw/sales.csv: 400 deterministic rows with a few bad ones."""
+        import csv
+        import random
+
+        rng = random.Random(20260101)
+        regions = ["north", "south", "east", "west"]
+        products = {"widget": 250, "gadget": 1299, "doohickey": 499, "gizmo": 3150}
+        with open("raw/sales.csv", "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["order_id", "date", "region", "product", "qty", "unit_cents"])
+            for i in range(1, 401):
+                month = rng.randint(1, 6)
+                day = rng.randint(1, 28)
+                p = rng.choice(sorted(products))
+                qty = rng.randint(1, 12)
+                region = rng.choice(regions)
+                if i % 57 == 0:
+                    qty = -qty  # returns booked wrongly
+                if i % 91 == 0:
+                    region = ""
+                w.writerow([i, "2025-%02d-%02d" % (month, day), region, p, qty, products[p]])
+        ''')
+    t.sh("python3 gen_sales.py && wc -l raw/sales.csv && head -n 5 raw/sales.csv")
+    t.r("cut -d, -f3 raw/sales.csv | sort | uniq -c")
+    t.r("awk -F, 'NR > 1 && $5 <= 0' raw/sales.csv")
+    t.r("awk -F, 'NR > 1 && $3 == \"\"' raw/sales.csv | wc -l")
+    t.sh("awk -F, 'NR == 1 || ($5 > 0 && $3 != \"\")' raw/sales.csv > stage/clean.csv && wc -l stage/clean.csv")
+    t.sh("awk -F, 'NR > 1 && !($5 > 0 && $3 != \"\")' raw/sales.csv > stage/rejected.csv && wc -l stage/rejected.csv")
+    t.write("aggregate.py", '''
+        """stage/clean.csv -> stage/by_region_month.json and stage/by_product.csv"""
+        import csv
+        import json
+        from collections import defaultdict
+
+        rm = defaultdict(int)
+        prod = defaultdict(lambda: [0, 0])
+        with open("stage/clean.csv", newline="") as f:
+            for r in csv.DictReader(f):
+                cents = int(r["qty"]) * int(r["unit_cents"])
+                rm[(r["region"], r["date"][:7])] += cents
+                prod[r["product"]][0] += int(r["qty"])
+                prod[r["product"]][1] += cents
+        out = {}
+        for (region, month), cents in sorted(rm.items()):
+            out.setdefault(region, {})[month] = cents
+        with open("stage/by_region_month.json", "w") as f:
+            json.dump(out, f, indent=1, sort_keys=True)
+        with open("stage/by_product.csv", "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["product", "units", "revenue_cents"])
+            for p in sorted(prod):
+                w.writerow([p] + prod[p])
+        print(len(rm), "region-months,", len(prod), "products")
+        ''')
+    t.sh("python3 aggregate.py")
+    t.r("head -c 400 stage/by_region_month.json; echo; cat stage/by_product.csv")
+    t.sh("tail -n +2 stage/by_product.csv | sort -t, -k3,3nr > stage/products_ranked.csv && cat stage/products_ranked.csv")
+    t.r("python3 -c \"import json; d=json.load(open('stage/by_region_month.json')); print({r: sum(m.values()) for r, m in d.items()})\"")
+    t.write("report.py", '''
+        """Builds out/report.md from the stage files."""
+        import csv
+        import json
+
+        rm = json.load(open("stage/by_region_month.json"))
+        months = sorted({m for r in rm.values() for m in r})
+        lines = ["# Sales report H1 2025", "", "## Revenue by region and month (EUR)", ""]
+        lines.append("| region | " + " | ".join(months) + " | total |")
+        lines.append("|---" * (len(months) + 2) + "|")
+        grand = 0
+        for region in sorted(rm):
+            vals = [rm[region].get(m, 0) for m in months]
+            grand += sum(vals)
+            lines.append("| %s | %s | %.2f |" % (region, " | ".join("%.2f" % (v / 100) for v in vals), sum(vals) / 100))
+        lines += ["", "Grand total: %.2f EUR" % (grand / 100), "", "## Products by revenue", ""]
+        with open("stage/products_ranked.csv", newline="") as f:
+            for i, (p, units, cents) in enumerate(csv.reader(f), 1):
+                lines.append("%d. %s: %s units, %.2f EUR" % (i, p, units, int(cents) / 100))
+        rejected = sum(1 for _ in open("stage/rejected.csv"))
+        lines += ["", "Rejected rows: %d (see stage/rejected.csv)" % rejected, ""]
+        open("out/report.md", "w").write("\\n".join(lines))
+        print("\\n".join(lines))
+        ''')
+    t.sh("python3 report.py")
+    t.r("grep 'Grand total' out/report.md")
+    t.r("awk -F, 'NR > 1 {s += $5 * $6} END {printf \"%.2f\\n\", s / 100}' stage/clean.csv")
+    t.sh("sed -i 's/^# Sales report H1 2025$/# Sales report H1 2025 (net of rejected rows)/' out/report.md && head -n 1 out/report.md")
+    t.r("ls -la raw stage out && md5sum stage/* out/*")
+    t.r("cut -d, -f2 stage/clean.csv | cut -c1-7 | sort | uniq -c")
+    t.r("python3 -c \"import csv; rows = list(csv.DictReader(open('stage/clean.csv'))); print(len(rows), min(int(r['qty']) for r in rows))\"")
+    t.r("wc -l stage/*.csv && cat out/report.md | tail -n 8")
+    t.verify = r"""
+        set -e
+        test -s out/report.md
+        total=$(awk -F, 'NR > 1 {s += $5 * $6} END {printf "%.2f", s / 100}' stage/clean.csv)
+        grep -qx "Grand total: $total EUR" out/report.md
+        test "$(wc -l < stage/rejected.csv)" = 11
+        test "$(($(wc -l < stage/clean.csv) + $(wc -l < stage/rejected.csv)))" = 401
+        head -n 1 out/report.md | grep -q 'net of rejected'
+        """
+    return t
+
+
+@traj
+def data_logs():
+    t = Traj("data-logs", "Access-log analysis in stages: parse, filter, aggregate, percentiles, report", "data")
+    t.r("ls -la")
+    t.write("mklogs.py", '''
+        """Writes logs/access-{1,2,3}.log in a common-log-like format (deterministic)."""
+        import os
+        import random
+
+        rng = random.Random(7)
+        paths = ["/", "/api/items", "/api/items/42", "/api/login", "/static/app.js", "/api/search", "/health"]
+        weights = [5, 20, 10, 4, 12, 8, 6]
+        ips = ["10.0.0.%d" % i for i in range(1, 23)]
+        os.makedirs("logs", exist_ok=True)
+        sec = 0
+        for part in (1, 2, 3):
+            with open("logs/access-%d.log" % part, "w") as f:
+                for _ in range(700):
+                    sec += rng.randint(1, 60)
+                    p = rng.choices(paths, weights)[0]
+                    status = rng.choices([200, 304, 404, 500], [85, 8, 5, 2])[0]
+                    if p == "/api/login" and rng.random() < 0.3:
+                        status = 401
+                    ms = int(rng.lognormvariate(3.2, 0.8)) + (400 if p == "/api/search" else 0)
+                    ts = "2025-03-%02d %02d:%02d:%02d" % (1 + sec // 86400, sec // 3600 % 24, sec // 60 % 60, sec % 60)
+                    f.write('%s [%s] "GET %s" %d %d\\n' % (rng.choice(ips), ts, p, status, ms))
+        ''')
+    t.sh("python3 mklogs.py && ls -la logs && head -n 3 logs/access-1.log")
+    t.r("wc -l logs/*.log")
+    t.r("tail -n 2 logs/access-3.log")
+    t.sh("mkdir -p work && cat logs/access-*.log > work/all.log && wc -l work/all.log")
+    t.r("awk '{print $5}' work/all.log | sort | uniq -c | sort -rn")
+    t.sh("""sed -E 's/^([0-9.]+) \\[([0-9-]+) ([0-9:]+)\\] "GET ([^"]+)" ([0-9]+) ([0-9]+)$/\\1\\t\\2\\t\\3\\t\\4\\t\\5\\t\\6/' work/all.log > work/all.tsv && head -n 3 work/all.tsv""")
+    t.r("awk -F'\\t' 'NF != 6' work/all.tsv | wc -l")
+    t.sh("awk -F'\\t' '{c[$4]++; s[$4] += $6} END {for (p in c) printf \"%s\\t%d\\t%.1f\\n\", p, c[p], s[p] / c[p]}' work/all.tsv | sort -t\"$(printf '\\t')\" -k2,2nr > work/by_path.tsv && cat work/by_path.tsv")
+    t.sh("awk -F'\\t' '$5 >= 500' work/all.tsv > work/errors.tsv && wc -l < work/errors.tsv")
+    t.r("cut -f4 work/errors.tsv | sort | uniq -c | sort -rn")
+    t.sh("awk -F'\\t' '$5 == 401 {print $1}' work/all.tsv | sort | uniq -c | sort -k1,1nr -k2 > work/auth_fail_by_ip.txt && head -n 5 work/auth_fail_by_ip.txt")
+    t.sh("awk -F'\\t' '{split($3, a, \":\"); h[$2 \" \" a[1]]++} END {for (k in h) print k \"\\t\" h[k]}' work/all.tsv | sort > work/per_hour.tsv && wc -l work/per_hour.tsv && head -n 4 work/per_hour.tsv")
+    t.r("sort -t\"$(printf '\\t')\" -k3,3nr work/per_hour.tsv | head -n 3")
+    t.write("percentiles.py", '''
+        """Latency percentiles per path from work/all.tsv -> work/latency.json"""
+        import json
+        from collections import defaultdict
+
+        lat = defaultdict(list)
+        for line in open("work/all.tsv"):
+            ip, day, tm, path, status, ms = line.rstrip("\\n").split("\\t")
+            lat[path].append(int(ms))
+
+
+        def pct(xs, p):
+            xs = sorted(xs)
+            k = max(0, min(len(xs) - 1, int(round(p / 100 * len(xs) + 0.5)) - 1))
+            return xs[k]
+
+
+        out = {p: {"n": len(v), "p50": pct(v, 50), "p90": pct(v, 90), "p99": pct(v, 99), "max": max(v)}
+               for p, v in sorted(lat.items())}
+        json.dump(out, open("work/latency.json", "w"), indent=1, sort_keys=True)
+        for p, s in out.items():
+            print("%-16s n=%4d p50=%4d p90=%4d p99=%4d" % (p, s["n"], s["p50"], s["p90"], s["p99"]))
+        ''')
+    t.sh("python3 percentiles.py")
+    t.r("python3 -c \"import json; d = json.load(open('work/latency.json')); print(max(d, key=lambda p: d[p]['p90']))\"")
+    t.r("awk -F'\\t' '$4 == \"/api/search\" {print $6}' work/all.tsv | sort -n | awk '{a[NR] = $1} END {print a[int(NR / 2)], a[NR]}'")
+    t.write("report.py", '''
+        import json
+
+        lat = json.load(open("work/latency.json"))
+        by_path = [l.rstrip("\\n").split("\\t") for l in open("work/by_path.tsv")]
+        errors = sum(1 for _ in open("work/errors.tsv"))
+        total = sum(int(c) for _, c, _ in by_path)
+        auth = [l.split() for l in open("work/auth_fail_by_ip.txt")]
+        busiest = max((l.rstrip("\\n").split("\\t") for l in open("work/per_hour.tsv")), key=lambda r: (int(r[2]), r[0]))
+        out = ["ACCESS LOG REPORT", "=================", "requests: %d" % total,
+               "5xx errors: %d (%.2f%%)" % (errors, 100 * errors / total),
+               "busiest hour: %s:00 (%s requests)" % (busiest[0], busiest[1]), "",
+               "path              hits  avg_ms  p90_ms"]
+        for path, c, avg in by_path:
+            out.append("%-16s %5s %7s %7d" % (path, c, avg, lat[path]["p90"]))
+        out += ["", "top 401 sources:"] + ["  %s x%s" % (ip, n) for n, ip in auth[:3]]
+        open("report.txt", "w").write("\\n".join(out) + "\\n")
+        print("\\n".join(out))
+        ''')
+    t.sh("python3 report.py; echo \"exit=$?\"")
+    t.r("head -n 2 work/per_hour.tsv | od -c | head -n 4")
+    t.write("report.py", '''
+        import json
+
+        lat = json.load(open("work/latency.json"))
+        by_path = [l.rstrip("\\n").split("\\t") for l in open("work/by_path.tsv")]
+        errors = sum(1 for _ in open("work/errors.tsv"))
+        total = sum(int(c) for _, c, _ in by_path)
+        auth = [l.split() for l in open("work/auth_fail_by_ip.txt")]
+        busiest = max((l.rstrip("\\n").split("\\t") for l in open("work/per_hour.tsv")), key=lambda r: (int(r[1]), r[0]))
+        out = ["ACCESS LOG REPORT", "=================", "requests: %d" % total,
+               "5xx errors: %d (%.2f%%)" % (errors, 100 * errors / total),
+               "busiest hour: %s:00 (%s requests)" % (busiest[0], busiest[1]), "",
+               "path              hits  avg_ms  p90_ms"]
+        for path, c, avg in by_path:
+            out.append("%-16s %5s %7s %7d" % (path, c, avg, lat[path]["p90"]))
+        out += ["", "top 401 sources:"] + ["  %s x%s" % (ip, n) for n, ip in auth[:3]]
+        open("report.txt", "w").write("\\n".join(out) + "\\n")
+        print("\\n".join(out))
+        ''')
+    t.sh("python3 report.py")
+    t.r("cat work/per_hour.tsv | sort -t\"$(printf '\\t')\" -k2,2nr | head -n 2")
+    t.r("grep -c . report.txt && grep '^requests' report.txt")
+    t.sh("tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner -cf - work | gzip -n -9 > work.tar.gz && tar -tzf work.tar.gz && rm -f work/all.log")
+    t.r("ls -la . work && du -sh work")
+    t.verify = r"""
+        set -e
+        grep -qx 'requests: 2100' report.txt
+        test "$(wc -l < work/all.tsv)" = 2100
+        test ! -e work/all.log
+        n=$(awk -F'\t' '$5 >= 500' work/all.tsv | wc -l)
+        grep -q "^5xx errors: $n " report.txt
+        python3 -c "import json; d = json.load(open('work/latency.json')); assert d['/api/search']['p50'] > d['/health']['p50']"
+        tar -tzf work.tar.gz | grep -qx work/all.log
+        """
+    return t
+
+
+STUDENTS = ["Ada", "Ben", "Chen", "Dara", "Eli", "Fay", "Gus", "Hana", "Ivo", "Jun", "Kai", "Lea",
+            "Max", "Nia", "Oto", "Pia"]
+COURSES = ["algebra", "biology", "chemistry", "drama", "economics"]
+
+
+@traj
+def data_grades():
+    t = Traj("data-grades", "Grades: join JSON roster and CSV scores, GPA, ranking, per-course stats, sqlite cross-check", "data")
+    t.r("ls -la")
+    t.sh("mkdir -p input build report")
+    roster = [{"id": 100 + i, "name": n, "year": 1 + i % 3} for i, n in enumerate(STUDENTS)]
+    t.write("input/roster.json", json.dumps(roster, indent=1) + "\n")
+    rng = random.Random(99)
+    rows = ["student_id,course,score"]
+    for s in roster:
+        for c in COURSES:
+            if rng.random() < 0.85:
+                rows.append("%d,%s,%d" % (s["id"], c, rng.randint(38, 100)))
+    rows.append("999,algebra,77")
+    rows.append("105,drama,")
+    t.write("input/scores.csv", "\n".join(rows) + "\n")
+    t.r("head -n 5 input/scores.csv && wc -l input/scores.csv")
+    t.r("python3 -c \"import json; r = json.load(open('input/roster.json')); print(len(r), r[0])\"")
+    t.r("cut -d, -f2 input/scores.csv | tail -n +2 | sort | uniq -c")
+    t.r("awk -F, 'NR > 1 && $3 == \"\"' input/scores.csv")
+    t.r("python3 -c \"import json; ids = {s['id'] for s in json.load(open('input/roster.json'))}; import csv; print([r for r in csv.DictReader(open('input/scores.csv')) if int(r['student_id']) not in ids])\"")
+    t.write("join.py", '''
+        """input/* -> build/joined.csv (valid rows only) and build/problems.txt"""
+        import csv
+        import json
+
+        roster = {s["id"]: s for s in json.load(open("input/roster.json"))}
+        problems = []
+        with open("input/scores.csv", newline="") as f, open("build/joined.csv", "w", newline="") as out:
+            w = csv.writer(out)
+            w.writerow(["id", "name", "year", "course", "score"])
+            for n, r in enumerate(csv.DictReader(f), 2):
+                sid = int(r["student_id"])
+                if sid not in roster:
+                    problems.append("line %d: unknown student %d" % (n, sid))
+                    continue
+                if not r["score"].strip():
+                    problems.append("line %d: missing score for %d/%s" % (n, sid, r["course"]))
+                    continue
+                s = roster[sid]
+                w.writerow([sid, s["name"], s["year"], r["course"], int(r["score"])])
+        open("build/problems.txt", "w").write("".join(p + "\\n" for p in problems))
+        print(len(problems), "problems")
+        ''')
+    t.sh("python3 join.py && cat build/problems.txt && wc -l build/joined.csv")
+    t.write("grades.py", '''
+        """build/joined.csv -> build/students.csv (avg, gpa, letter) sorted by rank"""
+        import csv
+        from collections import defaultdict
+
+
+        def letter(score):
+            for cut, l in ((90, "A"), (80, "B"), (70, "C"), (60, "D")):
+                if score >= cut:
+                    return l
+            return "F"
+
+
+        POINTS = {"A": 4.0, "B": 3.0, "C": 2.0, "D": 1.0, "F": 0.0}
+        per = defaultdict(list)
+        names = {}
+        for r in csv.DictReader(open("build/joined.csv")):
+            per[int(r["id"])].append(int(r["score"]))
+            names[int(r["id"])] = r["name"]
+        rows = []
+        for sid, sc in per.items():
+            avg = sum(sc) / len(sc)
+            gpa = sum(POINTS[letter(s)] for s in sc) / len(sc)
+            rows.append((sid, names[sid], len(sc), round(avg, 2), round(gpa, 2), letter(avg)))
+        rows.sort(key=lambda r: (-r[4], -r[3], r[0]))
+        with open("build/students.csv", "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["rank", "id", "name", "courses", "avg", "gpa", "letter"])
+            for i, r in enumerate(rows, 1):
+                w.writerow([i] + list(r))
+        print(len(rows), "students")
+        ''')
+    t.sh("python3 grades.py && column -t -s, build/students.csv 2>/dev/null || cat build/students.csv")
+    t.r("head -n 4 build/students.csv")
+    t.r("awk -F, 'NR > 1 {print $7}' build/students.csv | sort | uniq -c")
+    t.write("courses.py", '''
+        """build/joined.csv -> build/courses.json: n, mean, median, min, max, stdev, pass rate"""
+        import csv
+        import json
+        import statistics
+        from collections import defaultdict
+
+        by = defaultdict(list)
+        for r in csv.DictReader(open("build/joined.csv")):
+            by[r["course"]].append(int(r["score"]))
+        out = {}
+        for c in sorted(by):
+            s = by[c]
+            out[c] = {"n": len(s), "mean": round(statistics.mean(s), 2), "median": statistics.median(s),
+                      "min": min(s), "max": max(s), "stdev": round(statistics.pstdev(s), 2),
+                      "pass_rate": round(sum(x >= 60 for x in s) / len(s), 3)}
+        json.dump(out, open("build/courses.json", "w"), indent=1, sort_keys=True)
+        print(json.dumps(out, indent=1, sort_keys=True))
+        ''')
+    t.sh("python3 courses.py")
+    t.r("python3 -c \"import json; d = json.load(open('build/courses.json')); print(sorted(d, key=lambda c: d[c]['mean']))\"")
+    # cross-check with sqlite
+    t.sh("rm -f build/check.db && sqlite3 build/check.db '.mode csv' '.import build/joined.csv joined' 'SELECT count(*) FROM joined'")
+    t.r("sqlite3 build/check.db 'SELECT course, count(*), round(avg(score), 2), min(score), max(score) FROM joined GROUP BY course ORDER BY course'")
+    t.r("python3 -c \"import json; d = json.load(open('build/courses.json')); [print(c, v['n'], v['mean'], v['min'], v['max']) for c, v in d.items()]\"")
+    t.r("sqlite3 build/check.db \"SELECT name, round(avg(score), 2) AS a FROM joined GROUP BY id ORDER BY a DESC LIMIT 3\"")
+    t.r("awk -F, 'NR > 1 && NR <= 4 {print $3, $5}' build/students.csv")
+    # histogram
+    t.sh("""awk -F, 'NR > 1 {b = int($5 / 10) * 10; if (b == 100) b = 90; h[b]++} END {for (k in h) print k}' build/joined.csv | sort -n | while read b; do printf '%3d-%3d ' $b $((b + 9)); awk -F, -v b=$b 'NR > 1 {x = int($5 / 10) * 10; if (x == 100) x = 90; if (x == b) n++} END {s = ""; for (i = 0; i < n; i++) s = s "#"; print s " " n}' build/joined.csv; done > build/histogram.txt && cat build/histogram.txt""")
+    t.r("awk '{s += $NF} END {print s}' build/histogram.txt && tail -n +2 build/joined.csv | wc -l")
+    t.write("report.py", '''
+        import csv
+        import json
+
+        students = list(csv.DictReader(open("build/students.csv")))
+        courses = json.load(open("build/courses.json"))
+        problems = open("build/problems.txt").read().splitlines()
+        out = ["# Term report", "", "## Top 5", ""]
+        for s in students[:5]:
+            out.append("%s. %s (GPA %s, avg %s, %s)" % (s["rank"], s["name"], s["gpa"], s["avg"], s["letter"]))
+        out += ["", "## Courses", "", "| course | n | mean | median | pass |", "|---|---|---|---|---|"]
+        for c, v in courses.items():
+            out.append("| %s | %d | %.2f | %s | %.0f%% |" % (c, v["n"], v["mean"], v["median"], v["pass_rate"] * 100))
+        out += ["", "## Score distribution", "", "```"] + open("build/histogram.txt").read().splitlines() + ["```"]
+        out += ["", "## Data problems (%d)" % len(problems), ""] + ["- " + p for p in problems]
+        open("report/term.md", "w").write("\\n".join(out) + "\\n")
+        print("\\n".join(out))
+        ''')
+    t.sh("python3 report.py")
+    t.r("grep -n 'Data problems' report/term.md && wc -l report/term.md")
+    t.sh("cp build/students.csv report/ranking.csv && ls -la report")
+    t.r("cmp build/students.csv report/ranking.csv && echo same")
+    t.r("sed -n '1,12p' report/term.md")
+    t.verify = r"""
+        set -e
+        test "$(grep -c 'unknown student\|missing score' build/problems.txt)" = 2
+        test "$(sqlite3 build/check.db 'SELECT count(*) FROM joined')" = "$(tail -n +2 build/joined.csv | wc -l)"
+        head -n 2 report/ranking.csv | tail -n 1 | cut -d, -f1 | grep -qx 1
+        grep -q '^## Top 5' report/term.md
+        python3 -c "import json; d = json.load(open('build/courses.json')); assert sorted(d) == ['algebra', 'biology', 'chemistry', 'drama', 'economics']"
+        test "$(awk '{s += $NF} END {print s}' build/histogram.txt)" = "$(tail -n +2 build/joined.csv | wc -l)"
+        """
+    return t
+
+
 # ====================================================================== main
 def main():
     os.makedirs(OUT, exist_ok=True)
