@@ -2530,6 +2530,315 @@ def data_grades():
     return t
 
 
+# ======================================================================= repl
+REPL_VOLATILE = ["*.sock", "*.log", "*.pid", "**/__pycache__/**"]
+
+KVD = r'''
+"""kvd: in-memory key-value daemon on a unix socket (state is NOT persisted).
+
+protocol: one request line per connection, one reply
+  SET k v | GET k | DEL k | INCR k [n] | APPEND k v | KEYS [prefix] | DUMP
+"""
+import json
+import os
+import socket
+import sys
+
+PATH = sys.argv[1] if len(sys.argv) > 1 else "kv.sock"
+data = {}
+
+
+def handle(line):
+    parts = line.split(" ", 2)
+    cmd = parts[0].upper()
+    if cmd == "SET" and len(parts) == 3:
+        data[parts[1]] = parts[2]
+        return "OK"
+    if cmd == "GET" and len(parts) == 2:
+        return data.get(parts[1], "(nil)")
+    if cmd == "DEL" and len(parts) == 2:
+        return str(int(data.pop(parts[1], None) is not None))
+    if cmd == "INCR" and len(parts) >= 2:
+        n = int(data.get(parts[1], "0")) + (int(parts[2]) if len(parts) == 3 else 1)
+        data[parts[1]] = str(n)
+        return str(n)
+    if cmd == "APPEND" and len(parts) == 3:
+        data[parts[1]] = data.get(parts[1], "") + parts[2]
+        return str(len(data[parts[1]]))
+    if cmd == "KEYS":
+        prefix = parts[1] if len(parts) > 1 else ""
+        return "\n".join(sorted(k for k in data if k.startswith(prefix)))
+    if cmd == "DUMP":
+        return json.dumps(data, indent=1, sort_keys=True)
+    return "ERR bad command"
+
+
+if os.path.exists(PATH):
+    os.unlink(PATH)
+srv = socket.socket(socket.AF_UNIX)
+srv.bind(PATH)
+srv.listen(8)
+print("kvd listening on", PATH, flush=True)
+while True:
+    conn, _ = srv.accept()
+    with conn:
+        try:
+            buf = b""
+            while not buf.endswith(b"\n"):
+                chunk = conn.recv(65536)
+                if not chunk:
+                    break
+                buf += chunk
+            if buf:  # an empty connection is a readiness probe
+                conn.sendall((handle(buf.decode().rstrip("\n")) + "\n").encode())
+        except OSError as e:
+            print("client error:", e, flush=True)
+'''
+
+KV_CLIENT = r'''
+"""usage: python3 kv.py COMMAND [ARGS...]   (talks to kvd on ./kv.sock)"""
+import socket
+import sys
+
+s = socket.socket(socket.AF_UNIX)
+s.connect("kv.sock")
+s.sendall((" ".join(sys.argv[1:]) + "\n").encode())
+out = b""
+while True:
+    chunk = s.recv(65536)
+    if not chunk:
+        break
+    out += chunk
+sys.stdout.write(out.decode())
+'''
+
+
+@traj
+def repl_kv():
+    t = Traj("repl-kv", "In-memory key-value daemon on a unix socket, filled and edited by many turns", "repl")
+    t.r("ls -la")
+    t.write("kvd.py", KVD)
+    t.write("kv.py", KV_CLIENT)
+    t.sh("nohup python3 kvd.py kv.sock </dev/null >kvd.log 2>&1 &\necho $! > kvd.pid\n" + wait_sock("kv.sock"))
+    t.r("cat kvd.log && python3 kv.py KEYS")
+    cfg = [("svc:api:port", "8080"), ("svc:api:replicas", "2"), ("svc:worker:replicas", "3"),
+           ("svc:worker:queue", "jobs"), ("svc:db:host", "db.internal"), ("svc:db:pool", "10")]
+    for k, v in cfg:
+        t.sh(f"python3 kv.py SET {k} {v}")
+    t.r("python3 kv.py KEYS svc:")
+    t.r("python3 kv.py GET svc:api:port && python3 kv.py GET svc:api:host")
+    t.sh("python3 kv.py INCR svc:api:replicas 2")
+    t.sh("python3 kv.py INCR deploys && python3 kv.py INCR deploys")
+    t.write("services.txt", """
+        api     8080 4
+        worker  -    3
+        cron    -    1
+        mailer  2525 1
+        """)
+    t.sh("while read name port replicas; do python3 kv.py SET svc:$name:replicas $replicas; [ \"$port\" = - ] || python3 kv.py SET svc:$name:port $port; done < services.txt")
+    t.r("python3 kv.py KEYS svc: | wc -l && python3 kv.py KEYS svc:mailer")
+    t.sh("python3 kv.py DEL svc:db:host && python3 kv.py DEL svc:db:host")
+    t.sh("python3 kv.py SET svc:db:host db-primary.internal")
+    t.r("python3 kv.py DUMP")
+    for i, ev in enumerate(["deploy api", "scale worker", "restart cron", "deploy mailer", "rollback api"]):
+        t.sh(f"python3 kv.py APPEND audit '{ev};' && python3 kv.py INCR events")
+    t.r("python3 kv.py GET audit | tr ';' '\\n'")
+    t.r("python3 kv.py BOGUS x")
+    t.write("export.py", '''
+        """Write the service table from kvd to services.json (the daemon stays the source of truth)."""
+        import json
+        import subprocess
+
+        keys = subprocess.run(["python3", "kv.py", "KEYS", "svc:"], capture_output=True, text=True).stdout.split()
+        table = {}
+        for k in keys:
+            _, name, field = k.split(":")
+            v = subprocess.run(["python3", "kv.py", "GET", k], capture_output=True, text=True).stdout.strip()
+            table.setdefault(name, {})[field] = int(v) if v.isdigit() else v
+        json.dump(table, open("services.json", "w"), indent=1, sort_keys=True)
+        print(json.dumps(table, sort_keys=True))
+        ''')
+    t.sh("python3 export.py")
+    t.r("python3 -c \"import json; t = json.load(open('services.json')); print(sum(s.get('replicas', 0) for s in t.values()))\"")
+    t.sh("python3 kv.py SET total_replicas $(python3 -c \"import json; t = json.load(open('services.json')); print(sum(s.get('replicas', 0) for s in t.values()))\")")
+    t.sh("python3 kv.py INCR svc:worker:replicas -1 && python3 kv.py INCR deploys")
+    t.r("python3 kv.py KEYS && python3 kv.py GET deploys")
+    t.verify = r"""
+        set -e
+        test "$(python3 kv.py GET svc:api:replicas)" = 4
+        test "$(python3 kv.py GET svc:worker:replicas)" = 2
+        test "$(python3 kv.py GET deploys)" = 3
+        test "$(python3 kv.py GET events)" = 5
+        test "$(python3 kv.py GET total_replicas)" = 9
+        python3 kv.py GET audit | grep -qx 'deploy api;scale worker;restart cron;deploy mailer;rollback api;'
+        test "$(python3 kv.py GET svc:db:host)" = db-primary.internal
+        """
+    t.probe = "python3 kv.py DUMP"
+    t.volatile = REPL_VOLATILE
+    return t
+
+
+STATD = r'''
+"""statd: keeps numeric series in memory and answers statistics (unix socket ./stat.sock).
+
+request (one line): PUSH series v [v ...] | STATS series | TOP series n | RESET series | SERIES | DUMP
+"""
+import json
+import os
+import socket
+import statistics
+
+series = {}
+
+
+def stats(xs):
+    return {"n": len(xs), "sum": round(sum(xs), 6), "mean": round(statistics.fmean(xs), 6),
+            "min": min(xs), "max": max(xs), "median": statistics.median(xs)}
+
+
+def handle(words):
+    cmd, args = words[0].upper(), words[1:]
+    if cmd == "PUSH":
+        xs = series.setdefault(args[0], [])
+        xs.extend(float(v) for v in args[1:])
+        return "%s n=%d" % (args[0], len(xs))
+    if cmd == "STATS":
+        if args[0] not in series:
+            return "ERR no series " + args[0]
+        return json.dumps(stats(series[args[0]]), sort_keys=True)
+    if cmd == "TOP":
+        return " ".join("%g" % v for v in sorted(series.get(args[0], []), reverse=True)[: int(args[1])])
+    if cmd == "RESET":
+        return "dropped %d" % len(series.pop(args[0], []))
+    if cmd == "SERIES":
+        return " ".join(sorted(series))
+    if cmd == "DUMP":
+        return json.dumps({k: {"values": v, "stats": stats(v)} for k, v in series.items() if v}, indent=1, sort_keys=True)
+    return "ERR unknown " + cmd
+
+
+if os.path.exists("stat.sock"):
+    os.unlink("stat.sock")
+srv = socket.socket(socket.AF_UNIX)
+srv.bind("stat.sock")
+srv.listen(8)
+while True:
+    c, _ = srv.accept()
+    with c:
+        try:
+            f = c.makefile("rwb")
+            line = f.readline().decode().split()
+            if not line:
+                continue  # readiness probe
+            try:
+                reply = handle(line)
+            except (ValueError, IndexError) as e:
+                reply = "ERR " + str(e)
+            f.write((reply + "\n").encode())
+            f.close()  # the socket only really closes once its file is closed too
+        except OSError as e:
+            print("client error:", e, flush=True)
+'''
+
+
+@traj
+def repl_stats():
+    t = Traj("repl-stats", "Statistics daemon holding numeric series in memory, fed by many measurement turns", "repl")
+    t.r("ls -la && python3 -c 'import statistics; print(statistics.fmean([1, 2]))'")
+    t.write("statd.py", STATD)
+    t.write("st", r"""
+        #!/bin/sh
+        # st CMD ARGS... -- one request to statd
+        exec python3 -c '
+        import socket, sys
+        s = socket.socket(socket.AF_UNIX); s.connect("stat.sock")
+        s.sendall((" ".join(sys.argv[1:]) + "\n").encode())
+        print(s.makefile().read(), end="")
+        ' "$@"
+        """, mode="0755")
+    t.sh("nohup python3 statd.py </dev/null >statd.log 2>&1 &\necho $! > statd.pid\n" + wait_sock("stat.sock"))
+    t.r("./st SERIES; ./st STATS nothing")
+    # measurements the agent takes: sizes of files it creates, timings replaced by deterministic counts
+    t.write("fib.py", '''
+        import sys
+
+
+        def fib_calls(n):
+            calls = 0
+
+            def f(k):
+                nonlocal calls
+                calls += 1
+                return k if k < 2 else f(k - 1) + f(k - 2)
+
+            return f(n), calls
+
+
+        n = int(sys.argv[1])
+        print(*fib_calls(n))
+        ''')
+    for n in range(5, 21, 3):
+        t.sh(f"set -- $(python3 fib.py {n}) && ./st PUSH fib_value $1 && ./st PUSH fib_calls $2")
+    t.r("./st STATS fib_calls && ./st TOP fib_calls 3")
+    t.r("./st SERIES")
+    t.sh("mkdir -p data && for i in 1 2 3 4 5 6 7 8; do python3 -c \"print('x' * ($i * 37 % 101) * $i)\" > data/f$i.txt; done && wc -c data/*.txt")
+    t.sh("./st PUSH file_bytes $(wc -c data/*.txt | awk '$2 != \"total\" {print $1}')")
+    t.r("./st STATS file_bytes")
+    t.sh("./st PUSH loc $(wc -l < statd.py) $(wc -l < fib.py) $(wc -l < st)")
+    t.r("./st STATS loc")
+    t.write("words.txt", """
+        the quick brown fox jumps over the lazy dog
+        pack my box with five dozen liquor jugs
+        how vexingly quick daft zebras jump
+        sphinx of black quartz judge my vow
+        """)
+    t.sh("./st PUSH word_len $(tr ' ' '\\n' < words.txt | awk 'length > 0 {print length}')")
+    t.r("./st STATS word_len && ./st TOP word_len 5")
+    t.r("awk '{for (i = 1; i <= NF; i++) {s += length($i); n++}} END {print s / n, n}' words.txt")
+    for line in range(1, 5):
+        t.sh(f"./st PUSH line_words $(sed -n '{line}p' words.txt | wc -w)")
+    t.r("./st STATS line_words")
+    t.sh("./st PUSH word_len abc; ./st STATS word_len | python3 -c 'import json, sys; print(json.load(sys.stdin)[\"n\"])'")
+    t.sh("./st RESET fib_value && ./st SERIES")
+    t.r("./st STATS fib_value")
+    for n in (10, 20, 25):
+        t.sh(f"./st PUSH fib_value $(python3 fib.py {n} | cut -d' ' -f1)")
+    t.r("./st STATS fib_value")
+    t.write("summarize.py", '''
+        """Writes summary.txt from the daemon's current statistics."""
+        import json
+        import subprocess
+
+
+        def st(*args):
+            return subprocess.run(["./st"] + list(args), capture_output=True, text=True, check=True).stdout.strip()
+
+
+        lines = []
+        for name in st("SERIES").split():
+            s = json.loads(st("STATS", name))
+            lines.append("%-11s n=%-3d mean=%-12.3f median=%-9g min=%-7g max=%g" % (name, s["n"], s["mean"], s["median"], s["min"], s["max"]))
+        open("summary.txt", "w").write("\\n".join(lines) + "\\n")
+        print("\\n".join(lines))
+        ''')
+    t.sh("python3 summarize.py")
+    t.r("cat summary.txt | wc -l")
+    t.sh("./st PUSH loc $(wc -l < summarize.py) && python3 summarize.py | grep '^loc'")
+    t.r("./st DUMP | head -n 20")
+    t.verify = r"""
+        set -e
+        test "$(./st SERIES)" = "fib_calls fib_value file_bytes line_words loc word_len"
+        ./st STATS fib_value | grep -q '"sum": 81845.0'
+        ./st STATS fib_calls | grep -q '"n": 6'
+        ./st STATS line_words | grep -q '"mean": 7.5'
+        grep -q '^loc ' summary.txt
+        test "$(grep -c . summary.txt)" = 6
+        """
+    t.probe = "./st DUMP"
+    t.volatile = REPL_VOLATILE
+    return t
+
+
 # ====================================================================== main
 def main():
     os.makedirs(OUT, exist_ok=True)
