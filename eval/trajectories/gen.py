@@ -2839,6 +2839,223 @@ def repl_stats():
     return t
 
 
+KERNEL = r'''
+"""kernel.py: a persistent Python namespace served on ./kernel.sock (like a notebook kernel).
+
+A client sends code and closes its write side; the kernel runs it in one long-lived
+namespace (a final expression is echoed like in the REPL) and sends back the output.
+The special request %vars dumps the plain-data variables as JSON. Nothing is saved to disk.
+"""
+import ast
+import contextlib
+import io
+import json
+import os
+import socket
+import traceback
+import types
+
+ns = {"__name__": "__kernel__"}
+count = 0
+
+
+def plain(v):
+    if isinstance(v, (bool, int, float, str, type(None))):
+        return v
+    if isinstance(v, (list, tuple)):
+        return [plain(x) for x in v]
+    if isinstance(v, dict):
+        return {str(k): plain(x) for k, x in v.items()}
+    if isinstance(v, (set, frozenset)):
+        return sorted((plain(x) for x in v), key=repr)
+    if isinstance(v, (types.FunctionType, types.ModuleType, type)):
+        return "<%s %s>" % (type(v).__name__, getattr(v, "__name__", "?"))
+    if hasattr(v, "__dict__"):
+        d = {"__class__": type(v).__name__}
+        d.update((k, plain(x)) for k, x in vars(v).items())
+        return d
+    return "<%s>" % type(v).__name__
+
+
+def run(code):
+    global count
+    count += 1
+    if code.strip() == "%vars":
+        return json.dumps({k: plain(v) for k, v in ns.items() if not k.startswith("_")}, indent=1, sort_keys=True) + "\n"
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        try:
+            tree = ast.parse(code, "<cell %d>" % count)
+            last = None
+            if tree.body and isinstance(tree.body[-1], ast.Expr):
+                last = ast.Expression(tree.body.pop().value)
+            exec(compile(tree, "<cell %d>" % count, "exec"), ns)
+            if last is not None:
+                r = eval(compile(last, "<cell %d>" % count, "eval"), ns)
+                if r is not None:
+                    print(repr(r))
+        except Exception as e:
+            # drop the kernel's own frame, keep the cell frames
+            print("".join(traceback.format_exception(type(e), e, e.__traceback__.tb_next)), end="")
+    return out.getvalue()
+
+
+if os.path.exists("kernel.sock"):
+    os.unlink("kernel.sock")
+srv = socket.socket(socket.AF_UNIX)
+srv.bind("kernel.sock")
+srv.listen(4)
+print("kernel ready", flush=True)
+while True:
+    conn, _ = srv.accept()
+    with conn:
+        try:
+            data = b""
+            while True:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+            if data:
+                conn.sendall(run(data.decode()).encode())
+        except OSError as e:
+            print("client error:", e, flush=True)
+'''
+
+PY_CLIENT = r"""
+#!/bin/sh
+# py CODE | py -f FILE  -- run code in the kernel on ./kernel.sock
+if [ "$1" = -f ]; then code=$(cat "$2"); else code="$1"; fi
+exec python3 -c '
+import socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect("kernel.sock")
+s.sendall(sys.argv[1].encode())
+s.shutdown(socket.SHUT_WR)
+out = b""
+while True:
+    b = s.recv(65536)
+    if not b:
+        break
+    out += b
+sys.stdout.write(out.decode())
+' "$code"
+"""
+
+PEOPLE = ["alice", "bob", "carol", "dave", "erin"]
+
+
+@traj
+def repl_kernel():
+    t = Traj("repl-kernel", "Persistent Python kernel (in-memory namespace) used as a notebook for a ledger over ~100 turns", "repl")
+    t.r("ls -la && python3 --version")
+    t.write("kernel.py", KERNEL)
+    t.write("py", PY_CLIENT, mode="0755")
+    t.sh("nohup python3 kernel.py </dev/null >kernel.log 2>&1 &\necho $! > kernel.pid\n" + wait_sock("kernel.sock"))
+    t.r("./py '1 + 1'")
+    t.r("./py 'import sys; sys.version_info[:2]'")
+    t.sh("./py 'x = 41' && ./py 'x += 1; x'")
+    t.r("./py 'undefined_name'")
+    rng = random.Random(5)
+    lines = ["date,src,dst,cents,memo"]
+    memos = ["lunch", "taxi", "groceries", "tickets", "gift", "books", "coffee"]
+    for i in range(36):
+        a, b = rng.sample(PEOPLE, 2)
+        lines.append("2025-01-%02d,%s,%s,%d,%s" % (1 + i * 28 // 36, a, b, rng.randint(3, 90) * 50, rng.choice(memos)))
+    t.write("ledger.csv", "\n".join(lines) + "\n")
+    t.r("head -n 4 ledger.csv && wc -l ledger.csv")
+    t.sh("./py 'import csv; rows = list(csv.DictReader(open(\"ledger.csv\"))); len(rows)'")
+    t.r("./py 'rows[0]'")
+    t.r("./py 'sorted({r[\"src\"] for r in rows} | {r[\"dst\"] for r in rows})'")
+    t.write("model.py", '''
+        from dataclasses import dataclass, field
+
+
+        @dataclass
+        class Account:
+            name: str
+            opening: int = 10000
+            history: list = field(default_factory=list)
+
+            @property
+            def balance(self):
+                return self.opening + sum(self.history)
+
+
+        accounts = {}
+        journal = []
+
+
+        def post(date, src, dst, cents, memo=""):
+            if cents <= 0:
+                raise ValueError("amount must be positive")
+            for n in (src, dst):
+                accounts.setdefault(n, Account(n))
+            if accounts[src].balance < cents:
+                raise ValueError("insufficient funds: %s has %d" % (src, accounts[src].balance))
+            accounts[src].history.append(-cents)
+            accounts[dst].history.append(cents)
+            journal.append((date, src, dst, cents, memo))
+            return len(journal)
+
+
+        def balances():
+            return {n: a.balance for n, a in sorted(accounts.items())}
+        ''')
+    t.sh("./py -f model.py && ./py 'balances()'")
+    t.sh("./py 'for r in rows: post(r[\"date\"], r[\"src\"], r[\"dst\"], int(r[\"cents\"]), r[\"memo\"])'; ./py 'len(journal)'")
+    t.r("./py 'rows[len(journal)]'")
+    t.r("./py 'balances()'")
+    t.r("./py 'sum(balances().values())'")
+    t.sh("./py 'accounts.clear(); journal.clear(); skipped = []' && ./py 'for r in rows:\n    try:\n        post(r[\"date\"], r[\"src\"], r[\"dst\"], int(r[\"cents\"]), r[\"memo\"])\n    except ValueError as e:\n        skipped.append((r[\"date\"], r[\"src\"], int(r[\"cents\"]), str(e)))' && ./py 'len(journal), len(skipped)'")
+    t.r("./py 'skipped'")
+    t.r("./py 'balances()'")
+    # February: the agent posts transactions one by one
+    feb = []
+    rng2 = random.Random(11)
+    for d in range(1, 29, 1):
+        if d % 3 == 0:
+            continue
+        a, b = rng2.sample(PEOPLE, 2)
+        feb.append(("2025-02-%02d" % d, a, b, rng2.randint(2, 40) * 25, rng2.choice(memos)))
+    for i, (date, a, b, c, m) in enumerate(feb):
+        t.sh(f"./py 'post(\"{date}\", \"{a}\", \"{b}\", {c}, \"{m}\")'")
+        if i % 5 == 4:
+            t.r("./py 'balances()'")
+    t.r("./py 'len(journal), sum(balances().values())'")
+    t.sh("./py 'post(\"2025-02-28\", \"alice\", \"bob\", -5)'")
+    # March: a standing order helper, then more postings
+    t.sh("./py 'def standing(day, src, dst, cents, memo):\n    return post(\"2025-03-%02d\" % day, src, dst, cents, memo)'")
+    rng3 = random.Random(3)
+    for d in range(1, 31):
+        if d % 4 == 0:
+            continue
+        a, b = rng3.sample(PEOPLE, 2)
+        t.sh(f"./py 'standing({d}, \"{a}\", \"{b}\", {rng3.randint(1, 30) * 40}, \"{rng3.choice(memos)}\")'")
+        if d % 7 == 6:
+            t.r("./py 'balances()'")
+    t.r("./py 'journal[-1], len(journal)'")
+    t.r("./py 'from collections import Counter; Counter(m for *_, m in journal).most_common(3)'")
+    t.r("./py 'by_month = {}\nfor date, src, dst, c, m in journal:\n    by_month[date[:7]] = by_month.get(date[:7], 0) + c\nby_month'")
+    t.sh("./py 'def fee(name, pct=1):\n    a = accounts[name]\n    f = a.balance * pct // 100\n    a.history.append(-f)\n    return f' && ./py 'fees = {n: fee(n) for n in sorted(accounts)}; fees'")
+    t.r("./py 'balances()'")
+    t.sh("./py 'def statement():\n    out = [\"%-6s %8s %8s\" % (\"name\", \"opening\", \"balance\")]\n    for n, a in sorted(accounts.items()):\n        out.append(\"%-6s %8.2f %8.2f\" % (n, a.opening / 100, a.balance / 100))\n    out.append(\"txns %d, skipped %d\" % (len(journal), len(skipped)))\n    return \"\\n\".join(out) + \"\\n\"' && ./py 'print(statement())'")
+    t.sh("./py 'open(\"statement.txt\", \"w\").write(statement())' && cat statement.txt")
+    t.r("./py '%vars' | head -n 30")
+    t.r("./py 'richest = max(accounts.values(), key=lambda a: a.balance); richest.name, richest.balance'")
+    t.r("tail -n 3 kernel.log; ls -la")
+    t.verify = r"""
+        set -e
+        test "$(./py 'sum(balances().values()) + sum(fees.values())')" = 50000
+        ./py 'print(statement(), end="")' | cmp - statement.txt
+        test "$(./py 'len(journal) + len(skipped)')" = 78
+        ./py 'isinstance(accounts["alice"].history, list)' | grep -qx True
+        """
+    t.probe = "./py '%vars'"
+    t.volatile = REPL_VOLATILE
+    return t
+
+
 # ====================================================================== main
 def main():
     os.makedirs(OUT, exist_ok=True)
