@@ -214,7 +214,7 @@ impl Container {
         let froze = status == ContainerStatus::Running;
         // The inspector's view is reset by a dump that leaves the task running.
         let keeps_running = !opts.exit;
-        let positions = if froze && keeps_running {
+        let mut positions = if froze && keeps_running {
             inspect::positions(self)
         } else {
             Vec::new()
@@ -234,6 +234,7 @@ impl Container {
         }
         // With `exit` the tasks are gone, but the cgroup must not stay frozen.
         if froze {
+            inspect::note_frozen(&mut positions);
             if let Err(e) = self.resume() {
                 tracing::warn!(id = %self.id(), error = %e, "thaw after checkpoint");
             }

@@ -158,7 +158,7 @@ impl Container {
         let snapshot = history::snapshot_name(seq);
         let tmp = dir.join(format!(".{seq}.tmp"));
         let froze = status == ContainerStatus::Running && req.kind != Kind::Skip;
-        let positions = if with_proc && froze {
+        let mut positions = if froze {
             inspect::positions(self)
         } else {
             Vec::new()
@@ -209,10 +209,15 @@ impl Container {
             Ok(())
         })();
         if froze {
+            if with_proc {
+                inspect::note_frozen(&mut positions);
+            }
             if let Err(e) = self.resume() {
                 tracing::warn!(id = %key, error = %e, "thaw after checkpoint");
             }
-            if frozen.is_ok() && with_proc {
+            if frozen.is_ok() {
+                // After a snapshot only as well: its freeze made the tasks
+                // run a little too.
                 inspect::settle(self, &positions);
             }
         }

@@ -416,54 +416,78 @@ pub fn captured(c: &Container, kind: Kind, pid: i32) -> Result<()> {
     Ok(())
 }
 
-/// Where each task is blocked in user space: `(tid, sp, pc)` from
-/// /proc/<tid>/syscall, for the tasks blocked in a system call.
-pub type Positions = Vec<(i32, String, String)>;
+/// Where a task was blocked in user space before a freeze, and the CPU time
+/// from which [`settle`] counts the freeze's cost.
+#[derive(Debug, Clone)]
+pub struct Position {
+    tid: i32,
+    sp: String,
+    pc: String,
+    from_ns: Option<u64>,
+}
+
+/// [`Position`]s of a container's tasks blocked in a system call.
+pub type Positions = Vec<Position>;
 
 /// Reads [`Positions`] of the container's tasks (before it is frozen).
 pub fn positions(c: &Container) -> Positions {
     let mut out = Vec::new();
     for t in procs::tasks(c.tracking().path()) {
         if let Some((sp, pc)) = procs::blocked_at(t.tid) {
-            out.push((t.tid, sp, pc));
+            out.push(Position {
+                tid: t.tid,
+                sp,
+                pc,
+                from_ns: Some(t.runtime_ns),
+            });
         }
     }
     out
 }
 
-/// After a process dump and the thaw: freezing and thawing make every task
-/// run a little (it leaves its system call for the freezer and restarts it),
-/// which would read as "ran" at the next classification. A task that is
-/// blocked again at the same user stack pointer and instruction as before the
-/// freeze made no progress in user space: its baseline CPU time is moved to
-/// now. Any other task keeps the time read while frozen.
+/// After a dump, just before the thaw: the baseline was written while frozen
+/// (the dump's parasite ran in the tasks, and counts), so only the thaw's cost
+/// is left to settle; it is counted from the CPU times read now.
+pub fn note_frozen(positions: &mut Positions) {
+    for p in positions.iter_mut() {
+        p.from_ns = procs::task(p.tid).map(|t| t.runtime_ns);
+    }
+}
+
+/// After a checkpoint's thaw: freezing and thawing make every task run a
+/// little (it leaves its system call for the freezer and restarts it), which
+/// would read as "ran" at the next classification. A task that is blocked
+/// again at the same user stack pointer and instruction as before the freeze
+/// made no progress in user space: the CPU time it used since its position
+/// was read (just before the freeze; after a dump, just before the thaw, see
+/// [`note_frozen`]) is added to its baseline, when it is microseconds. Only
+/// that: work done before stays visible, so this is sound after a
+/// file-system-only checkpoint too, whose baseline is older.
 pub fn settle(c: &Container, before: &Positions) {
     let Some(mut base) = load_baseline(c) else {
         return;
     };
     let deadline = Instant::now() + std::time::Duration::from_millis(50);
-    let mut pending: Vec<&(i32, String, String)> = before.iter().collect();
+    let mut pending: Vec<&Position> = before.iter().filter(|p| p.from_ns.is_some()).collect();
     while !pending.is_empty() && Instant::now() < deadline {
-        pending.retain(|(tid, sp, pc)| {
-            match procs::blocked_at(*tid) {
-                Some((sp2, pc2)) if &sp2 == sp && &pc2 == pc => {
-                    if let (Some(b), Some(now)) = (
-                        base.tasks.iter_mut().find(|t| t.tid == *tid),
-                        procs::task(*tid),
-                    ) {
-                        // Leaving and restarting a system call costs microseconds;
-                        // more than that is work, which must stay visible.
-                        if b.start == now.start
-                            && now.runtime_ns.saturating_sub(b.runtime_ns) < SETTLE_MAX_NS
-                        {
-                            b.runtime_ns = now.runtime_ns;
-                        }
+        pending.retain(|p| match procs::blocked_at(p.tid) {
+            Some((sp, pc)) if sp == p.sp && pc == p.pc => {
+                if let (Some(b), Some(now), Some(from)) = (
+                    base.tasks.iter_mut().find(|t| t.tid == p.tid),
+                    procs::task(p.tid),
+                    p.from_ns,
+                ) {
+                    // Leaving and restarting a system call costs microseconds;
+                    // more than that is work, which must stay visible.
+                    let thaw = now.runtime_ns.saturating_sub(from);
+                    if b.start == now.start && thaw < SETTLE_MAX_NS {
+                        b.runtime_ns += thaw;
                     }
-                    false
                 }
-                Some(_) => false,
-                None => true,
+                false
             }
+            Some(_) => false,
+            None => true,
         });
         if !pending.is_empty() {
             std::thread::sleep(std::time::Duration::from_millis(1));

@@ -1,0 +1,202 @@
+//! `crab-eval`: replays the recorded trajectories in real sandboxes, injects a
+//! crash, recovers by each strategy, and prints (and writes) the tables of
+//! `docs/evaluation.md`.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use crab_eval::replay::Replay;
+use crab_eval::report::{self, Results};
+use crab_eval::run::{run, Env, Outcome};
+use crab_eval::sandbox::Ctr;
+use crab_eval::strategy::Strategy;
+use crab_eval::trajectory::Trajectory;
+
+#[derive(Parser)]
+#[command(
+    about = "Replay agent trajectories with injected crashes against every recovery strategy"
+)]
+struct Cli {
+    /// containerd's socket.
+    #[arg(
+        long,
+        env = "CRAB_CONTAINERD_ADDRESS",
+        default_value = "/run/crab/containerd/containerd.sock"
+    )]
+    address: String,
+    /// containerd namespace holding the images.
+    #[arg(long, env = "CRAB_NAMESPACE", default_value = "crab")]
+    namespace: String,
+    /// Crab's runtime configuration for the sandboxes.
+    #[arg(long, env = "CRAB_CONFIG", default_value = "/etc/crab/config.toml")]
+    config: PathBuf,
+    /// The trajectories.
+    #[arg(long, default_value = "eval/trajectories")]
+    trajectories: PathBuf,
+    /// Only these trajectories (names, comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+    /// Recovery strategies (crab, chat-only, chat+fs, scratch, runc-full).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "crab,chat-only,chat+fs,scratch,runc-full"
+    )]
+    strategies: Vec<String>,
+    /// Crash points per trajectory, drawn with the seed ("all": every turn).
+    #[arg(long, default_value = "2")]
+    crash_points: String,
+    /// Seed of the crash points.
+    #[arg(long, default_value_t = 7)]
+    seed: u64,
+    /// Think times are divided by this.
+    #[arg(long, default_value_t = 10.0)]
+    speedup: f64,
+    /// Concurrent sandboxes for the end-to-end figures ("none": skip them).
+    #[arg(long, default_value = "1,4,8,16,32")]
+    density: String,
+    /// The quick mode: a third of the trajectories, one crash point each,
+    /// speed-up 40, density 1,4,8.
+    #[arg(long)]
+    quick: bool,
+    /// Where to write the report (Markdown).
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+/// A small deterministic generator for the crash points (splitmix64).
+fn next(seed: &mut u64) -> u64 {
+    *seed = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut z = *seed;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+fn crash_points(t: &Trajectory, spec: &str, seed: &mut u64) -> Result<Vec<usize>> {
+    let n = t.turns.len();
+    if spec == "all" {
+        return Ok((0..n).collect());
+    }
+    let want: usize = spec.parse().context("--crash-points: a number or all")?;
+    let mut points: Vec<usize> = (0..want.min(n))
+        .map(|_| (next(seed) % n as u64) as usize)
+        .collect();
+    points.sort();
+    points.dedup();
+    Ok(points)
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let mut cli = Cli::parse();
+    if cli.quick {
+        cli.speedup = cli.speedup.max(40.0);
+        cli.crash_points = "1".into();
+        cli.density = "1,4,8".into();
+    }
+    let densities: Vec<usize> = match cli.density.as_str() {
+        "none" => Vec::new(),
+        d => d
+            .split(',')
+            .map(|n| n.trim().parse().context("--density: numbers, or none"))
+            .collect::<Result<_>>()?,
+    };
+    let mut trajectories = Trajectory::load_dir(&cli.trajectories)?;
+    if !cli.only.is_empty() {
+        trajectories.retain(|t| cli.only.contains(&t.name));
+    } else if cli.quick {
+        trajectories = trajectories.into_iter().step_by(3).collect();
+    }
+    anyhow::ensure!(!trajectories.is_empty(), "no trajectories");
+    let strategies: Vec<Strategy> = cli
+        .strategies
+        .iter()
+        .map(|s| Strategy::parse(s).with_context(|| format!("unknown strategy {s:?}")))
+        .collect::<Result<_>>()?;
+
+    let replay = Replay::default();
+    let replay_addr = replay.start().await?;
+    let env = Env {
+        ctr: Ctr {
+            address: cli.address.clone(),
+            namespace: cli.namespace.clone(),
+        },
+        replay,
+        replay_addr,
+        speedup: cli.speedup,
+        crab_config: eval_config(&cli.config)?,
+    };
+    let mut results = Results {
+        speedup: cli.speedup,
+        seed: cli.seed,
+        crash_points: cli.crash_points.clone(),
+        ..Default::default()
+    };
+    let mut seed = cli.seed;
+    for t in trajectories {
+        let t = Arc::new(t);
+        eprintln!("== {} ({} turns, {})", t.name, t.turns.len(), t.category);
+        let plain = run(&env, t.clone(), Strategy::Plain, None).await;
+        progress(&plain);
+        let crab = run(&env, t.clone(), Strategy::Crab, None).await;
+        progress(&crab);
+        let points = crash_points(&t, &cli.crash_points, &mut seed)?;
+        let mut crashes = Vec::new();
+        for k in points {
+            for s in &strategies {
+                let o = run(&env, t.clone(), *s, Some(k)).await;
+                progress(&o);
+                crashes.push(o);
+            }
+        }
+        results.add(t.clone(), plain, crab, crashes);
+    }
+    for n in densities {
+        eprintln!("== density {n}");
+        let d = report::density(&env, &results, n).await;
+        results.densities.push(d);
+    }
+    let text = results.markdown();
+    println!("{text}");
+    if let Some(out) = cli.out {
+        std::fs::write(&out, &text).with_context(|| format!("write {}", out.display()))?;
+    }
+    Ok(())
+}
+
+fn progress(o: &Outcome) {
+    let end = match &o.ending {
+        Ok(e) => format!("verified={} digest={}", e.verified, e.digest),
+        Err(e) => format!("FAILED: {e}"),
+    };
+    eprintln!(
+        "  {:<10} crash={:<5} {:>7.1}s  {end}",
+        o.strategy.name(),
+        o.crash_at
+            .map(|k| k.to_string())
+            .unwrap_or_else(|| "-".into()),
+        o.elapsed.as_secs_f64()
+    );
+}
+
+/// The sandboxes' configuration: the given one, with every turn's checkpoint
+/// kept (the figures read the history).
+fn eval_config(base: &std::path::Path) -> Result<PathBuf> {
+    let text = std::fs::read_to_string(base).unwrap_or_default();
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("keep_last"))
+        .collect();
+    let mut text = lines.join("\n");
+    if lines.iter().any(|l| l.trim() == "[checkpoint]") {
+        text = text.replacen("[checkpoint]", "[checkpoint]\nkeep_last = 1000", 1);
+    } else {
+        text.push_str("\n[checkpoint]\nkeep_last = 1000\n");
+    }
+    let path = std::env::temp_dir().join(format!("crab-eval-{}.toml", std::process::id()));
+    std::fs::write(&path, text).with_context(|| format!("write {}", path.display()))?;
+    Ok(path)
+}

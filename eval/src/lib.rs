@@ -1,0 +1,12 @@
+//! Crab's evaluation: recorded agent trajectories replayed in real sandboxes,
+//! a crash injected, recovery by each strategy, and the task's own check
+//! deciding correctness (see `docs/evaluation.md`).
+
+pub mod agent;
+pub mod replay;
+pub mod report;
+pub mod run;
+pub mod sandbox;
+pub mod state;
+pub mod strategy;
+pub mod trajectory;

@@ -1,0 +1,208 @@
+//! The replay LLM: an OpenAI-compatible `/v1/chat/completions` server that
+//! answers each run's requests with its trajectory's next tool call, after that
+//! turn's think time.
+//!
+//! A request names its run in `model`. Its turn is the number of tool results
+//! in its conversation, so a retried request (after a crash) gets the same
+//! answer: the replay is deterministic. The harness sees every request
+//! ([`Asked`]), may hold requests from a turn on (a crash is injected while the
+//! LLM "thinks"), and may gate each answer on its own work (a baseline's
+//! checkpoint), which then overlaps with the think time.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use crate::trajectory::{Call, Trajectory};
+
+/// Work an answer waits for, started when its request arrives.
+pub type GateFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
+/// Starts that work for turn `index`.
+pub type Gate = Arc<dyn Fn(usize) -> GateFuture + Send + Sync>;
+
+/// A request the replay LLM received.
+#[derive(Debug, Clone, Copy)]
+pub struct Asked {
+    /// The turn it asks for (tool results so far).
+    pub index: usize,
+    /// When.
+    pub at: Instant,
+}
+
+struct Run {
+    trajectory: Arc<Trajectory>,
+    speedup: f64,
+    asked: mpsc::UnboundedSender<Asked>,
+    /// Requests for this turn or later are held (never answered).
+    hold_from: AtomicUsize,
+    gate: Option<Gate>,
+}
+
+/// The harness's handle on one run.
+pub struct RunHandle {
+    run: Arc<Run>,
+    /// Every request of the run, in order.
+    pub asked: mpsc::UnboundedReceiver<Asked>,
+}
+
+impl RunHandle {
+    /// Holds requests for turn `index` and later (`None`: answer all).
+    pub fn hold_from(&self, index: Option<usize>) {
+        self.run
+            .hold_from
+            .store(index.unwrap_or(usize::MAX), Ordering::SeqCst);
+    }
+}
+
+/// The server.
+#[derive(Clone, Default)]
+pub struct Replay {
+    runs: Arc<Mutex<HashMap<String, Arc<Run>>>>,
+}
+
+impl Replay {
+    /// Starts serving on 127.0.0.1 (a free port); returns its address.
+    pub async fn start(&self) -> std::io::Result<SocketAddr> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let me = self.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let me = me.clone();
+                tokio::spawn(async move {
+                    let service = service_fn(move |req| {
+                        let me = me.clone();
+                        async move { Ok::<_, std::convert::Infallible>(me.answer(req).await) }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        Ok(addr)
+    }
+
+    /// Registers run `id` replaying `trajectory` (think times divided by
+    /// `speedup`), its answers gated on `gate` if given.
+    pub fn register(
+        &self,
+        id: &str,
+        trajectory: Arc<Trajectory>,
+        speedup: f64,
+        gate: Option<Gate>,
+    ) -> RunHandle {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let run = Arc::new(Run {
+            trajectory,
+            speedup,
+            asked: tx,
+            hold_from: AtomicUsize::new(usize::MAX),
+            gate,
+        });
+        self.lock().insert(id.to_string(), run.clone());
+        RunHandle { run, asked: rx }
+    }
+
+    /// Forgets run `id`.
+    pub fn unregister(&self, id: &str) {
+        self.lock().remove(id);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Run>>> {
+        self.runs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    async fn answer(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {
+        let body = match req.into_body().collect().await {
+            Ok(b) => b.to_bytes(),
+            Err(e) => return reply(StatusCode::BAD_REQUEST, json!({"error": e.to_string()})),
+        };
+        let Ok(conversation) = serde_json::from_slice::<Value>(&body) else {
+            return reply(StatusCode::BAD_REQUEST, json!({"error": "not JSON"}));
+        };
+        let model = conversation["model"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let Some(run) = self.lock().get(&model).cloned() else {
+            return reply(
+                StatusCode::NOT_FOUND,
+                json!({"error": format!("no run {model:?}")}),
+            );
+        };
+        let index = conversation["messages"]
+            .as_array()
+            .map(|m| m.iter().filter(|m| m["role"] == "tool").count())
+            .unwrap_or(0);
+        let _ = run.asked.send(Asked {
+            index,
+            at: Instant::now(),
+        });
+        if index >= run.hold_from.load(Ordering::SeqCst) {
+            // The sandbox is about to crash: this answer never comes.
+            std::future::pending::<()>().await;
+        }
+        let think = tokio::time::sleep(run.trajectory.think(index, run.speedup));
+        match &run.gate {
+            Some(g) => {
+                tokio::join!(think, g(index));
+            }
+            None => think.await,
+        }
+        reply(StatusCode::OK, completion(&model, &run.trajectory, index))
+    }
+}
+
+fn reply(status: StatusCode, v: Value) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(v.to_string())));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+/// The chat completion for turn `index`: its tool call, or the end.
+pub fn completion(model: &str, t: &Trajectory, index: usize) -> Value {
+    let message = match t.turns.get(index) {
+        Some(turn) => {
+            let (name, args) = match &turn.call {
+                Call::Shell { command } => ("shell", json!({ "command": command })),
+                Call::WriteFile {
+                    path,
+                    content,
+                    mode,
+                } => (
+                    "write_file",
+                    json!({ "path": path, "content": content, "mode": mode }),
+                ),
+            };
+            json!({"role": "assistant", "content": null, "tool_calls": [{
+                "id": format!("call_{index}"), "type": "function",
+                "function": {"name": name, "arguments": args.to_string()}}]})
+        }
+        None => json!({"role": "assistant", "content": "The task is done."}),
+    };
+    let finish = if index < t.turns.len() {
+        "tool_calls"
+    } else {
+        "stop"
+    };
+    json!({"id": format!("replay-{index}"), "object": "chat.completion", "model": model,
+           "choices": [{"index": 0, "message": message, "finish_reason": finish}]})
+}
