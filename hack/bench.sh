@@ -2,11 +2,13 @@
 # Benchmarks, crab next to runc's shim in the same run where runc has the operation.
 # Each prints a Markdown table (recorded in docs/benchmarks.md).
 #
-#   hack/bench.sh [start|cr|ops|inspector|all] [bench arguments]
+#   hack/bench.sh [start|cr|ops|inspector|proxy|all] [bench arguments]
 #     start  container start, exec and shim memory      (crab-bench)
 #     cr     checkpoint/restore through containerd, by written memory (crab-cr-bench)
 #     ops    Crab's checkpoint, rollback, fork, migration (crab-ops-bench)
 #     inspector  eBPF inspector overhead, classification, memory (crab-inspector-bench)
+#     proxy  turn proxy: added latency, hidden checkpoints, gating at density (crab-proxy-bench;
+#            --quick for smaller sizes)
 #     all    all of them, with their default arguments (default)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -27,12 +29,13 @@ case "$suite" in
     cr) "$ROOT/target/release/crab-cr-bench" "$@" ;;
     ops) "$ROOT/target/release/crab-ops-bench" "$@" ;;
     inspector) "$ROOT/target/release/crab-inspector-bench" "$@" ;;
+    proxy) "$ROOT/target/release/crab-proxy-bench" "$@" ;;
     all)
-        for b in crab-bench crab-cr-bench crab-ops-bench crab-inspector-bench; do
+        for b in crab-bench crab-cr-bench crab-ops-bench crab-inspector-bench crab-proxy-bench; do
             echo "## $b"
             "$ROOT/target/release/$b"
             echo
         done
         ;;
-    *) echo "usage: hack/bench.sh [start|cr|ops|inspector|all] [args]" >&2; exit 2 ;;
+    *) echo "usage: hack/bench.sh [start|cr|ops|inspector|proxy|all] [args]" >&2; exit 2 ;;
 esac

@@ -3,13 +3,15 @@
 //! back.
 
 use std::net::TcpListener;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
+use hyper::client::conn::http1::SendRequest;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 
@@ -42,6 +44,54 @@ pub struct Proxy {
     boundary: Arc<dyn Boundary>,
     sandbox: Option<Arc<dyn Sandbox>>,
     fail_closed: bool,
+    pool: Pool,
+}
+
+/// Upstream connections are kept this long after their last answer ended, for
+/// later requests; less than the shortest common keep-alive timeout of servers
+/// (5 s: uvicorn, Node), so that the upstream seldom closes one as it is reused.
+const POOL_IDLE: Duration = Duration::from_secs(4);
+
+/// At most this many idle upstream connections are kept.
+const POOL_MAX: usize = 32;
+
+/// An idle upstream connection and when its last answer ended.
+type Idle = (Instant, SendRequest<Incoming>);
+
+/// Idle upstream connections (HTTP/1 keep-alive), most recently used last.
+#[derive(Clone, Default)]
+struct Pool(Arc<Mutex<Vec<Idle>>>);
+
+impl Pool {
+    fn idle(&self) -> std::sync::MutexGuard<'_, Vec<Idle>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The most recently used idle connection that is still open, if any.
+    fn take(&self) -> Option<SendRequest<Incoming>> {
+        let mut idle = self.idle();
+        while let Some((since, s)) = idle.pop() {
+            if since.elapsed() < POOL_IDLE && s.is_ready() {
+                return Some(s);
+            }
+        }
+        None
+    }
+
+    /// Keeps `s` for reuse once its answer has been read to the end (an answer
+    /// dropped halfway, or `Connection: close`, ends the connection instead).
+    fn give_back(&self, mut s: SendRequest<Incoming>) {
+        let pool = self.clone();
+        tokio::spawn(async move {
+            if s.ready().await.is_ok() {
+                let mut idle = pool.idle();
+                idle.retain(|(since, s)| since.elapsed() < POOL_IDLE && !s.is_closed());
+                if idle.len() < POOL_MAX {
+                    idle.push((Instant::now(), s));
+                }
+            }
+        });
+    }
 }
 
 impl Proxy {
@@ -54,6 +104,7 @@ impl Proxy {
             boundary,
             sandbox: None,
             fail_closed,
+            pool: Pool::default(),
         }
     }
 
@@ -81,6 +132,8 @@ impl Proxy {
                 what: "accept".into(),
                 source,
             })?;
+            // Answers stream back chunk by chunk: no Nagle delay between them.
+            let _ = stream.set_nodelay(true);
             let proxy = self.clone();
             tokio::spawn(async move {
                 let service = service_fn(move |req| {
@@ -117,10 +170,6 @@ impl Proxy {
                 format!("crab proxy: upstream {upstream}: {why}\n"),
             )
         };
-        let mut sender = match upstream.connect().await {
-            Ok(s) => s,
-            Err(why) => return bad_gateway(why),
-        };
         // Origin-form request line; the Host the upstream expects.
         let path_and_query = req
             .uri()
@@ -131,9 +180,26 @@ impl Proxy {
         if let Ok(host) = upstream.host_header().parse() {
             req.headers_mut().insert(http::header::HOST, host);
         }
-        let resp = match sender.send_request(req).await {
-            Ok(r) => r,
-            Err(e) => return bad_gateway(format!("request failed: {e}")),
+        let resp = loop {
+            let (mut sender, pooled) = match self.pool.take() {
+                Some(s) => (s, true),
+                None => match upstream.connect().await {
+                    Ok(s) => (s, false),
+                    Err(why) => return bad_gateway(why),
+                },
+            };
+            match sender.try_send_request(req).await {
+                Ok(r) => {
+                    self.pool.give_back(sender);
+                    break r;
+                }
+                // An idle connection the upstream closed: the request was not
+                // written, so it goes on a new connection.
+                Err(mut e) => match e.take_message() {
+                    Some(unsent) if pooled => req = unsent,
+                    _ => return bad_gateway(format!("request failed: {}", e.error())),
+                },
+            }
         };
         if let Some(gate) = gate {
             // The answer waits for the turn's checkpoint: the agent must not act

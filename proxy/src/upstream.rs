@@ -136,6 +136,8 @@ impl Upstream {
         let tcp = TcpStream::connect((bare, self.port))
             .await
             .map_err(|e| format!("cannot connect: {e}"))?;
+        // A request's head and body may be written apart: no Nagle delay.
+        let _ = tcp.set_nodelay(true);
         let Some(tls) = &self.tls else {
             return handshake(tcp).await;
         };
