@@ -905,7 +905,7 @@ def venv_textkit():
     t.verify = r"""
         set -e
         .venv/bin/python -c 'import textstats, slugkit; assert textstats.__version__ == "1.1.0"; assert slugkit.slugify("A B") == "a-b"'
-        .venv/bin/pip list --disable-pip-version-check | grep -q 'textstats *1.1.0'
+        .venv/bin/pip list --disable-pip-version-check | grep 'textstats *1.1.0' >/dev/null
         grep -q '"slug": "restore-in-50-ms-how"' index.json
         grep -q reading_s index.json
         .venv/bin/python -m unittest -q test_app
@@ -1286,8 +1286,8 @@ def venv_todo_cli():
         cmp /tmp/board.txt board.txt
         head -n 1 board.txt | grep -qx '\[ \]   2  benchmark restore latency'
         grep -qx '\[x\]   1 !write the checkpoint design doc' board.txt
-        .venv/bin/pip list --disable-pip-version-check | grep -q 'todofmt *1.1.0'
-        .venv/bin/pip list --disable-pip-version-check | grep -q 'todocli *1.1.0'
+        .venv/bin/pip list --disable-pip-version-check | grep 'todofmt *1.1.0' >/dev/null
+        .venv/bin/pip list --disable-pip-version-check | grep 'todocli *1.1.0' >/dev/null
         .venv/bin/python -m unittest discover -s tests -q
         """
     t.volatile = VENV_VOLATILE
@@ -3053,6 +3053,887 @@ def repl_kernel():
         """
     t.probe = "./py '%vars'"
     t.volatile = REPL_VOLATILE
+    return t
+
+
+# ================================================================= read-heavy
+@traj
+def read_stdlib_survey():
+    t = Traj("read-stdlib-survey", "Read-mostly survey of the Python stdlib (json, http.server, sqlite3) ending in notes", "read-heavy")
+    L = "/usr/lib/python3.11"
+    t.r("pwd; ls")
+    t.r(f"ls {L} | head -n 40")
+    t.r(f"ls {L} | wc -l")
+    t.r(f"find {L} -maxdepth 1 -name '*.py' | wc -l")
+    t.r(f"ls {L}/json")
+    t.r(f"wc -l {L}/json/*.py")
+    t.r(f"sed -n '1,40p' {L}/json/__init__.py")
+    t.r(f"grep -n '^def ' {L}/json/__init__.py")
+    t.r(f"sed -n '/^def dumps/,/^def /p' {L}/json/__init__.py | head -n 60")
+    t.r(f"grep -n 'sort_keys' {L}/json/encoder.py | head -n 20")
+    t.r(f"grep -n 'def floatstr' -A 25 {L}/json/encoder.py")
+    t.r("python3 -c 'import json; print(json.dumps({\"b\": 1, \"a\": [1.0, float(\"inf\")]}, sort_keys=True))'")
+    t.r("python3 -c 'import json; print(json.dumps(0.1 + 0.2), repr(0.1 + 0.2))'")
+    t.r(f"grep -n 'c_make_encoder\\|c_encode_basestring' {L}/json/encoder.py | head")
+    t.r("python3 -c 'import json.encoder as e; print(e.c_make_encoder is not None)'")
+    t.r(f"grep -n 'class JSONDecodeError' -A 20 {L}/json/decoder.py")
+    t.r("python3 -c 'import json\ntry:\n    json.loads(\"{\\\"a\\\": }\")\nexcept json.JSONDecodeError as e:\n    print(e.lineno, e.colno, e.msg)'")
+    t.write("notes.md", """
+        # stdlib survey notes
+
+        ## json
+        - `dumps(..., sort_keys=True)` sorts dict keys in the C encoder too (deterministic output).
+        - floats go through `float.__repr__`; inf/nan are emitted as Infinity/NaN unless allow_nan=False.
+        - JSONDecodeError carries lineno/colno.
+        """)
+    t.r(f"ls {L}/http && wc -l {L}/http/server.py")
+    t.r(f"grep -n '^class ' {L}/http/server.py")
+    t.r(f"grep -n 'allow_reuse_address\\|daemon_threads' {L}/http/server.py {L}/socketserver.py")
+    t.r(f"sed -n '/^class HTTPServer/,/^class /p' {L}/http/server.py")
+    t.r(f"grep -n 'def log_message' -A 20 {L}/http/server.py | head -n 25")
+    t.r(f"grep -n 'def handle_one_request' -A 40 {L}/http/server.py | head -n 45")
+    t.r(f"grep -n 'protocol_version' {L}/http/server.py")
+    t.r(f"grep -n 'def send_response\\b' -A 12 {L}/http/server.py")
+    t.r(f"grep -n 'def date_time_string' -A 8 {L}/http/server.py")
+    t.r(f"grep -n 'server_version\\|sys_version' {L}/http/server.py | head")
+    t.r("python3 -c 'import http.server as h; print(h.BaseHTTPRequestHandler.protocol_version, h.HTTPServer.allow_reuse_address)'")
+    t.sh("""cat >> notes.md <<'EOF'
+
+## http.server
+- HTTPServer sets allow_reuse_address = 1; ThreadingHTTPServer adds daemon_threads = True.
+- responses default to HTTP/1.0 (connection closes after each request) unless protocol_version is changed.
+- every response carries a Date header (date_time_string) and log_message writes to stderr with a timestamp:
+  override log_message when logs must be reproducible.
+EOF
+tail -n 6 notes.md""")
+    t.r(f"ls {L}/sqlite3")
+    t.r(f"grep -n 'isolation_level\\|def connect' {L}/sqlite3/*.py | head")
+    t.r("python3 -c 'import sqlite3; print(sqlite3.sqlite_version, sqlite3.threadsafety, sqlite3.paramstyle)'")
+    t.r("python3 -c 'import sqlite3; c = sqlite3.connect(\":memory:\"); print(c.isolation_level, c.in_transaction); c.execute(\"create table t(x)\"); c.execute(\"insert into t values (1)\"); print(c.in_transaction)'")
+    t.r(f"grep -rn 'def __enter__\\|def __exit__' {L}/sqlite3/ | head; echo '(context manager is in C: _sqlite)'")
+    t.r("python3 -c 'import sqlite3; help(sqlite3.Connection.__exit__)' | head -n 8")
+    t.r(f"grep -n 'def iterdump' -A 30 {L}/sqlite3/dump.py | head -n 35")
+    t.r("python3 -c 'import sqlite3; c = sqlite3.connect(\":memory:\"); c.execute(\"create table t(x)\"); c.executemany(\"insert into t values (?)\", [(3,), (1,)]); print(\"\\n\".join(c.iterdump()))'")
+    t.sh("""cat >> notes.md <<'EOF'
+
+## sqlite3
+- default isolation_level '' = implicit BEGIN before DML; commit() or `with conn:` ends it.
+- `with conn:` commits/rolls back but does not close the connection.
+- Connection.iterdump() gives a deterministic SQL dump (good for comparing DB state).
+EOF
+wc -l notes.md""")
+    t.r(f"grep -rln 'sort_keys' {L} --include='*.py' | head -n 10")
+    t.r(f"grep -rc 'time.time()' {L}/http/server.py {L}/logging/__init__.py")
+    t.r(f"find {L} -name 'random.py' -maxdepth 1 -exec grep -n 'def seed' -A 12 {{}} \\;")
+    t.r("python3 -c 'import random; r = random.Random(42); print([r.randint(1, 6) for _ in range(5)])'")
+    t.r("PYTHONHASHSEED=0 python3 -c 'print(list({\"b\", \"a\", \"c\"}))'; PYTHONHASHSEED=1 python3 -c 'print(list({\"b\", \"a\", \"c\"}))'")
+    t.r("cat notes.md")
+    t.write("notes.md", """
+        # stdlib survey notes
+
+        ## json
+        - `dumps(..., sort_keys=True)` sorts dict keys in the C encoder too (deterministic output).
+        - floats go through `float.__repr__`; inf/nan are emitted as Infinity/NaN unless allow_nan=False.
+        - JSONDecodeError carries lineno/colno.
+
+        ## http.server
+        - HTTPServer sets allow_reuse_address = 1; ThreadingHTTPServer adds daemon_threads = True.
+        - responses default to HTTP/1.0 (connection closes after each request) unless protocol_version is changed.
+        - every response carries a Date header (date_time_string) and log_message writes to stderr with a timestamp:
+          override log_message when logs must be reproducible.
+
+        ## sqlite3
+        - default isolation_level '' = implicit BEGIN before DML; commit() or `with conn:` ends it.
+        - `with conn:` commits/rolls back but does not close the connection.
+        - Connection.iterdump() gives a deterministic SQL dump (good for comparing DB state).
+
+        ## determinism checklist
+        - random.Random(seed) is reproducible; set orders depend on PYTHONHASHSEED for str.
+        - avoid time.time()/Date headers in anything that is compared between runs.
+        """)
+    t.r("grep -c '^- ' notes.md && grep '^## ' notes.md")
+    t.verify = r"""
+        set -e
+        test "$(grep -c '^## ' notes.md)" = 4
+        grep -q 'allow_reuse_address' notes.md
+        grep -q 'iterdump' notes.md
+        grep -q 'PYTHONHASHSEED' notes.md
+        """
+    return t
+
+
+SETUP_TALLY = r'''
+"""Creates the `tally` repository (a small invoicing library) with its git history."""
+import os
+import subprocess
+import textwrap
+
+
+def w(path, text):
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        f.write(textwrap.dedent(text).lstrip("\n"))
+
+
+def commit(msg):
+    subprocess.run(["git", "add", "-A"], check=True)
+    subprocess.run(["git", "commit", "-q", "-m", msg], check=True)
+
+
+os.makedirs("tally", exist_ok=True)
+os.chdir("tally")
+subprocess.run(["git", "init", "-q", "-b", "main"], check=True)
+w("README.md", """
+    # tally
+    Tiny invoicing library: money parsing, invoices with tax and discounts, reports.
+    Run the tests with `python3 -m unittest discover -s tests -t .`
+    """)
+w("tally/__init__.py", '__version__ = "0.3.0"\n')
+w("tally/money.py", """
+    def parse_amount(text):
+        \"\"\"'12.3' -> 1230 cents; accepts a leading minus and thousands separators.\"\"\"
+        text = text.strip().replace(",", "")
+        neg = text.startswith("-")
+        if neg:
+            text = text[1:]
+        units, _, frac = text.partition(".")
+        cents = int(units or "0") * 100 + int((frac + "00")[:2])
+        return -cents if neg else cents
+
+
+    def format_cents(cents):
+        sign = "-" if cents < 0 else ""
+        cents = abs(cents)
+        return "%s%d.%02d" % (sign, cents // 100, cents % 100)
+    """)
+w("tests/__init__.py", "")
+w("tests/test_money.py", """
+    import unittest
+
+    from tally.money import format_cents, parse_amount
+
+
+    class MoneyTest(unittest.TestCase):
+        def test_parse(self):
+            self.assertEqual(parse_amount("12.3"), 1230)
+            self.assertEqual(parse_amount("1,234.56"), 123456)
+            self.assertEqual(parse_amount("-0.05"), -5)
+
+        def test_format(self):
+            self.assertEqual(format_cents(-5), "-0.05")
+            self.assertEqual(format_cents(123456), "1234.56")
+    """)
+commit("money: parse and format amounts")
+w("tally/invoice.py", """
+    from .money import format_cents
+
+    TAX_RATES = {"std": 19, "reduced": 7, "zero": 0}
+
+
+    class Invoice:
+        def __init__(self, customer, discount_pct=0):
+            self.customer = customer
+            self.discount_pct = discount_pct
+            self.lines = []
+
+        def add(self, desc, qty, unit_cents, rate="std"):
+            self.lines.append((desc, qty, unit_cents, rate))
+
+        def subtotal(self):
+            return sum(q * u for _, q, u, _ in self.lines)
+
+        def discount(self):
+            return self.subtotal() * self.discount_pct // 100
+
+        def tax(self):
+            total = 0
+            for _, q, u, rate in self.lines:
+                net = q * u * (100 - self.discount_pct) / 100
+                total += round(net * TAX_RATES[rate] / 100)
+            return total
+
+        def total(self):
+            return self.subtotal() - self.discount() + self.tax()
+
+        def render(self):
+            out = ["Invoice for %s" % self.customer]
+            for d, q, u, r in self.lines:
+                out.append("  %-20s %3d x %8s" % (d, q, format_cents(u)))
+            out.append("  total %s" % format_cents(self.total()))
+            return "\\n".join(out)
+    """)
+w("tests/test_invoice.py", """
+    import unittest
+
+    from tally.invoice import Invoice
+
+
+    class InvoiceTest(unittest.TestCase):
+        def test_simple(self):
+            inv = Invoice("acme")
+            inv.add("widget", 2, 1000)
+            self.assertEqual(inv.subtotal(), 2000)
+            self.assertEqual(inv.tax(), 380)
+            self.assertEqual(inv.total(), 2380)
+
+        def test_reduced_rate(self):
+            inv = Invoice("acme")
+            inv.add("book", 1, 1999, "reduced")
+            self.assertEqual(inv.tax(), 140)
+
+        def test_rounding_half_up(self):
+            inv = Invoice("acme")
+            inv.add("part", 1, 1999)
+            self.assertEqual(inv.tax(), 380)
+
+        def test_discount(self):
+            inv = Invoice("acme", discount_pct=10)
+            inv.add("widget", 10, 1000)
+            self.assertEqual(inv.discount(), 1000)
+            self.assertEqual(inv.tax(), 1710)
+    """)
+commit("invoice: lines, tax rates, discounts")
+w("tally/report.py", """
+    from collections import defaultdict
+
+    from .money import format_cents
+
+
+    def by_customer(invoices):
+        totals = defaultdict(int)
+        for inv in invoices:
+            totals[inv.customer] += inv.total()
+        return dict(sorted(totals.items()))
+
+
+    def render(invoices):
+        return "\\n".join("%-10s %10s" % (c, format_cents(t)) for c, t in by_customer(invoices).items())
+    """)
+w("tests/test_report.py", """
+    import unittest
+
+    from tally.invoice import Invoice
+    from tally.report import by_customer
+
+
+    class ReportTest(unittest.TestCase):
+        def test_by_customer(self):
+            a, b, c = Invoice("zeta"), Invoice("acme"), Invoice("acme")
+            a.add("x", 1, 100, "zero")
+            b.add("y", 1, 200, "zero")
+            c.add("z", 1, 300, "zero")
+            self.assertEqual(list(by_customer([a, b, c]).items()), [("acme", 500), ("zeta", 100)])
+    """)
+commit("report: totals by customer")
+# the regression: "avoid floats" refactor truncates instead of rounding
+src = open("tally/invoice.py").read()
+src = src.replace("            net = q * u * (100 - self.discount_pct) / 100\n            total += round(net * TAX_RATES[rate] / 100)",
+                  "            net = q * u * (100 - self.discount_pct)\n            total += net * TAX_RATES[rate] // 10000")
+assert "// 10000" in src
+open("tally/invoice.py", "w").write(src)
+commit("invoice: integer-only tax computation (no floats)")
+w("tally/cli.py", """
+    import sys
+
+    from .invoice import Invoice
+    from .money import parse_amount
+
+
+    def main(argv):
+        inv = Invoice(argv[0])
+        for spec in argv[1:]:
+            desc, qty, price = spec.split(":")
+            inv.add(desc, int(qty), parse_amount(price))
+        print(inv.render())
+
+
+    if __name__ == "__main__":
+        main(sys.argv[1:])
+    """)
+commit("cli: render an invoice from the command line")
+w("CHANGELOG.md", """
+    # Changelog
+    ## 0.3.0
+    - cli
+    - integer-only tax computation
+    ## 0.2.0
+    - reports
+    ## 0.1.0
+    - money, invoices
+    """)
+commit("docs: changelog for 0.3.0")
+subprocess.run(["git", "tag", "v0.3.0"], check=True)
+print("created", os.getcwd())
+'''
+
+
+@traj
+def read_bugfix():
+    t = Traj("read-bugfix", "Read-heavy investigation of a failing test in a small repo, ending in a one-line fix", "read-heavy")
+    t.r("ls -la")
+    t.write("setup_repo.py", SETUP_TALLY)
+    t.sh("python3 setup_repo.py && rm setup_repo.py")
+    T = "cd tally && "
+    for c in ["ls -la", "cat README.md", "git log --oneline --decorate", "git status",
+              "find . -path ./.git -prune -o -type f -print | sort", "wc -l tally/*.py tests/*.py",
+              "python3 -m unittest discover -s tests -t . 2>&1 | tail -n 25",
+              "python3 -m unittest discover -s tests -t . -v 2>&1 | grep -E 'ok$|FAIL|ERROR'",
+              "cat tests/test_invoice.py", "cat tally/invoice.py",
+              "grep -n 'def tax' -A 7 tally/invoice.py",
+              "python3 -c 'from tally.invoice import Invoice; i = Invoice(\"a\"); i.add(\"p\", 1, 1999); print(i.tax())'",
+              "python3 -c 'print(1999 * 19 / 100, round(1999 * 19 / 100), 1999 * 19 // 100)'",
+              "python3 -c 'from tally.invoice import Invoice; i = Invoice(\"a\"); i.add(\"b\", 1, 1999, \"reduced\"); print(i.tax(), 1999 * 7 / 100)'",
+              "git log --oneline -- tally/invoice.py", "git log -p --follow -- tally/invoice.py | head -n 80",
+              "git show --stat HEAD~2", "git show HEAD~2 -- tally/invoice.py",
+              "git log --format='%h %an %ad %s' --date=short", "git blame -L '/def tax/,+6' tally/invoice.py",
+              "git grep -n 'round' ", "git grep -n '//' -- 'tally/*.py'",
+              "git diff v0.3.0~4 v0.3.0 --stat", "cat tally/money.py",
+              "python3 -c 'from tally.money import parse_amount as p; print(p(\"19.99\"), p(\"-0.5\"), p(\"1,000\"))'",
+              "cat tests/test_money.py", "cat tally/report.py tests/test_report.py",
+              "cat tally/cli.py", "python3 -m tally.cli acme part:1:19.99",
+              "python3 -m tally.cli acme widget:2:10.00 part:1:19.99",
+              "python3 -c 'print(2000 * 19 / 100 + 1999 * 19 / 100)'",
+              "git show HEAD~3:tally/invoice.py | grep -n 'round' ",
+              "git stash list; git branch -a; git tag",
+              "grep -rn 'discount_pct' tally/",
+              "python3 -c 'from tally.invoice import Invoice; i = Invoice(\"a\", 10); i.add(\"w\", 10, 1000); print(i.discount(), i.tax(), i.total())'",
+              "python3 -c 'print(10 * 1000 * 90 * 19 / 1000000)'",
+              "python3 -c 'for u in (1, 5, 26, 50, 1999, 2631): print(u, u * 19 / 100, round(u * 19 / 100), u * 19 // 100, (u * 19 + 50) // 100)'",
+              "python3 -c 'print(round(0.5), round(1.5), round(2.5))'",
+              "python3 -c 'print((2 * 19 + 50) // 100 if False else [(n, (n * 19 * 100 + 5000) // 10000) for n in (50, 150, 250)])'",
+              "cat CHANGELOG.md", "git show v0.3.0 --stat | head -n 8",
+              "git log --all --oneline | wc -l", "git rev-parse HEAD~2"]:
+        t.r(T + c)
+    for i in range(6, 0, -1):
+        t.r(T + f"git show --stat --format='%h %s' HEAD~{i - 1} | head -n 6")
+    for c in ["git log --format=%s | grep -c invoice", "git show HEAD~2 --format=%B --no-patch",
+              "git diff HEAD~3 HEAD~2 -- tally/invoice.py | grep '^[-+]' ",
+              "git log -S'// 10000' --oneline", "git log -G'round\\(' --oneline",
+              "python3 --version", "python3 -c 'import tally; print(tally.__version__, tally.__file__)'",
+              "python3 -m unittest tests.test_invoice.InvoiceTest.test_rounding_half_up 2>&1 | tail -n 4",
+              "python3 -m unittest tests.test_invoice.InvoiceTest.test_reduced_rate 2>&1 | tail -n 4",
+              "python3 -m unittest tests.test_money tests.test_report -v 2>&1 | tail -n 5",
+              "python3 -c 'from tally.invoice import TAX_RATES; print(TAX_RATES)'",
+              "python3 -c 'from tally.invoice import Invoice; i = Invoice(\"a\"); i.add(\"z\", 3, 333, \"zero\"); print(i.tax(), i.total())'",
+              "python3 -c 'from tally.report import render; from tally.invoice import Invoice; a = Invoice(\"x\"); a.add(\"p\", 1, 1999); print(render([a]))'",
+              "python3 -c 'print([(n, n * 7 / 100) for n in (1999, 2001, 50)])'",
+              "grep -n 'TAX_RATES\\|discount' tests/test_invoice.py",
+              "sed -n '/def tax/,/return total/p' tally/invoice.py",
+              "git show HEAD~3:tally/invoice.py | sed -n '/def tax/,/return total/p'",
+              "git log --format='%h %s' --reverse | head -n 3",
+              "ls tests && grep -c 'def test_' tests/*.py", "git config --list --show-origin | grep -v '^file:/etc' | head"]:
+        t.r(T + c)
+    t.r("cd tally && python3 -c 'import ast, sys; print([n.name for n in ast.walk(ast.parse(open(\"tally/invoice.py\").read())) if isinstance(n, ast.FunctionDef)])'")
+    t.r("cd tally && grep -n 'total += ' tally/invoice.py")
+    t.write("NOTES.md", """
+        # failing tests: test_invoice.InvoiceTest.test_rounding_half_up and .test_reduced_rate
+
+        - tax of 19.99 at 19% is 3.7981 -> expected 3.80, got 3.79; at 7% 1.3993 -> expected 1.40, got 1.39.
+        - introduced by "invoice: integer-only tax computation (no floats)" (HEAD~2):
+          `net * rate // 10000` truncates; before it used round() on floats.
+        - fix: round half up with integers: `(net * rate + 5000) // 10000`
+          (amounts are non-negative here; the old float round() was banker's rounding at exact .5).
+        """)
+    t.sh("cd tally && sed -i 's|total += net \\* TAX_RATES\\[rate\\] // 10000|total += (net * TAX_RATES[rate] + 5000) // 10000|' tally/invoice.py && git diff")
+    for c in ["python3 -m unittest discover -s tests -t . 2>&1 | tail -n 3",
+              "python3 -m unittest discover -s tests -t . -v 2>&1 | grep -c 'ok$'",
+              "python3 -m tally.cli acme widget:2:10.00 part:1:19.99",
+              "python3 -c 'from tally.invoice import Invoice; i = Invoice(\"a\", 10); i.add(\"w\", 10, 1000); print(i.tax())'",
+              "git diff --stat"]:
+        t.r(T + c)
+    t.sh("cd tally && git commit -q -am 'invoice: round tax half up (fixes 1-cent truncation from integer refactor)' && git log --oneline -3")
+    for c in ["git show --stat HEAD", "git status --short | wc -l", "git log --oneline v0.3.0..HEAD"]:
+        t.r(T + c)
+    t.r("cat NOTES.md")
+    t.verify = r"""
+        set -e
+        cd tally
+        python3 -m unittest discover -s tests -t . 2>&1 | tail -n 1 | grep -qx OK
+        test "$(git rev-list --count HEAD)" = 7
+        test -z "$(git status --porcelain)"
+        git log -1 --format=%s | grep -q 'round tax half up'
+        python3 -m tally.cli acme part:1:19.99 | grep -q 'total 23.79'
+        grep -q HEAD~2 ../NOTES.md
+        """
+    t.volatile = ["tally/.git/index", "tally/.git/logs/**"]
+    return t
+
+
+MKVARLOG = r'''
+"""Creates incident/ : a snapshot of service logs and configs to triage (deterministic)."""
+import json
+import os
+import random
+
+rng = random.Random(404)
+os.makedirs("incident/logs", exist_ok=True)
+os.makedirs("incident/etc", exist_ok=True)
+services = ["gateway", "auth", "orders", "billing"]
+t = 0
+for svc in services:
+    with open("incident/logs/%s.log" % svc, "w") as f:
+        t = 0
+        for i in range(400):
+            t += rng.randint(1, 20)
+            hh, mm, ss = 9 + t // 3600, t // 60 % 60, t % 60
+            level = rng.choices(["INFO", "WARN", "ERROR"], [90, 7, 3])[0]
+            msg = rng.choice(["request ok", "cache miss", "retrying upstream", "slow query", "connection reset"])
+            if svc == "billing" and 200 <= i < 260:
+                level, msg = "ERROR", "db pool exhausted (size=5, waiting=%d)" % (i - 195)
+            if svc == "orders" and 205 <= i < 262 and i % 2:
+                level, msg = "ERROR", "upstream billing timeout after 3000ms"
+            f.write("2025-05-14T%02d:%02d:%02dZ %-5s %s req=%s-%04d\n" % (hh, mm, ss, level, msg, svc[:2], i))
+json.dump({"gateway": {"timeout_ms": 5000}, "auth": {"pool": 20}, "orders": {"timeout_ms": 3000, "retries": 2},
+           "billing": {"pool": 5, "timeout_ms": 10000}}, open("incident/etc/services.json", "w"), indent=1, sort_keys=True)
+with open("incident/etc/deploys.txt", "w") as f:
+    f.write("2025-05-14T09:33:00Z billing v2.7.0 -> v2.8.0 (pool size config moved to env)\n")
+    f.write("2025-05-13T16:00:00Z auth v1.12.1 -> v1.12.2\n")
+print("ok")
+'''
+
+
+@traj
+def read_logs_triage():
+    t = Traj("read-logs-triage", "Read-mostly incident triage over service logs and configs, ending in a short write-up", "read-heavy")
+    t.write("mkincident.py", MKVARLOG)
+    t.sh("python3 mkincident.py && rm mkincident.py && find incident -type f | sort")
+    for c in ["wc -l incident/logs/*.log",
+              "head -n 3 incident/logs/gateway.log",
+              "grep -c ERROR incident/logs/*.log",
+              "grep ERROR incident/logs/billing.log | head -n 5",
+              "grep ERROR incident/logs/billing.log | awk '{$1 = \"\"; $3 = \"\"; print}' | sed 's/waiting=[0-9]*/waiting=N/; s/req=.*//' | sort | uniq -c | sort -rn",
+              "grep -m1 'pool exhausted' incident/logs/billing.log; grep 'pool exhausted' incident/logs/billing.log | tail -n 1",
+              "grep ERROR incident/logs/orders.log | awk '{print $3, $4, $5}' | sort | uniq -c | sort -rn | head",
+              "grep -m1 'billing timeout' incident/logs/orders.log && grep 'billing timeout' incident/logs/orders.log | tail -n 1",
+              "cat incident/etc/deploys.txt",
+              "cat incident/etc/services.json",
+              "python3 -c \"import json; print(json.load(open('incident/etc/services.json'))['billing'])\"",
+              "awk '$2 == \"ERROR\" {print substr($1, 12, 5)}' incident/logs/*.log | sort | uniq -c | sort -k2",
+              "awk '$2 == \"ERROR\" {split(FILENAME, p, \"/\"); c[p[3]]++} END {for (k in c) print c[k], k}' incident/logs/*.log | sort -rn",
+              "grep -h 'connection reset' incident/logs/*.log | wc -l",
+              "grep -c WARN incident/logs/*.log",
+              "sed -n '195,205p' incident/logs/billing.log",
+              "tail -n 3 incident/logs/billing.log",
+              "grep -n 'billing' incident/logs/gateway.log | head -n 3; echo '(gateway does not name upstreams)'",
+              "awk '{print $1}' incident/logs/billing.log | sed -n '1p;$p'",
+              "awk '{print $1}' incident/logs/orders.log | sed -n '1p;$p'",
+              "grep 'pool exhausted' incident/logs/billing.log | awk '{print $1}' | sed -n '1p;$p'",
+              "grep -c 'db pool exhausted' incident/logs/billing.log",
+              "ls -la incident incident/logs incident/etc",
+              "du -a incident | sort -n | tail -n 4"]:
+        t.r(c)
+    t.write("TRIAGE.md", """
+        # Incident 2025-05-14: orders failing with billing timeouts
+
+        - billing: 60 consecutive ERROR "db pool exhausted (size=5 ...)" from 09:33:50, right after the 09:33 deploy of v2.8.0,
+          which moved the pool size to an env var; the service fell back to pool=5.
+        - orders: ERROR "upstream billing timeout after 3000ms" during the same window (orders timeout 3000 ms < billing's 10 s).
+        - gateway/auth: background noise only (a few ERRORs, none correlated).
+
+        Action: set BILLING_DB_POOL=20 (as before v2.8.0), then consider orders.timeout_ms >= billing p99.
+        """)
+    t.r("grep -c '^- ' TRIAGE.md && head -n 1 TRIAGE.md")
+    t.verify = r"""
+        set -e
+        test "$(grep -c 'db pool exhausted' incident/logs/billing.log)" = 60
+        grep -q 'v2.8.0' TRIAGE.md
+        grep -q 'BILLING_DB_POOL' TRIAGE.md
+        test "$(ls incident/logs | wc -l)" = 4
+        """
+    return t
+
+
+# ====================================================================== mixed
+INGEST = r'''
+"""ingest: HTTP log-ingest service on 127.0.0.1:9031.
+
+POST /ingest   body = log lines "<service> <LEVEL> <request-id> <message>"
+               appends new lines to data/ingested.log; duplicates (same request id) are dropped
+GET  /stats    counters kept in memory only (per level, per service, dropped duplicates)
+"""
+import json
+import os
+from collections import Counter
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+os.makedirs("data", exist_ok=True)
+seen = set()
+by_level = Counter()
+by_service = Counter()
+dropped = 0
+
+
+class H(BaseHTTPRequestHandler):
+    def reply(self, obj):
+        data = (json.dumps(obj, sort_keys=True) + "\n").encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_POST(self):
+        global dropped
+        body = self.rfile.read(int(self.headers["Content-Length"])).decode()
+        accepted = 0
+        with open("data/ingested.log", "a") as out:
+            for line in body.splitlines():
+                parts = line.split(" ", 3)
+                if len(parts) < 4:
+                    continue
+                svc, level, rid, msg = parts
+                if rid in seen:
+                    dropped += 1
+                    continue
+                seen.add(rid)
+                by_level[level] += 1
+                by_service[svc] += 1
+                out.write(line + "\n")
+                accepted += 1
+        self.reply({"accepted": accepted})
+
+    def do_GET(self):
+        if self.path == "/stats":
+            return self.reply({"by_level": dict(sorted(by_level.items())), "by_service": dict(sorted(by_service.items())),
+                               "dropped": dropped, "unique": len(seen)})
+        self.reply({"ok": True})
+
+    def log_message(self, *a):
+        pass
+
+
+HTTPServer(("127.0.0.1", 9031), H).serve_forever()
+'''
+
+
+@traj
+def mixed_log_service():
+    t = Traj("mixed-log-service", "Log-ingest service (in-memory counters + on-disk log) fed in batches, make-driven report", "mixed")
+    t.r("ls -la && make --version | head -n 1")
+    t.write("ingest.py", INGEST)
+    t.write("send.py", '''
+        """usage: python3 send.py FILE [FROM TO]  -- POST lines FROM..TO (1-based, inclusive) to the ingest service"""
+        import sys
+        import urllib.request
+
+        lines = open(sys.argv[1]).read().splitlines()
+        lo, hi = (int(sys.argv[2]), int(sys.argv[3])) if len(sys.argv) > 3 else (1, len(lines))
+        body = "\\n".join(lines[lo - 1:hi]).encode()
+        req = urllib.request.Request("http://127.0.0.1:9031/ingest", data=body, method="POST")
+        print(urllib.request.urlopen(req, timeout=5).read().decode(), end="")
+        ''')
+    t.write("stats.py", '''
+        import json
+        import urllib.request
+
+        print(json.dumps(json.load(urllib.request.urlopen("http://127.0.0.1:9031/stats", timeout=5)), indent=1, sort_keys=True))
+        ''')
+    t.sh("nohup python3 ingest.py </dev/null >ingest.log 2>&1 &\necho $! > ingest.pid\n" + wait_port(9031))
+    t.r("python3 stats.py")
+    t.write("mkbatches.py", '''
+        """Writes batches/batch-NN.log: simulated log lines with some re-sent (duplicate) request ids."""
+        import os
+        import random
+
+        rng = random.Random(31)
+        os.makedirs("batches", exist_ok=True)
+        rid = 0
+        recent = []
+        for b in range(1, 9):
+            with open("batches/batch-%02d.log" % b, "w") as f:
+                for _ in range(60):
+                    if recent and rng.random() < 0.1:
+                        line = rng.choice(recent)  # client retry: same request id again
+                    else:
+                        rid += 1
+                        svc = rng.choice(["api", "web", "worker"])
+                        level = rng.choices(["INFO", "WARN", "ERROR"], [80, 15, 5])[0]
+                        line = "%s %s r%05d %s" % (svc, level, rid, rng.choice(["ok", "slow", "retry", "fail"]))
+                        recent = (recent + [line])[-20:]
+                    f.write(line + "\\n")
+        print(rid, "unique requests")
+        ''')
+    t.sh("python3 mkbatches.py && ls batches && head -n 3 batches/batch-01.log")
+    t.r("cat batches/*.log | awk '{print $3}' | sort | uniq -d | wc -l")
+    for b in range(1, 9):
+        if b == 4:
+            t.sh("python3 send.py batches/batch-04.log 1 30")
+            t.r("python3 stats.py | grep -A3 by_level")
+            t.sh("python3 send.py batches/batch-04.log 31 60")
+            continue
+        t.sh(f"python3 send.py batches/batch-{b:02d}.log")
+        if b % 3 == 0:
+            t.r("python3 stats.py")
+    t.sh("python3 send.py batches/batch-02.log 10 20")
+    t.r("python3 stats.py")
+    t.r("wc -l data/ingested.log && awk '{print $3}' data/ingested.log | sort | uniq -d | wc -l")
+    t.write("Makefile", """
+        PY = python3
+
+        all: report/summary.txt
+
+        report/stats.json: data/ingested.log
+        \t@mkdir -p report
+        \t$(PY) stats.py > $@
+
+        report/errors.txt: data/ingested.log
+        \t@mkdir -p report
+        \tawk '$$2 == "ERROR"' data/ingested.log | sort -k3,3 > $@
+
+        report/summary.txt: report/stats.json report/errors.txt
+        \t$(PY) summarize.py > $@
+        \tcat $@
+
+        clean:
+        \trm -rf report
+
+        .PHONY: all clean
+        """)
+    t.write("summarize.py", '''
+        import json
+
+        s = json.load(open("report/stats.json"))
+        errors = open("report/errors.txt").read().splitlines()
+        disk = sum(1 for _ in open("data/ingested.log"))
+        print("unique requests: %d (dropped duplicates: %d)" % (s["unique"], s["dropped"]))
+        print("on disk: %d lines (%s)" % (disk, "consistent" if disk == s["unique"] else "MISMATCH"))
+        for level, n in s["by_level"].items():
+            print("%-6s %4d" % (level, n))
+        for svc, n in s["by_service"].items():
+            print("service %-7s %4d" % (svc, n))
+        print("errors: %d, first %s" % (len(errors), errors[0].split()[2] if errors else "-"))
+        ''')
+    t.sh("make")
+    t.r("cat report/errors.txt | head -n 5")
+    t.sh("make; echo \"exit=$?\"")
+    t.r("make -n")
+    t.sh("printf 'api ERROR r99999 manual test\\n' > extra.log && python3 send.py extra.log && rm extra.log && make")
+    t.r("tail -n 2 data/ingested.log && grep -c . report/errors.txt")
+    t.r("python3 stats.py | grep -E 'dropped|unique'")
+    t.verify = r"""
+        set -e
+        python3 stats.py > /tmp/stats.json
+        cmp /tmp/stats.json report/stats.json
+        test "$(wc -l < data/ingested.log)" = "$(python3 -c 'import json; print(json.load(open("/tmp/stats.json"))["unique"])')"
+        grep -q 'consistent' report/summary.txt
+        test "$(awk '{print $3}' data/ingested.log | sort | uniq -d | wc -l)" = 0
+        grep -q r99999 report/errors.txt
+        """
+    t.probe = "python3 stats.py"
+    t.volatile = ["ingest.log", "ingest.pid"]
+    return t
+
+
+@traj
+def mixed_make_python():
+    t = Traj("mixed-make-python", "Make-driven Python project: venv, hand-built wheel, tests, docs, reproducible dist", "mixed")
+    t.r("ls -la && make -v | head -n 1 && python3 --version")
+    t.write("src/csvq/__init__.py", '''
+        """csvq: tiny query tool for CSV files."""
+
+        __version__ = "0.1.0"
+        ''')
+    t.write("src/csvq/query.py", '''
+        """Filtering, projection and aggregation over CSV rows (lists of dicts)."""
+        import csv
+        import operator
+
+        OPS = {"=": operator.eq, "!=": operator.ne, "<": operator.lt, ">": operator.gt}
+
+
+        def load(path):
+            """Read a CSV file into a list of dicts."""
+            with open(path, newline="") as f:
+                return list(csv.DictReader(f))
+
+
+        def _num(v):
+            try:
+                return float(v)
+            except ValueError:
+                return v
+
+
+        def where(rows, expr):
+            """Keep rows matching 'col OP value' with OP one of = != < >."""
+            for op in ("=", "!=", "<", ">"):
+                if op in expr:
+                    col, val = (s.strip() for s in expr.split(op, 1))
+                    return [r for r in rows if OPS[op](_num(r[col]), _num(val))]
+            raise ValueError("bad expression: " + expr)
+
+
+        def select(rows, cols):
+            """Project rows onto the given columns."""
+            return [{c: r[c] for c in cols} for r in rows]
+
+
+        def group_sum(rows, key, col):
+            """Sum col per distinct key, sorted by key."""
+            out = {}
+            for r in rows:
+                out[r[key]] = out.get(r[key], 0) + float(r[col])
+            return dict(sorted(out.items()))
+        ''')
+    t.write("src/csvq/__main__.py", '''
+        import sys
+
+        from .query import group_sum, load, select, where
+
+
+        def main(argv):
+            rows = load(argv[0])
+            args = argv[1:]
+            while args:
+                op = args.pop(0)
+                if op == "where":
+                    rows = where(rows, args.pop(0))
+                elif op == "select":
+                    rows = select(rows, args.pop(0).split(","))
+                elif op == "sum":
+                    key, col = args.pop(0).split(":")
+                    for k, v in group_sum(rows, key, col).items():
+                        print("%s\\t%g" % (k, v))
+                    return 0
+            for r in rows:
+                print("\\t".join(r.values()))
+            return 0
+
+
+        sys.exit(main(sys.argv[1:]))
+        ''')
+    t.write("tests/test_query.py", '''
+        import unittest
+
+        from csvq.query import group_sum, select, where
+
+        ROWS = [{"city": "Oslo", "temp": "4", "rain": "12"}, {"city": "Rome", "temp": "18", "rain": "3"},
+                {"city": "Oslo", "temp": "9", "rain": "7"}, {"city": "Lima", "temp": "19", "rain": "0"}]
+
+
+        class QueryTest(unittest.TestCase):
+            def test_where_num(self):
+                self.assertEqual([r["city"] for r in where(ROWS, "temp > 10")], ["Rome", "Lima"])
+
+            def test_where_ne(self):
+                self.assertEqual(len(where(ROWS, "city != Oslo")), 2)
+
+            def test_where_eq_number(self):
+                self.assertEqual(where(ROWS, "rain = 0")[0]["city"], "Lima")
+
+            def test_select(self):
+                self.assertEqual(select(ROWS[:1], ["city"]), [{"city": "Oslo"}])
+
+            def test_group_sum(self):
+                self.assertEqual(group_sum(ROWS, "city", "rain"), {"Lima": 0, "Oslo": 19, "Rome": 3})
+        ''')
+    t.write("tools/mkwheel.py", MKWHEEL)
+    t.write("tools/mkdoc.py", '''
+        """Writes docs/API.md from the docstrings of csvq.query."""
+        import inspect
+        import sys
+
+        sys.path.insert(0, "src")
+        import csvq.query as q  # noqa: E402
+
+        out = ["# csvq.query", "", inspect.getdoc(q), ""]
+        for name, fn in sorted(inspect.getmembers(q, inspect.isfunction)):
+            if name.startswith("_") or fn.__module__ != q.__name__:
+                continue
+            out += ["## %s%s" % (name, inspect.signature(fn)), "", inspect.getdoc(fn) or "(undocumented)", ""]
+        open("docs/API.md", "w").write("\\n".join(out))
+        print("\\n".join(out))
+        ''')
+    t.write("Makefile", """
+        VERSION := $(shell sed -n 's/^__version__ = "\\(.*\\)"/\\1/p' src/csvq/__init__.py)
+        WHEEL := dist/csvq-$(VERSION)-py3-none-any.whl
+        PY := .venv/bin/python
+
+        all: test docs dist
+
+        .venv/bin/python:
+        \tpython3 -m venv .venv
+
+        $(WHEEL): $(wildcard src/csvq/*.py)
+        \tpython3 tools/mkwheel.py src csvq $(VERSION) dist
+
+        install: .venv/bin/python $(WHEEL)
+        \t$(PY) -m pip install -q --no-index --disable-pip-version-check --force-reinstall $(WHEEL)
+
+        test: install
+        \tcd tests && ../$(PY) -m unittest -v 2>&1 | tail -n 4
+
+        docs: docs/API.md
+        docs/API.md: src/csvq/query.py tools/mkdoc.py
+        \t@mkdir -p docs
+        \tpython3 tools/mkdoc.py > /dev/null
+
+        dist: $(WHEEL) docs/API.md
+        \ttar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner -cf - src docs Makefile | gzip -n > dist/csvq-$(VERSION)-src.tar.gz
+        \tls dist
+
+        clean:
+        \trm -rf dist docs .venv
+
+        .PHONY: all install test docs dist clean
+        """)
+    t.r("make -n all | head -n 20")
+    t.sh("make test; echo \"exit=$?\"")
+    t.r("cd tests && ../.venv/bin/python -m unittest test_query.QueryTest.test_where_ne 2>&1 | tail -n 8")
+    t.r("grep -n 'split(op, 1)' -B2 -A2 src/csvq/query.py")
+    t.r("python3 -c 'print(\"=\" in \"city != Oslo\", \"city != Oslo\".split(\"=\", 1))'")
+    t.r("python3 -c 'import sys; sys.path.insert(0, \"src\"); from csvq.query import _num; print(repr(_num(\"0\")), repr(_num(\" 0\")))'")
+    t.sh("""sed -i 's/    for op in ("=", "!=", "<", ">"):/    for op in ("!=", "=", "<", ">"):  # two-char operators first/' src/csvq/query.py && grep -n "for op in" src/csvq/query.py""")
+    t.sh("make test 2>&1 | tail -n 3")
+    t.write("data/weather.csv", """
+        city,month,temp,rain
+        Oslo,1,-4,49
+        Oslo,7,17,81
+        Rome,1,8,67
+        Rome,7,25,19
+        Lima,1,23,1
+        Lima,7,16,4
+        Nairobi,1,19,64
+        Nairobi,7,16,15
+        """)
+    t.r(".venv/bin/python -m csvq data/weather.csv where 'month = 7' select city,temp")
+    t.r(".venv/bin/python -m csvq data/weather.csv sum city:rain")
+    t.r(".venv/bin/python -m csvq data/weather.csv where 'temp < 0'")
+    t.r(".venv/bin/python -m csvq data/weather.csv where 'city != Oslo' where 'month = 1' sum city:temp")
+    t.sh("make docs && cat docs/API.md")
+    t.r("grep -c '^## ' docs/API.md")
+    # add a feature: order by
+    t.sh(r'''cat >> src/csvq/query.py <<'EOF'
+
+
+def order_by(rows, col, reverse=False):
+    """Sort rows by a column (numeric when possible)."""
+    return sorted(rows, key=lambda r: (_num(r[col]) if isinstance(_num(r[col]), float) else float("inf"), r[col]), reverse=reverse)
+EOF
+tail -n 5 src/csvq/query.py''')
+    t.sh(r"""sed -i 's/^from .query import group_sum, load, select, where$/from .query import group_sum, load, order_by, select, where/; s/^        elif op == "select":$/        elif op == "order":\n            rows = order_by(rows, args.pop(0))\n        elif op == "select":/' src/csvq/__main__.py && grep -n 'order' src/csvq/__main__.py""")
+    t.sh(r"""sed -i 's/^__version__ = "0.1.0"$/__version__ = "0.2.0"/' src/csvq/__init__.py && make -s install && .venv/bin/python -m csvq data/weather.csv where 'month = 7' order temp select city,temp""")
+    t.sh(r"""cat >> tests/test_query.py <<'EOF'
+
+
+class OrderTest(unittest.TestCase):
+    def test_order_numeric(self):
+        from csvq.query import order_by
+        self.assertEqual([r["temp"] for r in order_by(ROWS, "temp")], ["4", "9", "18", "19"])
+EOF
+make test""")
+    t.sh("make all")
+    t.r("ls -la dist && tar -tzf dist/csvq-0.2.0-src.tar.gz")
+    t.r(".venv/bin/pip list --disable-pip-version-check | grep csvq")
+    t.r("sha256sum dist/*")
+    t.verify = r"""
+        set -e
+        test "$(.venv/bin/pip show --disable-pip-version-check csvq | sed -n 's/^Version: //p')" = 0.2.0
+        cd tests && ../.venv/bin/python -m unittest -q 2>&1 | tail -n 1 | grep -qx OK && cd ..
+        test "$(.venv/bin/python -m csvq data/weather.csv where 'month = 7' order temp select city,temp | head -n 1)" = "$(printf 'Lima\t16')"
+        grep -q '^## order_by' docs/API.md
+        tar -tzf dist/csvq-0.2.0-src.tar.gz | grep -qx src/csvq/query.py
+        """
+    t.volatile = VENV_VOLATILE
     return t
 
 
