@@ -78,6 +78,8 @@ pub struct Outcome {
     pub gating_ms: Option<(f64, f64)>,
     /// Bytes of checkpoint images written.
     pub bytes: u64,
+    /// runc: checkpoints containerd wrote without their process image.
+    pub incomplete: u32,
 }
 
 /// Unique container ids across runs of this process.
@@ -94,6 +96,8 @@ struct RuncCheckpoints {
     latest: Option<(usize, String)>,
     ms: Vec<f64>,
     bytes: u64,
+    /// Checkpoints that came out without a process image.
+    incomplete: u32,
 }
 
 /// A sandbox of a run: its id, and how its agent reaches the LLM.
@@ -169,6 +173,7 @@ pub async fn run(env: &Env, t: Arc<Trajectory>, s: Strategy, crash_at: Option<us
         checkpoint_ms: Vec::new(),
         gating_ms: None,
         bytes: 0,
+        incomplete: 0,
     };
     match result {
         Ok(recovery) => {
@@ -187,6 +192,7 @@ pub async fn run(env: &Env, t: Arc<Trajectory>, s: Strategy, crash_at: Option<us
         if s == Strategy::RuncFull {
             out.checkpoint_ms = r.ms.clone();
             out.bytes = r.bytes;
+            out.incomplete = r.incomplete;
         }
     }
     env.replay.unregister(&id);
@@ -243,31 +249,39 @@ fn runc_gate(env: &Env, id: &str, figures: Arc<Mutex<RuncCheckpoints>>) -> Gate 
             if made.is_err() {
                 return;
             }
-            let bytes = image_bytes(&ctr, &reference).await;
+            // containerd 1.7 leaves the process image out of a checkpoint whose
+            // CRIU blob it already holds (an unchanged process: measured).
+            // Such a checkpoint cannot restore; the previous one stays latest.
+            let (bytes, complete) = image_bytes(&ctr, &reference).await;
             let old = {
                 let mut f = figures.lock().unwrap_or_else(|e| e.into_inner());
                 f.ms.push(ms);
                 f.bytes += bytes;
-                f.latest.replace((index, reference))
+                if complete {
+                    f.latest.replace((index, reference.clone()))
+                } else {
+                    f.incomplete += 1;
+                    Some((index, reference.clone()))
+                }
             };
             if let Some((_, old)) = old {
-                let _ = ctr.ok(&["images", "rm", &old]).await;
+                let _ = ctr.ok(&["images", "rm", "--sync", &old]).await;
             }
         })
     })
 }
 
-/// Bytes a checkpoint image lists.
-async fn image_bytes(ctr: &Ctr, reference: &str) -> u64 {
+/// Bytes a checkpoint image lists, and whether it holds a process image.
+async fn image_bytes(ctr: &Ctr, reference: &str) -> (u64, bool) {
     let Ok(images) = ctr.ok(&["images", "ls"]).await else {
-        return 0;
+        return (0, false);
     };
     let Some(digest) = images
         .lines()
         .find(|l| l.split_whitespace().next() == Some(reference))
         .and_then(|l| l.split_whitespace().find(|w| w.starts_with("sha256:")))
     else {
-        return 0;
+        return (0, false);
     };
     let index: Value = ctr
         .ok(&["content", "get", digest])
@@ -275,10 +289,14 @@ async fn image_bytes(ctr: &Ctr, reference: &str) -> u64 {
         .ok()
         .and_then(|t| serde_json::from_str(&t).ok())
         .unwrap_or_default();
-    index["manifests"]
-        .as_array()
-        .map(|m| m.iter().filter_map(|d| d["size"].as_u64()).sum())
-        .unwrap_or(0)
+    let manifests = index["manifests"].as_array().cloned().unwrap_or_default();
+    let bytes = manifests.iter().filter_map(|d| d["size"].as_u64()).sum();
+    let complete = manifests.iter().any(|d| {
+        d["mediaType"]
+            .as_str()
+            .is_some_and(|m| m.contains("criu.checkpoint"))
+    });
+    (bytes, complete)
 }
 
 async fn drive(
@@ -403,9 +421,15 @@ async fn recover(
             env.ctr.remove(&id).await;
             match latest {
                 Some((index, reference)) => {
-                    env.ctr
+                    if let Err(e) = env
+                        .ctr
                         .ok(&["container", "restore", "--live", "--rw", &id, &reference])
-                        .await?;
+                        .await
+                    {
+                        let images = env.ctr.ok(&["images", "ls"]).await.unwrap_or_default();
+                        let line = images.lines().find(|l| l.contains(&reference)).unwrap_or("");
+                        bail!("{e:#} (image: {line})");
+                    }
                     // runc's restore leaves loopback down on this kernel
                     // (machine-facts); the tasks' servers need it.
                     let pid = env.ctr.pid(&id).await?;
