@@ -2947,7 +2947,7 @@ PEOPLE = ["alice", "bob", "carol", "dave", "erin"]
 
 @traj
 def repl_kernel():
-    t = Traj("repl-kernel", "Persistent Python kernel (in-memory namespace) used as a notebook for a ledger over ~100 turns", "repl")
+    t = Traj("repl-kernel", "Persistent Python kernel (in-memory namespace) used as a notebook for a ledger", "repl")
     t.r("ls -la && python3 --version")
     t.write("kernel.py", KERNEL)
     t.write("py", PY_CLIENT, mode="0755")
@@ -3035,6 +3035,14 @@ def repl_kernel():
         if d % 7 == 6:
             t.r("./py 'balances()'")
     t.r("./py 'journal[-1], len(journal)'")
+    # April: a few more, including a reversal of a wrong posting
+    rng4 = random.Random(4)
+    for d in range(1, 11):
+        a, b = rng4.sample(PEOPLE, 2)
+        t.sh(f"./py 'post(\"2025-04-{d:02d}\", \"{a}\", \"{b}\", {rng4.randint(1, 20) * 30}, \"{rng4.choice(memos)}\")'")
+    t.r("./py 'journal[-2:]'")
+    t.sh("./py 'date, src, dst, c, m = journal[-1]; post(\"2025-04-10\", dst, src, c, \"reversal: \" + m)'")
+    t.r("./py 'balances(), len(journal)'")
     t.r("./py 'from collections import Counter; Counter(m for *_, m in journal).most_common(3)'")
     t.r("./py 'by_month = {}\nfor date, src, dst, c, m in journal:\n    by_month[date[:7]] = by_month.get(date[:7], 0) + c\nby_month'")
     t.sh("./py 'def fee(name, pct=1):\n    a = accounts[name]\n    f = a.balance * pct // 100\n    a.history.append(-f)\n    return f' && ./py 'fees = {n: fee(n) for n in sorted(accounts)}; fees'")
@@ -3047,8 +3055,9 @@ def repl_kernel():
     t.verify = r"""
         set -e
         test "$(./py 'sum(balances().values()) + sum(fees.values())')" = 50000
+        ./py 'journal[-1][4]' | grep -q reversal
         ./py 'print(statement(), end="")' | cmp - statement.txt
-        test "$(./py 'len(journal) + len(skipped)')" = 78
+        test "$(./py 'len(journal) + len(skipped)')" = 89
         ./py 'isinstance(accounts["alice"].history, list)' | grep -qx True
         """
     t.probe = "./py '%vars'"
