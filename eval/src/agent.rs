@@ -193,3 +193,71 @@ pub fn tool_script(workdir: &str, name: &str, args: &Value) -> Result<String> {
         other => bail!("unknown tool {other:?}"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs a tool script with the host's sh in a scratch directory.
+    fn run(script: &str) -> (bool, String) {
+        let out = std::process::Command::new("sh")
+            .args(["-c", script])
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    }
+
+    #[test]
+    fn tool_calls_survive_any_quoting_and_write_files_with_their_mode() {
+        let dir = std::env::temp_dir().join(format!("agent-{}", std::process::id()));
+        let wd = dir.to_string_lossy().into_owned();
+        let tricky = "printf '%s|' \"a b\" 'c\"d' $HOME; echo \"$(( 6 * 7 ))\"";
+        let (ok, out) = run(&tool_script(&wd, "shell", &json!({"command": tricky})).unwrap());
+        assert!(ok);
+        assert_eq!(out, "a b|c\"d|/root|42\n");
+        let content = "line 1\n'quoted' \"both\" $x `y`\n";
+        let script = tool_script(
+            &wd,
+            "write_file",
+            &json!({"path": "sub/f.sh", "content": content, "mode": "0755"}),
+        )
+        .unwrap();
+        assert!(run(&script).0);
+        let f = dir.join("sub/f.sh");
+        assert_eq!(std::fs::read_to_string(&f).unwrap(), content);
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(
+            std::fs::metadata(&f).unwrap().permissions().mode() & 0o777,
+            0o755
+        );
+        assert!(tool_script(
+            &wd,
+            "write_file",
+            &json!({"path": "x", "content": "", "mode": "9"})
+        )
+        .is_err());
+        assert!(tool_script(&wd, "rm_rf", &json!({})).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn rewinding_keeps_the_turns_before_the_checkpoint() {
+        let t: Trajectory = serde_json::from_value(json!({"format": 1, "name": "t", "title": "x",
+            "category": "build", "image": "i", "workdir": "/w", "turns": [],
+            "verify": "true", "state": {"paths": []}}))
+        .unwrap();
+        let mut a = Agent::new("r", &t);
+        for i in 0..5 {
+            a.messages
+                .push(json!({"role": "assistant", "tool_calls": [{"id": i}]}));
+            a.messages.push(json!({"role": "tool", "content": "ok"}));
+        }
+        assert_eq!(a.turn(), 5);
+        a.rewind(2);
+        assert_eq!(a.turn(), 2);
+        assert_eq!(a.messages.len(), 6);
+    }
+}

@@ -206,3 +206,92 @@ pub fn completion(model: &str, t: &Trajectory, index: usize) -> Value {
     json!({"id": format!("replay-{index}"), "object": "chat.completion", "model": model,
            "choices": [{"index": 0, "message": message, "finish_reason": finish}]})
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trajectory::{State, Turn};
+
+    fn trajectory() -> Trajectory {
+        Trajectory {
+            format: 1,
+            name: "t".into(),
+            title: "a task".into(),
+            category: "build".into(),
+            image: "img".into(),
+            workdir: "/sandbox/t".into(),
+            turns: vec![
+                Turn {
+                    think_ms: 1000,
+                    call: Call::Shell {
+                        command: "ls".into(),
+                    },
+                },
+                Turn {
+                    think_ms: 1000,
+                    call: Call::WriteFile {
+                        path: "a".into(),
+                        content: "b".into(),
+                        mode: None,
+                    },
+                },
+            ],
+            verify: "true".into(),
+            state: State {
+                paths: vec!["/sandbox/t".into()],
+                volatile: vec![],
+                probe: None,
+            },
+        }
+    }
+
+    #[test]
+    fn each_turn_answers_its_tool_call_and_the_end_stops() {
+        let t = trajectory();
+        let first = completion("run", &t, 0);
+        let call = &first["choices"][0]["message"]["tool_calls"][0];
+        assert_eq!(call["function"]["name"], "shell");
+        let args: Value =
+            serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+        assert_eq!(args["command"], "ls");
+        let second = completion("run", &t, 1);
+        assert_eq!(
+            second["choices"][0]["message"]["tool_calls"][0]["function"]["name"],
+            "write_file"
+        );
+        let end = completion("run", &t, 2);
+        assert_eq!(end["choices"][0]["finish_reason"], "stop");
+        assert!(end["choices"][0]["message"]["tool_calls"].is_null());
+    }
+
+    #[tokio::test]
+    async fn a_request_gets_the_turn_its_conversation_reached_and_held_turns_wait() {
+        let replay = Replay::default();
+        let addr = replay.start().await.unwrap();
+        let mut h = replay.register("r1", Arc::new(trajectory()), 1000.0, None);
+        let ask = |tools: usize| async move {
+            let mut messages = vec![json!({"role": "user", "content": "go"})];
+            messages.extend((0..tools).map(|_| json!({"role": "tool", "content": "ok"})));
+            let body = json!({"model": "r1", "messages": messages}).to_string();
+            let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+            let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                .await
+                .unwrap();
+            tokio::spawn(conn);
+            let req = http::Request::post("/v1/chat/completions")
+                .header("host", "x")
+                .body(Full::new(Bytes::from(body)))
+                .unwrap();
+            let resp = send.send_request(req).await.unwrap();
+            let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+            serde_json::from_slice::<Value>(&bytes).unwrap()
+        };
+        let a = ask(1).await;
+        assert_eq!(a["id"], "replay-1");
+        assert_eq!(h.asked.recv().await.unwrap().index, 1);
+        h.hold_from(Some(1));
+        let held = tokio::time::timeout(std::time::Duration::from_millis(300), ask(1)).await;
+        assert!(held.is_err(), "a held turn was answered");
+        assert_eq!(ask(0).await["id"], "replay-0");
+    }
+}

@@ -427,7 +427,10 @@ async fn recover(
                         .await
                     {
                         let images = env.ctr.ok(&["images", "ls"]).await.unwrap_or_default();
-                        let line = images.lines().find(|l| l.contains(&reference)).unwrap_or("");
+                        let line = images
+                            .lines()
+                            .find(|l| l.contains(&reference))
+                            .unwrap_or("");
                         bail!("{e:#} (image: {line})");
                     }
                     // runc's restore leaves loopback down on this kernel

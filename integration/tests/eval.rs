@@ -1,0 +1,52 @@
+//! The evaluation harness against the real stack: a recorded trajectory whose
+//! state lives in a process's memory, replayed through Crab's proxy, crashed
+//! halfway (shim and processes killed), and recovered. Crab's restore ends in
+//! the fault-free run's state; a recovery with the files alone does not.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use crab_eval::replay::Replay;
+use crab_eval::report::correct;
+use crab_eval::run::{run, Env};
+use crab_eval::sandbox::Ctr;
+use crab_eval::strategy::Strategy;
+use crab_eval::trajectory::Trajectory;
+use crab_integration::{address, config_with, namespace};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_crashed_sandbox_recovered_by_crab_ends_as_the_fault_free_run_and_files_alone_do_not() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../eval/trajectories/repl-kv.json");
+    let t = Arc::new(Trajectory::load(&path).unwrap());
+    let replay = Replay::default();
+    let replay_addr = replay.start().await.unwrap();
+    let env = Env {
+        ctr: Ctr {
+            address: address(),
+            namespace: namespace(),
+        },
+        replay,
+        replay_addr,
+        speedup: 50.0,
+        crab_config: config_with("[checkpoint]\nkeep_last = 1000"),
+    };
+    let plain = run(&env, t.clone(), Strategy::Plain, None).await;
+    let reference = plain.ending.clone().expect("the fault-free run ends");
+    assert!(reference.verified, "the fault-free run fails its own check");
+
+    let k = t.turns.len() / 2;
+    let crab = run(&env, t.clone(), Strategy::Crab, Some(k)).await;
+    assert!(crab.recovery.is_some(), "no crash happened");
+    assert!(
+        correct(&crab, &plain),
+        "crab after a crash at turn {k}: {:?}",
+        crab.ending
+    );
+
+    let files_only = run(&env, t.clone(), Strategy::ChatFs, Some(k)).await;
+    assert!(
+        !correct(&files_only, &plain),
+        "the key-value daemon's memory came back without its process: {:?}",
+        files_only.ending
+    );
+}
