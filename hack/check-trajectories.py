@@ -70,43 +70,47 @@ with open(p, "wb") as f:
 os.chmod(p, mode)
 """
 
-# Runs inside the container: lists (relpath, mode, sha256) of state.paths
-# minus volatile globs. Glob semantics: fnmatch on the path relative to the
-# state path ('*' also matches '/'); a leading '**/' may match nothing.
+# Runs inside the container: lists (relpath, mode, sha256) of the files,
+# symlinks and directories under state.paths minus the volatile globs. Glob
+# semantics (same as eval/src/state.rs): fnmatch on the path relative to the
+# state path ('*' also matches '/'), also tried on '/' + rel (so a leading
+# '**/' may match nothing) and on rel + '/' (so 'dir/**' drops dir itself).
 DIGEST_PY = r"""
 import fnmatch, hashlib, json, os, stat, sys
 paths, volatile = json.loads(sys.argv[1]), json.loads(sys.argv[2])
 def vol(rel):
-    for g in volatile:
-        if fnmatch.fnmatchcase(rel, g):
-            return True
-        if g.startswith('**/') and fnmatch.fnmatchcase(rel, g[3:]):
-            return True
-    return False
+    return any(fnmatch.fnmatch(rel, g) or fnmatch.fnmatch('/' + rel, g) or
+               fnmatch.fnmatch(rel + '/', g) for g in volatile)
 out = []
+def add(base, full):
+    rel = os.path.relpath(full, base)
+    if vol(rel):
+        return False
+    st = os.lstat(full)
+    mode = '%o' % stat.S_IMODE(st.st_mode)
+    if stat.S_ISLNK(st.st_mode):
+        h = 'link:' + os.readlink(full)
+    elif stat.S_ISREG(st.st_mode):
+        with open(full, 'rb') as f:
+            h = hashlib.sha256(f.read()).hexdigest()
+    elif stat.S_ISDIR(st.st_mode):
+        h = 'dir'
+    elif stat.S_ISSOCK(st.st_mode):
+        h = 'socket'
+    else:
+        h = 'special'
+    out.append([base, rel, mode, h])
+    return True
 for base in paths:
     if not os.path.lexists(base):
         out.append([base, 'MISSING', '', ''])
         continue
     for dirpath, dirs, files in os.walk(base):
         dirs.sort()
-        for name in sorted(files) + sorted(d for d in dirs if os.path.islink(os.path.join(dirpath, d))):
-            full = os.path.join(dirpath, name)
-            rel = os.path.relpath(full, base)
-            if vol(rel):
-                continue
-            st = os.lstat(full)
-            mode = '%o' % stat.S_IMODE(st.st_mode)
-            if stat.S_ISLNK(st.st_mode):
-                h = 'link:' + os.readlink(full)
-            elif stat.S_ISREG(st.st_mode):
-                with open(full, 'rb') as f:
-                    h = hashlib.sha256(f.read()).hexdigest()
-            elif stat.S_ISSOCK(st.st_mode):
-                h = 'socket'
-            else:
-                h = 'special'
-            out.append([base, rel, mode, h])
+        keep = [d for d in dirs if add(base, os.path.join(dirpath, d))]
+        dirs[:] = [d for d in keep if not os.path.islink(os.path.join(dirpath, d))]
+        for name in sorted(files):
+            add(base, os.path.join(dirpath, name))
 out.sort()
 print(json.dumps(out))
 """
