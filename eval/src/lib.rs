@@ -3,6 +3,8 @@
 //! deciding correctness (see `docs/evaluation.md`).
 
 pub mod agent;
+pub mod demo;
+pub mod plot;
 pub mod replay;
 pub mod report;
 pub mod run;

@@ -10,6 +10,53 @@ use crate::run::{run, Env, Kinds, Outcome};
 use crate::strategy::Strategy;
 use crate::trajectory::Trajectory;
 
+/// What `docs/evaluation.md` says before the figures.
+const PREAMBLE: &str = r#"# Evaluation: replayed agent trajectories with injected crashes
+
+This file is written by `hack/eval.sh` (`crab-eval`); do not edit it by hand.
+`hack/eval.sh --quick` takes under ten minutes; `hack/eval.sh` runs everything.
+
+## Method
+
+- **Trajectories** (`eval/trajectories/`, format in its README): recorded
+  agent tasks in the style of Terminal-Bench and SWE-bench, each 20 to 100
+  turns. A turn is the LLM's think time (log-normal, median 3 s, 1 to 10 s),
+  then a tool call: a shell command or a file write. Each task has its own
+  verification script and names the state a recovered run must share with a
+  fault-free one: files (content and mode) and, through a probe, what live
+  processes hold (a server's data, a daemon's memory).
+- **The replay LLM** answers each request with the trajectory's next tool
+  call after its think time (divided by the speed-up). A request's turn is the
+  number of tool results in its conversation, so replays are deterministic.
+- **The agent** asks, runs the call in the sandbox through `exec`, and sends
+  the result back. It lives outside the sandbox's processes, as an
+  orchestrator does, and reaches its LLM through Crab's proxy inside the
+  sandbox's network namespace. An agent among the checkpointed processes
+  would change memory every turn, so no turn could be skipped, and a restore
+  would rewind its own conversation (`docs/proxy.md`).
+- **The crash** comes after the tool call of the chosen turn, when the agent
+  asks for the next one: SIGKILL of the sandbox's processes and of its shim.
+- **Recovery**, then the rest of the trajectory:
+  - `crab`: `crabctl restore` of the newest checkpoint (processes and files);
+    the agent's chat is rewound to that checkpoint's turn.
+  - `chat-only`: a fresh sandbox; the agent keeps its whole chat.
+  - `chat+fs`: the newest file-system snapshot (Crab's, without its
+    processes); the chat rewound to it.
+  - `scratch`: a fresh sandbox and a fresh chat.
+  - `runc-full`: runc's shim with `ctr container checkpoint --task --rw` at
+    every turn, overlapped with the think time like Crab's; `ctr container
+    restore --live --rw` of the newest, chat rewound to it. containerd 1.7
+    writes no process image into a checkpoint whose CRIU blob it already holds
+    (an unchanged process, measured); such a checkpoint cannot restore, so the
+    previous one stays the newest. runc's restore leaves loopback down here,
+    so it is brought up (`ip link set lo up`) for the tasks' servers.
+- **Correct** means the verification passes and the final state equals the
+  fault-free run's (runc's shim, no checkpoints, no crash).
+- **Time**: a run's wall time from the sandbox's start to its last turn,
+  think times included. At density, N sandboxes run at once.
+
+"#;
+
 /// One trajectory's fault-free runs.
 pub struct Reference {
     /// The trajectory.
@@ -60,7 +107,8 @@ pub fn correct(o: &Outcome, reference: &Outcome) -> bool {
     }
 }
 
-fn percentile(v: &[f64], q: f64) -> f64 {
+/// The `q` quantile of `v` (nearest rank).
+pub fn percentile(v: &[f64], q: f64) -> f64 {
     if v.is_empty() {
         return 0.0;
     }
@@ -97,7 +145,27 @@ impl Results {
         self.references.iter().find(|r| r.trajectory.name == name)
     }
 
-    /// The report.
+    /// The fault-free run without Crab of trajectory `name`.
+    pub fn reference_of(&self, name: &str) -> Option<&Outcome> {
+        self.reference(name).map(|r| &r.plain)
+    }
+
+    /// `docs/evaluation.md`: how the figures were made, the figures, and the
+    /// plots (file names beside the document).
+    pub fn document(&self, mode: &str, plots: &[String]) -> String {
+        let mut s = String::from(PREAMBLE);
+        let _ = writeln!(s, "## This run ({mode} mode)\n");
+        s.push_str(&self.markdown());
+        if !plots.is_empty() {
+            let _ = writeln!(s, "## Plots\n");
+            for p in plots {
+                let _ = writeln!(s, "![{p}]({p})\n");
+            }
+        }
+        s
+    }
+
+    /// The figures.
     pub fn markdown(&self) -> String {
         let mut s = String::new();
         let turns: usize = self

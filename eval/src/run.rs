@@ -37,6 +37,37 @@ pub struct Env {
     pub speedup: f64,
     /// Crab's runtime configuration for the sandboxes (`--runtime-config-path`).
     pub crab_config: PathBuf,
+    /// Told of each turn, crash and recovery (the demo's display).
+    pub progress: Option<Arc<dyn Fn(Progress) + Send + Sync>>,
+}
+
+/// What a run tells [`Env::progress`].
+#[derive(Debug, Clone)]
+pub enum Progress {
+    /// Turn `index` (of `of`) ran its tool call; with Crab, the checkpoint
+    /// that recorded what it changed (taken at the next LLM request).
+    Turn {
+        /// The turn.
+        index: usize,
+        /// Turns in all.
+        of: usize,
+        /// The call, shortened.
+        call: String,
+        /// The checkpoint at its request.
+        checkpoint: Option<(String, u64)>,
+    },
+    /// The sandbox was killed after turn `after`.
+    Crashed {
+        /// The turn.
+        after: usize,
+    },
+    /// It is back; the agent resumes at `resume`.
+    Recovered {
+        /// The turn the agent asks for next.
+        resume: usize,
+        /// Crash to recovered.
+        took: Duration,
+    },
 }
 
 /// Checkpoint kinds of a Crab run's turns.
@@ -98,6 +129,24 @@ struct RuncCheckpoints {
     bytes: u64,
     /// Checkpoints that came out without a process image.
     incomplete: u32,
+    /// Bookkeeping of checkpoints still running.
+    pending: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl RuncCheckpoints {
+    /// Waits for the bookkeeping of every checkpoint made so far.
+    async fn settled(figures: &Mutex<RuncCheckpoints>) {
+        loop {
+            let pending =
+                std::mem::take(&mut figures.lock().unwrap_or_else(|e| e.into_inner()).pending);
+            if pending.is_empty() {
+                return;
+            }
+            for p in pending {
+                let _ = p.await;
+            }
+        }
+    }
 }
 
 /// A sandbox of a run: its id, and how its agent reaches the LLM.
@@ -153,6 +202,17 @@ async fn crab_latest_turn(env: &Env, id: &str) -> Result<usize> {
     Ok(seq as usize - 1)
 }
 
+/// The kind and time of the newest entry of a Crab history.
+async fn crab_last_entry(env: &Env, id: &str) -> Option<(String, u64)> {
+    let text = env.ctr.crabctl(&["ls", id, "--json"]).await.ok()?;
+    let h: Vec<Value> = serde_json::from_str(&text).ok()?;
+    let e = h.last()?;
+    Some((
+        e["kind"].as_str()?.to_string(),
+        e["timings"]["total_ms"].as_u64().unwrap_or(0),
+    ))
+}
+
 /// Runs trajectory `t` under strategy `s`, crashing after the tool call of
 /// turn `crash_at` (when the agent asks for the next one).
 pub async fn run(env: &Env, t: Arc<Trajectory>, s: Strategy, crash_at: Option<usize>) -> Outcome {
@@ -187,6 +247,7 @@ pub async fn run(env: &Env, t: Arc<Trajectory>, s: Strategy, crash_at: Option<us
     if s.crab() {
         crab_figures(env, &id, &mut out).await;
     }
+    RuncCheckpoints::settled(&runc).await;
     {
         let r = runc.lock().unwrap_or_else(|e| e.into_inner());
         if s == Strategy::RuncFull {
@@ -249,24 +310,35 @@ fn runc_gate(env: &Env, id: &str, figures: Arc<Mutex<RuncCheckpoints>>) -> Gate 
             if made.is_err() {
                 return;
             }
-            // containerd 1.7 leaves the process image out of a checkpoint whose
-            // CRIU blob it already holds (an unchanged process: measured).
-            // Such a checkpoint cannot restore; the previous one stays latest.
-            let (bytes, complete) = image_bytes(&ctr, &reference).await;
-            let old = {
-                let mut f = figures.lock().unwrap_or_else(|e| e.into_inner());
-                f.ms.push(ms);
-                f.bytes += bytes;
-                if complete {
-                    f.latest.replace((index, reference.clone()))
-                } else {
-                    f.incomplete += 1;
-                    Some((index, reference.clone()))
+            // The answer waits for the checkpoint only, as Crab's does; the
+            // bookkeeping runs beside the next turn (a recovery waits for it).
+            let book = figures.clone();
+            let task = tokio::spawn(async move {
+                // containerd 1.7 leaves the process image out of a checkpoint
+                // whose CRIU blob it already holds (an unchanged process:
+                // measured). Such a checkpoint cannot restore; the previous one
+                // stays the newest.
+                let (bytes, complete) = image_bytes(&ctr, &reference).await;
+                let old = {
+                    let mut f = book.lock().unwrap_or_else(|e| e.into_inner());
+                    f.ms.push(ms);
+                    f.bytes += bytes;
+                    if complete {
+                        f.latest.replace((index, reference.clone()))
+                    } else {
+                        f.incomplete += 1;
+                        Some((index, reference.clone()))
+                    }
+                };
+                if let Some((_, old)) = old {
+                    let _ = ctr.ok(&["images", "rm", "--sync", &old]).await;
                 }
-            };
-            if let Some((_, old)) = old {
-                let _ = ctr.ok(&["images", "rm", "--sync", &old]).await;
-            }
+            });
+            figures
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .pending
+                .push(task);
         })
     })
 }
@@ -343,17 +415,47 @@ async fn drive(
                 if let (Some(c), None) = (crashed_at, recovery) {
                     recovery = Some(Instant::elapsed(&c));
                 }
-                if !more? {
+                let more = more?;
+                // The checkpoint at this request holds what the call before it
+                // changed: that call's line can now be shown.
+                if let (Some(p), Some(index)) = (
+                    &env.progress,
+                    agent.turn().checked_sub(if more { 2 } else { 1 }),
+                ) {
+                    let checkpoint = if s.crab() {
+                        crab_last_entry(env, &sandbox.id).await
+                    } else {
+                        None
+                    };
+                    p(Progress::Turn {
+                        index,
+                        of: t.turns.len(),
+                        call: t.turns[index].call.summary(),
+                        checkpoint,
+                    });
+                }
+                if !more {
                     break;
                 }
             }
             Event::Crash => {
                 pending_crash = None;
                 crashed_at = Some(Instant::now());
+                if let Some(p) = &env.progress {
+                    p(Progress::Crashed {
+                        after: agent.turn() - 1,
+                    });
+                }
                 env.ctr.crash(&sandbox.id).await.context("crash")?;
                 let resume = recover(env, &mut sandbox, t, s, &agent, runc)
                     .await
                     .context("recovery")?;
+                if let Some(p) = &env.progress {
+                    p(Progress::Recovered {
+                        resume,
+                        took: crashed_at.map(|c| c.elapsed()).unwrap_or_default(),
+                    });
+                }
                 agent.rewind(resume);
                 handle.hold_from(None);
                 llm = sandbox.llm(env).await?;

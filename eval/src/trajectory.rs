@@ -65,6 +65,23 @@ pub enum Call {
     },
 }
 
+impl Call {
+    /// One line saying what it does (for progress displays).
+    pub fn summary(&self) -> String {
+        let text = match self {
+            Call::Shell { command } => format!("$ {}", command.lines().next().unwrap_or("")),
+            Call::WriteFile { path, content, .. } => {
+                format!("write {path} ({} lines)", content.lines().count())
+            }
+        };
+        if text.chars().count() > 60 {
+            format!("{}…", text.chars().take(59).collect::<String>())
+        } else {
+            text
+        }
+    }
+}
+
 /// The state compared with a fault-free run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

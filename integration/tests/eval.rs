@@ -29,6 +29,7 @@ async fn a_crashed_sandbox_recovered_by_crab_ends_as_the_fault_free_run_and_file
         replay_addr,
         speedup: 50.0,
         crab_config: config_with("[checkpoint]\nkeep_last = 1000"),
+        progress: None,
     };
     let plain = run(&env, t.clone(), Strategy::Plain, None).await;
     let reference = plain.ending.clone().expect("the fault-free run ends");

@@ -57,14 +57,21 @@ struct Cli {
     /// Concurrent sandboxes for the end-to-end figures ("none": skip them).
     #[arg(long, default_value = "1,4,8,16,32")]
     density: String,
-    /// The quick mode: a third of the trajectories, one crash point each,
-    /// speed-up 40, density 1,4,8.
+    /// The quick mode: four short trajectories (build, server, repl,
+    /// read-heavy), one crash point each, speed-up 60, density 1 and 4.
     #[arg(long)]
     quick: bool,
     /// Where to write the report (Markdown).
     #[arg(long)]
     out: Option<PathBuf>,
+    /// The demo: this one trajectory with Crab and a crash halfway, each turn
+    /// shown, compared with a fault-free run.
+    #[arg(long)]
+    demo: Option<String>,
 }
+
+/// The quick mode's trajectories.
+const QUICK: [&str; 4] = ["c-strlib", "srv-shortener", "repl-kv", "read-logs-triage"];
 
 /// A small deterministic generator for the crash points (splitmix64).
 fn next(seed: &mut u64) -> u64 {
@@ -93,9 +100,12 @@ fn crash_points(t: &Trajectory, spec: &str, seed: &mut u64) -> Result<Vec<usize>
 async fn main() -> Result<()> {
     let mut cli = Cli::parse();
     if cli.quick {
-        cli.speedup = cli.speedup.max(40.0);
+        cli.speedup = cli.speedup.max(60.0);
         cli.crash_points = "1".into();
-        cli.density = "1,4,8".into();
+        cli.density = "1,4".into();
+        if cli.only.is_empty() {
+            cli.only = QUICK.iter().map(|s| s.to_string()).collect();
+        }
     }
     let densities: Vec<usize> = match cli.density.as_str() {
         "none" => Vec::new(),
@@ -107,8 +117,6 @@ async fn main() -> Result<()> {
     let mut trajectories = Trajectory::load_dir(&cli.trajectories)?;
     if !cli.only.is_empty() {
         trajectories.retain(|t| cli.only.contains(&t.name));
-    } else if cli.quick {
-        trajectories = trajectories.into_iter().step_by(3).collect();
     }
     anyhow::ensure!(!trajectories.is_empty(), "no trajectories");
     let strategies: Vec<Strategy> = cli
@@ -128,7 +136,12 @@ async fn main() -> Result<()> {
         replay_addr,
         speedup: cli.speedup,
         crab_config: eval_config(&cli.config)?,
+        progress: None,
     };
+    if let Some(name) = &cli.demo {
+        let path = cli.trajectories.join(format!("{name}.json"));
+        return crab_eval::demo::story(&env, Trajectory::load(&path)?).await;
+    }
     let mut results = Results {
         speedup: cli.speedup,
         seed: cli.seed,
@@ -159,7 +172,13 @@ async fn main() -> Result<()> {
         let d = report::density(&env, &results, n).await;
         results.densities.push(d);
     }
-    let text = results.markdown();
+    let mode = if cli.quick { "quick" } else { "full" };
+    let mut plots = Vec::new();
+    if let Some(out) = &cli.out {
+        let dir = out.parent().unwrap_or(std::path::Path::new("."));
+        plots = crab_eval::plot::all(&results, dir)?;
+    }
+    let text = results.document(mode, &plots);
     println!("{text}");
     if let Some(out) = cli.out {
         std::fs::write(&out, &text).with_context(|| format!("write {}", out.display()))?;

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The evaluation: recorded agent trajectories replayed in real sandboxes, a crash
+# injected, recovery by each strategy (crab, chat-only, chat+fs, scratch, runc-full),
+# end-to-end time at density. Writes docs/evaluation.md and its plots.
+#
+#   hack/eval.sh [--quick] [crab-eval arguments]
+#     --quick   four short trajectories (build, server, repl, read-heavy), one crash
+#               point each, think times / 60, 1 and 4 sandboxes: under ten minutes
+#   (crab-eval --help lists the rest: --only, --strategies, --crash-points, --density...)
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+"$ROOT/hack/setup.sh"
+export CRAB_CONFIG=/var/lib/crab/test/config.toml
+mkdir -p "$(dirname "$CRAB_CONFIG")"
+[ -f "$CRAB_CONFIG" ] || printf 'state_dir = "/run/crab/state-test"\n' >"$CRAB_CONFIG"
+"$ROOT/hack/containerd.sh" stop >/dev/null 2>&1 || true
+"$ROOT/hack/containerd.sh" start >/dev/null
+eval "$("$ROOT/hack/containerd.sh" env)"
+trap '"$ROOT/hack/containerd.sh" stop >/dev/null 2>&1 || true' EXIT
+cargo build --release -q -p crab-eval
+"$ROOT/target/release/crab-eval" --out "$ROOT/docs/evaluation.md" "$@"
