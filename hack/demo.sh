@@ -92,6 +92,12 @@ for i in 1 2 3; do
     "${C[@]}" container rm "$ID-fork-$i" >/dev/null 2>&1 || true
 done
 
+step "an agent's task in a crab sandbox: each turn checkpointed at its grain, a crash, and back"
+echo "(a recorded trajectory: a sqlite-backed HTTP server started, written and queried through"
+echo " Crab's turn proxy; the LLM's think times replayed ten times faster)"
+cargo build --release -q -p crab-eval --manifest-path "$ROOT/Cargo.toml"
+"$ROOT/target/release/crab-eval" --trajectories "$ROOT/eval/trajectories" --demo srv-notes --speedup 10
+
 step "kill and clean up"
 show "${C[@]}" task kill -s KILL "$ID"
 sleep 0.5
