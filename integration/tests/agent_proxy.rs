@@ -209,6 +209,14 @@ fn an_agent_checkpoints_rolls_back_and_forks_its_sandbox_and_carries_on() {
         "{tasks}"
     );
     assert!(!fork.exec(&["test", "-e", "/root/mistake"]).status.success());
+
+    // Rollback as an MCP tool, then the first agent carries on.
+    g.exec_ok(&["sh", "-c", "echo again > /root/mistake"]);
+    let rolled = call("sandbox_rollback", json!({"checkpoint": "before"}));
+    assert_eq!(rolled["rolled_back"]["checkpoint"]["name"], "before", "{rolled}");
+    assert!(!g.exec(&["test", "-e", "/root/mistake"]).status.success());
+    let (status, _) = agent.request("POST", "/v1/chat/completions", &json!({}));
+    assert_eq!(status, 200);
 }
 
 fn stats(id: &str) -> Value {
