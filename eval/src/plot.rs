@@ -82,7 +82,7 @@ fn correctness(r: &Results, path: &Path) -> Result<bool> {
         .margin(16)
         .x_label_area_size(40)
         .y_label_area_size(60)
-        .build_cartesian_2d((0..names.len()).into_segmented(), 0f64..100f64)
+        .build_cartesian_2d((0..names.len() - 1).into_segmented(), 0f64..100f64)
         .map_err(err)?;
     chart
         .configure_mesh()
@@ -137,7 +137,7 @@ fn kinds(r: &Results, path: &Path) -> Result<bool> {
         .margin(16)
         .x_label_area_size(40)
         .y_label_area_size(60)
-        .build_cartesian_2d((0..categories.len()).into_segmented(), 0f64..100f64)
+        .build_cartesian_2d((0..categories.len() - 1).into_segmented(), 0f64..100f64)
         .map_err(err)?;
     chart
         .configure_mesh()
@@ -221,7 +221,7 @@ fn latency(r: &Results, path: &Path) -> Result<bool> {
         .margin(16)
         .x_label_area_size(40)
         .y_label_area_size(70)
-        .build_cartesian_2d((0..names.len()).into_segmented(), 0f64..top)
+        .build_cartesian_2d((0..names.len() - 1).into_segmented(), 0f64..top)
         .map_err(err)?;
     chart
         .configure_mesh()
@@ -311,4 +311,80 @@ fn density(r: &Results, path: &Path) -> Result<bool> {
         .map_err(err)?;
     root.present().map_err(err)?;
     Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::{Density, Reference};
+    use crate::run::{Kinds, Outcome};
+    use crate::state::Ending;
+    use crate::trajectory::Trajectory;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    fn outcome(name: &str, s: Strategy, digest: &str, kinds: Kinds) -> Outcome {
+        Outcome {
+            trajectory: name.into(),
+            category: "build".into(),
+            strategy: s,
+            crash_at: None,
+            ending: Ok(Ending {
+                verified: true,
+                digest: digest.into(),
+            }),
+            elapsed: Duration::from_secs(3),
+            recovery: None,
+            kinds,
+            checkpoint_ms: vec![20.0, 30.0, 200.0],
+            gating_ms: Some((0.0, 12.0)),
+            bytes: 1 << 20,
+            incomplete: 0,
+        }
+    }
+
+    #[test]
+    fn every_plot_is_written_as_a_png() {
+        let t: Trajectory = serde_json::from_value(serde_json::json!({"format": 1, "name": "a",
+            "title": "x", "category": "build", "image": "i", "workdir": "/w",
+            "turns": [{"think_ms": 1000, "tool": "shell", "command": "ls"}],
+            "verify": "true", "state": {"paths": []}}))
+        .unwrap();
+        let kinds = Kinds {
+            skip: 5,
+            fs_only: 3,
+            process_only: 1,
+            full: 1,
+        };
+        let mut r = Results::default();
+        r.references.push(Reference {
+            trajectory: Arc::new(t),
+            plain: outcome("a", Strategy::Plain, "d1", Kinds::default()),
+            crab: outcome("a", Strategy::Crab, "d1", kinds),
+        });
+        r.crashes.push(outcome("a", Strategy::Crab, "d1", kinds));
+        r.crashes
+            .push(outcome("a", Strategy::ChatOnly, "d2", Kinds::default()));
+        r.crashes
+            .push(outcome("a", Strategy::RuncFull, "d1", Kinds::default()));
+        for n in [1, 4] {
+            r.densities.push(Density {
+                n,
+                plain: Duration::from_secs(3),
+                crab: Duration::from_secs(3),
+                crab_crash: Duration::from_secs(4),
+                correct: n,
+            });
+        }
+        let dir = std::env::temp_dir().join(format!("plots-{}", std::process::id()));
+        let made = all(&r, &dir).unwrap();
+        assert_eq!(made.len(), 4, "{made:?}");
+        for f in made {
+            let bytes = std::fs::read(dir.join(&f)).unwrap();
+            assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n", "{f}");
+        }
+        if std::env::var_os("KEEP_PLOTS").is_none() {
+            std::fs::remove_dir_all(&dir).unwrap();
+        }
+    }
 }

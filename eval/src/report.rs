@@ -199,7 +199,7 @@ impl Results {
         );
         let _ = writeln!(
             s,
-            "| strategy | correct | runs | share |\n|---|---|---|---|"
+            "| strategy | correct | runs | share | time of a run with the crash | vs fault-free without Crab |\n|---|---|---|---|---|---|"
         );
         for strat in Strategy::RECOVERING {
             let runs: Vec<&Outcome> = self
@@ -217,14 +217,27 @@ impl Results {
                         .is_some_and(|r| correct(o, &r.plain))
                 })
                 .count();
+            let time = mean(&runs.iter().map(|o| o.elapsed).collect::<Vec<_>>());
+            let plain = mean(
+                &runs
+                    .iter()
+                    .filter_map(|o| self.reference(&o.trajectory).map(|r| r.plain.elapsed))
+                    .collect::<Vec<_>>(),
+            );
             let _ = writeln!(
                 s,
-                "| {strat} | {ok} | {} | {:.0}% |",
+                "| {strat} | {ok} | {} | {:.0}% | {:.1} s | {:.2}x |",
                 runs.len(),
-                100.0 * ok as f64 / runs.len() as f64
+                100.0 * ok as f64 / runs.len() as f64,
+                time.as_secs_f64(),
+                time.as_secs_f64() / plain.as_secs_f64().max(1e-9)
             );
         }
-        let _ = writeln!(s);
+        let _ = writeln!(
+            s,
+            "\nA replayed LLM answers the same way every time, so starting over (`scratch`) \
+             ends correct here; it pays with time, and a real LLM would not repeat itself.\n"
+        );
     }
 
     fn kinds(&self, s: &mut String) {
