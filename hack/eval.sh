@@ -11,12 +11,6 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 "$ROOT/hack/setup.sh"
-export CRAB_CONFIG=/var/lib/crab/test/config.toml
-mkdir -p "$(dirname "$CRAB_CONFIG")"
-[ -f "$CRAB_CONFIG" ] || printf 'state_dir = "/run/crab/state-test"\n' >"$CRAB_CONFIG"
-"$ROOT/hack/containerd.sh" stop >/dev/null 2>&1 || true
-"$ROOT/hack/containerd.sh" start >/dev/null
-eval "$("$ROOT/hack/containerd.sh" env)"
-trap '"$ROOT/hack/containerd.sh" stop >/dev/null 2>&1 || true' EXIT
+. "$ROOT/hack/private-containerd.sh"
 cargo build --release -q -p crab-eval
 "$ROOT/target/release/crab-eval" --out "$ROOT/docs/evaluation.md" "$@"

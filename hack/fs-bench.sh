@@ -15,12 +15,6 @@ cd "$ROOT"
 case " $* " in
     *zfs*) "$ROOT/hack/zfs.sh" ;;
 esac
-export CRAB_CONFIG=/var/lib/crab/test/config.toml
-mkdir -p "$(dirname "$CRAB_CONFIG")"
-[ -f "$CRAB_CONFIG" ] || printf 'state_dir = "/run/crab/state-test"\n' >"$CRAB_CONFIG"
-"$ROOT/hack/containerd.sh" stop >/dev/null 2>&1 || true
-"$ROOT/hack/containerd.sh" start >/dev/null
-eval "$("$ROOT/hack/containerd.sh" env)"
-trap '"$ROOT/hack/containerd.sh" stop >/dev/null 2>&1 || true' EXIT
+. "$ROOT/hack/private-containerd.sh"
 cargo build --release -q -p crab-integration --bin crab-fs-bench
 "$ROOT/target/release/crab-fs-bench" "$@"

@@ -75,33 +75,53 @@ fn correctness(r: &Results, path: &Path) -> Result<bool> {
     if names.is_empty() {
         return Ok(false);
     }
+    bars(
+        path,
+        "Recovery correctness after a crash",
+        &names,
+        &shares,
+        100.0,
+        "runs correct (%)",
+    )?;
+    Ok(true)
+}
+
+/// A bar chart: one bar per name.
+fn bars(
+    path: &Path,
+    caption: &str,
+    names: &[String],
+    values: &[f64],
+    top: f64,
+    y: &str,
+) -> Result<()> {
     let root = BitMapBackend::new(path, SIZE).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
     let mut chart = ChartBuilder::on(&root)
-        .caption("Recovery correctness after a crash", ("sans-serif", 24))
+        .caption(caption, ("sans-serif", 24))
         .margin(16)
         .x_label_area_size(40)
-        .y_label_area_size(60)
-        .build_cartesian_2d((0..names.len() - 1).into_segmented(), 0f64..100f64)
+        .y_label_area_size(70)
+        .build_cartesian_2d((0..names.len() - 1).into_segmented(), 0f64..top)
         .map_err(err)?;
     chart
         .configure_mesh()
         .disable_x_mesh()
-        .x_label_formatter(&label(&names))
-        .y_desc("runs correct (%)")
-        .label_style(("sans-serif", 15))
+        .x_label_formatter(&label(names))
+        .y_desc(y)
+        .label_style(("sans-serif", 14))
         .draw()
         .map_err(err)?;
     chart
         .draw_series(
             Histogram::vertical(&chart)
                 .style(RGBColor(40, 110, 180).filled())
-                .margin(30)
-                .data(shares.iter().enumerate().map(|(i, v)| (i, *v))),
+                .margin(24)
+                .data(values.iter().enumerate().map(|(i, v)| (i, *v))),
         )
         .map_err(err)?;
     root.present().map_err(err)?;
-    Ok(true)
+    Ok(())
 }
 
 fn kinds(r: &Results, path: &Path) -> Result<bool> {
@@ -211,35 +231,14 @@ fn latency(r: &Results, path: &Path) -> Result<bool> {
         return Ok(false);
     }
     let top = values.iter().cloned().fold(1.0, f64::max) * 1.1;
-    let root = BitMapBackend::new(path, SIZE).into_drawing_area();
-    root.fill(&WHITE).map_err(err)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            "Checkpoint latency per turn (skips excluded)",
-            ("sans-serif", 24),
-        )
-        .margin(16)
-        .x_label_area_size(40)
-        .y_label_area_size(70)
-        .build_cartesian_2d((0..names.len() - 1).into_segmented(), 0f64..top)
-        .map_err(err)?;
-    chart
-        .configure_mesh()
-        .disable_x_mesh()
-        .x_label_formatter(&label(&names))
-        .y_desc("ms")
-        .label_style(("sans-serif", 14))
-        .draw()
-        .map_err(err)?;
-    chart
-        .draw_series(
-            Histogram::vertical(&chart)
-                .style(RGBColor(90, 150, 210).filled())
-                .margin(20)
-                .data(values.iter().enumerate().map(|(i, v)| (i, *v))),
-        )
-        .map_err(err)?;
-    root.present().map_err(err)?;
+    bars(
+        path,
+        "Checkpoint latency per turn (skips excluded)",
+        &names,
+        &values,
+        top,
+        "ms",
+    )?;
     Ok(true)
 }
 

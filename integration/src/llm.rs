@@ -41,7 +41,9 @@ pub fn stub(think: Duration, gap: Duration) -> (u16, mpsc::Receiver<Seen>) {
     (port, rx)
 }
 
-fn answer(mut conn: std::net::TcpStream, think: Duration, gap: Duration, tx: mpsc::Sender<Seen>) {
+/// Reads one HTTP/1 request from `conn`: its head (request line and headers)
+/// and its body (by Content-Length).
+pub fn read_request(conn: &std::net::TcpStream) -> (String, Vec<u8>) {
     let mut r = BufReader::new(conn.try_clone().expect("clone a socket"));
     let mut head = String::new();
     loop {
@@ -61,6 +63,11 @@ fn answer(mut conn: std::net::TcpStream, think: Duration, gap: Duration, tx: mps
         .unwrap_or(0);
     let mut body = vec![0; len];
     let _ = r.read_exact(&mut body);
+    (head, body)
+}
+
+fn answer(mut conn: std::net::TcpStream, think: Duration, gap: Duration, tx: mpsc::Sender<Seen>) {
+    let (head, body) = read_request(&conn);
     let body = String::from_utf8_lossy(&body).into_owned();
     let stream = body.replace(' ', "").contains("\"stream\":true");
     // A request may set its own think time: `"think_ms": N` in its body.

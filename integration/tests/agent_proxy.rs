@@ -131,20 +131,26 @@ impl Drop for Agent {
     }
 }
 
+/// A python sandbox idling, whose shim-started proxy forwards to a stub LLM
+/// (answers `gap` apart in chunks) that the annotation names.
+fn sandbox_with_proxy(gap: Duration) -> Guard {
+    let (port, _seen) = llm::stub(Duration::ZERO, gap);
+    let annotation = format!("io.crab.proxy.upstream=http://127.0.0.1:{port}");
+    Guard::run_detached(
+        CRAB,
+        PYTHON,
+        &["--annotation", &annotation],
+        &["sleep", "infinity"],
+    )
+}
+
 fn json_of(body: &str) -> Value {
     serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"))
 }
 
 #[test]
 fn an_agent_checkpoints_rolls_back_and_forks_its_sandbox_and_carries_on() {
-    let (port, _seen) = llm::stub(Duration::ZERO, Duration::ZERO);
-    let annotation = format!("io.crab.proxy.upstream=http://127.0.0.1:{port}");
-    let g = Guard::run_detached(
-        CRAB,
-        PYTHON,
-        &["--annotation", &annotation],
-        &["sleep", "infinity"],
-    );
+    let g = sandbox_with_proxy(Duration::ZERO);
     // The agent lives outside the sandbox's processes, in its network
     // namespace as it was when the agent started.
     let first = g.pid();
@@ -213,7 +219,10 @@ fn an_agent_checkpoints_rolls_back_and_forks_its_sandbox_and_carries_on() {
     // Rollback as an MCP tool, then the first agent carries on.
     g.exec_ok(&["sh", "-c", "echo again > /root/mistake"]);
     let rolled = call("sandbox_rollback", json!({"checkpoint": "before"}));
-    assert_eq!(rolled["rolled_back"]["checkpoint"]["name"], "before", "{rolled}");
+    assert_eq!(
+        rolled["rolled_back"]["checkpoint"]["name"], "before",
+        "{rolled}"
+    );
     assert!(!g.exec(&["test", "-e", "/root/mistake"]).status.success());
     let (status, _) = agent.request("POST", "/v1/chat/completions", &json!({}));
     assert_eq!(status, 200);
@@ -225,14 +234,7 @@ fn stats(id: &str) -> Value {
 
 #[test]
 fn answers_are_held_only_while_their_checkpoint_is_pending() {
-    let (port, _seen) = llm::stub(Duration::ZERO, Duration::from_millis(5));
-    let annotation = format!("io.crab.proxy.upstream=http://127.0.0.1:{port}");
-    let g = Guard::run_detached(
-        CRAB,
-        PYTHON,
-        &["--annotation", &annotation],
-        &["sleep", "infinity"],
-    );
+    let g = sandbox_with_proxy(Duration::from_millis(5));
     let mut agent = Agent::start(g.pid());
 
     // The LLM answers at once; the turn's first checkpoint (full) is still
@@ -279,11 +281,8 @@ fn answers_are_held_only_while_their_checkpoint_is_pending() {
 
 #[test]
 fn a_container_reaches_only_its_own_agent_api() {
-    let (port, _seen) = llm::stub(Duration::ZERO, Duration::ZERO);
-    let annotation = format!("io.crab.proxy.upstream=http://127.0.0.1:{port}");
-    let flags = ["--annotation", annotation.as_str()];
-    let a = Guard::run_detached(CRAB, PYTHON, &flags, &["sleep", "infinity"]);
-    let b = Guard::run_detached(CRAB, PYTHON, &flags, &["sleep", "infinity"]);
+    let a = sandbox_with_proxy(Duration::ZERO);
+    let b = sandbox_with_proxy(Duration::ZERO);
     a.exec_ok(&["sh", "-c", "echo kept > /root/a-file"]);
     crabctl_ok(&["checkpoint", &a.id, "--name", "only-a"]);
     a.exec_ok(&["sh", "-c", "echo later > /root/a-file"]);
@@ -321,14 +320,7 @@ fn proxy_pids(id: &str) -> Vec<i32> {
 
 #[test]
 fn the_proxy_dies_with_its_shim_and_comes_back_with_a_restored_container() {
-    let (port, _seen) = llm::stub(Duration::ZERO, Duration::ZERO);
-    let annotation = format!("io.crab.proxy.upstream=http://127.0.0.1:{port}");
-    let g = Guard::run_detached(
-        CRAB,
-        PYTHON,
-        &["--annotation", &annotation],
-        &["sleep", "infinity"],
-    );
+    let g = sandbox_with_proxy(Duration::ZERO);
     assert_eq!(proxy_pids(&g.id).len(), 1, "one proxy per container");
     crabctl_ok(&["checkpoint", &g.id, "--name", "safe"]);
     // The crash: the shim and the container's processes, SIGKILL.

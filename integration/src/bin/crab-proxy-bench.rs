@@ -17,7 +17,7 @@
 
 use std::collections::HashMap;
 use std::convert::Infallible;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::Write;
 use std::net::TcpListener;
 use std::pin::Pin;
 use std::sync::{mpsc, Arc, Condvar, Mutex, OnceLock};
@@ -471,25 +471,7 @@ fn llm_answer(
     go: &(Mutex<bool>, Condvar),
     done: &mpsc::Sender<String>,
 ) {
-    let mut r = BufReader::new(conn.try_clone().expect("clone a socket"));
-    let mut head = String::new();
-    loop {
-        let mut line = String::new();
-        if r.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
-            break;
-        }
-        head.push_str(&line);
-    }
-    let len = head
-        .lines()
-        .find_map(|l| {
-            l.to_ascii_lowercase()
-                .strip_prefix("content-length:")
-                .map(|v| v.trim().parse::<usize>().unwrap_or(0))
-        })
-        .unwrap_or(0);
-    let mut body = vec![0; len];
-    let _ = r.read_exact(&mut body);
+    let (head, body) = crab_integration::llm::read_request(&conn);
     let plain = |conn: &mut std::net::TcpStream| {
         let _ =
             conn.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok");

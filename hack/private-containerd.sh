@@ -1,0 +1,10 @@
+# Sourced (with ROOT set) by the bench and evaluation scripts: the test
+# configuration, a fresh private containerd on its own socket (stopped again when
+# the calling script exits), and its environment (CRAB_CONTAINERD_ADDRESS...).
+export CRAB_CONFIG=/var/lib/crab/test/config.toml
+mkdir -p "$(dirname "$CRAB_CONFIG")"
+[ -f "$CRAB_CONFIG" ] || printf 'state_dir = "/run/crab/state-test"\n' >"$CRAB_CONFIG"
+"$ROOT/hack/containerd.sh" stop >/dev/null 2>&1 || true
+"$ROOT/hack/containerd.sh" start >/dev/null
+eval "$("$ROOT/hack/containerd.sh" env)"
+trap '"$ROOT/hack/containerd.sh" stop >/dev/null 2>&1 || true' EXIT
