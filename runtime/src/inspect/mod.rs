@@ -12,6 +12,7 @@
 
 pub mod mounts;
 pub mod procs;
+pub mod softdirty;
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -352,10 +353,16 @@ fn classify_against(
             .push("a task that ran maps a file shared and writable".into());
     }
     for (t, what) in changed.iter().take(DETAIL_LIMIT) {
+        // Where the kernel tracks them: how many pages its process wrote since
+        // the last dump (threads share the count of their process).
+        let what = match softdirty::dirty_pages(t.tid) {
+            Some(n) if *what == "ran" => format!("ran, {n} pages written"),
+            _ => what.to_string(),
+        };
         out.tasks.push(TaskChange {
             tid: t.tid,
             comm: t.comm.clone(),
-            what: what.to_string(),
+            what,
         });
     }
     for b in died
@@ -401,6 +408,13 @@ pub fn captured(c: &Container, kind: Kind, pid: i32) -> Result<()> {
             mounts: map.signature(),
         };
         save_baseline(c, &base)?;
+        if softdirty::available() {
+            for p in procs::processes(tracking.path()) {
+                if let Err(e) = softdirty::clear(p) {
+                    tracing::debug!(pid = p, error = %e, "clear soft-dirty bits");
+                }
+            }
+        }
     }
     let insp = Inspector::open(pins)?;
     insp.forget(
