@@ -194,11 +194,18 @@ impl Guard {
     }
 
     /// The number in file `path` inside the container (read through an exec).
+    /// A writer that truncates and rewrites the file leaves it empty for an
+    /// instant: such a read is retried.
     pub fn number(&self, path: &str) -> u64 {
-        let out = self.exec_ok(&["cat", path]);
-        out.trim()
-            .parse()
-            .unwrap_or_else(|_| panic!("{path} in {}: {out:?}", self.id))
+        let mut out = String::new();
+        for _ in 0..50 {
+            out = self.exec_ok(&["cat", path]);
+            if let Ok(n) = out.trim().parse() {
+                return n;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!("{path} in {}: {out:?}", self.id)
     }
 
     /// Kills, deletes the task and the container; waits until gone.
