@@ -39,6 +39,18 @@ fn the_shim_starts_the_proxy_and_a_sandboxed_agent_finds_it_through_its_environm
         &["--runtime-config-path", &path],
         &["python3", "-c", SANDBOXED_AGENT],
     );
+    // No exec until the turn is recorded: a checkpoint is refused while an
+    // exec'd process runs, and the fail-closed proxy would answer 503.
+    assert!(
+        wait_until(Duration::from_secs(60), || {
+            crab_integration::crabctl(&["stats", &g.id, "--json"], &[])
+                .status
+                .success()
+                && serde_json::from_str::<Value>(&crabctl_ok(&["stats", &g.id, "--json"]))
+                    .is_ok_and(|s| s["turns"] == 1)
+        }),
+        "the agent's turn was never recorded"
+    );
     assert!(
         wait_until(Duration::from_secs(60), || g
             .exec(&["cat", "/tmp/answer"])

@@ -109,6 +109,14 @@ fn program(config: &Config) -> PathBuf {
         .unwrap_or_else(|| cmd.clone())
 }
 
+/// Where the proxy of container `id` logs (in the state dir, removed with the
+/// task).
+pub fn log_path(config: &Config, namespace: &str, id: &str) -> PathBuf {
+    config
+        .namespace_dir(namespace)
+        .join(format!("{id}.proxy.log"))
+}
+
 /// What the proxy is started with.
 pub struct Launch<'a> {
     /// The container's resolved configuration file (beside its bundle).
@@ -133,7 +141,8 @@ pub fn start(config: &Config, l: &Launch) -> ShimResult<TurnProxy> {
         .append(true)
         .open(l.log)
         .map_err(|e| fail(format!("open {}: {e}", l.log.display())))?;
-    let mut cmd = Command::new(program(config));
+    let program = program(config);
+    let mut cmd = Command::new(&program);
     cmd.arg("--config")
         .arg(l.config_file)
         .args(["--address", l.address, "--namespace", l.namespace])
@@ -154,7 +163,7 @@ pub fn start(config: &Config, l: &Launch) -> ShimResult<TurnProxy> {
         .stdout(Stdio::piped())
         .stderr(Stdio::from(log))
         .spawn()
-        .map_err(|e| fail(format!("run {}: {e}", program(config).display())))?;
+        .map_err(|e| fail(format!("run {}: {e}", program.display())))?;
     let stdout = child.stdout.take().expect("piped");
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {

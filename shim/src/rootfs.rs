@@ -14,8 +14,7 @@ use crate::error::{ShimError, ShimResult};
 
 /// The backend a container uses: the OCI annotation `io.crab.storage.backend` if the
 /// spec has one, else the configuration's.
-pub fn backend_for(config: &Config, bundle: &Path) -> ShimResult<Backend> {
-    let spec = crab_runtime::container::load_spec(bundle)?;
+pub fn backend_for(config: &Config, spec: &oci_spec::runtime::Spec) -> ShimResult<Backend> {
     let Some(name) = spec
         .annotations()
         .as_ref()

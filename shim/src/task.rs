@@ -121,8 +121,8 @@ impl TaskService {
             opts.config_path.as_deref().map(Path::new),
         )?;
         let bundle = PathBuf::from(&req.bundle);
-        config.storage.backend = rootfs::backend_for(&config, &bundle)?;
         let spec = crab_runtime::container::load_spec(&bundle)?;
+        config.storage.backend = rootfs::backend_for(&config, &spec)?;
         crate::proxy::configure(&mut config, &spec)?;
         tracing::info!(id = %req.id, ?source, backend = ?config.storage.backend, "create");
         let key = ContainerKey::new(&self.namespace, &req.id)?;
@@ -221,9 +221,7 @@ impl TaskService {
         let (config, bundle, id) = (config.clone(), bundle.to_path_buf(), id.to_string());
         let (namespace, address) = (self.namespace.clone(), self.address.clone());
         tokio::task::spawn_blocking(move || {
-            let log = config
-                .namespace_dir(&namespace)
-                .join(format!("{id}.proxy.log"));
+            let log = crate::proxy::log_path(&config, &namespace, &id);
             let launch = crate::proxy::Launch {
                 config_file: &bundle.join(BUNDLE_CONFIG),
                 address: &address,
@@ -466,6 +464,11 @@ impl TaskService {
         }
         if let Some(p) = inst.proxy.take() {
             let _ = tokio::task::spawn_blocking(move || p.stop()).await;
+            let _ = std::fs::remove_file(crate::proxy::log_path(
+                &inst.config,
+                &self.namespace,
+                &req.id,
+            ));
         }
         if let Some(t) = inst.control.take() {
             t.abort();
