@@ -5,6 +5,7 @@ use anyhow::{Context, Result};
 use base64::Engine;
 use sha2::{Digest, Sha256};
 
+use crate::agent::TOOL_ENV;
 use crate::sandbox::Ctr;
 use crate::trajectory::Trajectory;
 
@@ -60,7 +61,7 @@ fn b64(s: &str) -> String {
 
 /// Verifies container `id`'s task and digests its state.
 pub async fn ending(ctr: &Ctr, id: &str, t: &Trajectory) -> Result<Ending> {
-    let cd = format!("cd {} || exit 125", t.workdir);
+    let cd = format!("{TOOL_ENV}; cd {} || exit 125", t.workdir);
     let verify = ctr
         .exec(
             id,
