@@ -95,6 +95,8 @@ pub struct Results {
     pub references: Vec<Reference>,
     /// Runs with a crash.
     pub crashes: Vec<Outcome>,
+    /// Think-time speed-up of the density runs.
+    pub density_speedup: f64,
     /// End-to-end figures.
     pub densities: Vec<Density>,
 }
@@ -366,7 +368,9 @@ impl Results {
         }
         let _ = writeln!(
             s,
-            "\nMean time of one run (the trajectories taken in turn), all sandboxes at once.\n"
+            "\nMean time of one run (the trajectories taken in turn), all sandboxes at once; \
+             think times divided by {}. The three columns run one after the other.\n",
+            self.density_speedup
         );
     }
 

@@ -57,6 +57,10 @@ struct Cli {
     /// Concurrent sandboxes for the end-to-end figures ("none": skip them).
     #[arg(long, default_value = "1,4,8,16,32")]
     density: String,
+    /// Think times of the density runs are divided by this (default: the
+    /// --speedup); overhead at realistic think times wants 1 to 5.
+    #[arg(long)]
+    density_speedup: Option<f64>,
     /// The quick mode: four short trajectories (build, server, repl,
     /// read-heavy), one crash point each, speed-up 60, density 1 and 4.
     #[arg(long)]
@@ -146,6 +150,7 @@ async fn main() -> Result<()> {
         speedup: cli.speedup,
         seed: cli.seed,
         crash_points: cli.crash_points.clone(),
+        density_speedup: cli.density_speedup.unwrap_or(cli.speedup),
         ..Default::default()
     };
     let mut seed = cli.seed;
@@ -167,9 +172,13 @@ async fn main() -> Result<()> {
         }
         results.add(t.clone(), plain, crab, crashes);
     }
+    let density_env = Env {
+        speedup: results.density_speedup,
+        ..env.clone()
+    };
     for n in densities {
         eprintln!("== density {n}");
-        let d = report::density(&env, &results, n).await;
+        let d = report::density(&density_env, &results, n).await;
         results.densities.push(d);
     }
     let mode = if cli.quick { "quick" } else { "full" };
