@@ -21,7 +21,7 @@ use super::{dir_bytes, fs_diff, FsPart, Kind, Manifest, Stdio, Timings, CRIU_DIR
 use crate::config::Config;
 use crate::container::{load_spec, Container, CreateOpts};
 use crate::helper::{self, ChildStdio, Request};
-use crate::inspect;
+use crate::inspect::{self, Freeze};
 use crate::storage::ImageSource;
 use crate::{criu, Error, Result};
 
@@ -211,17 +211,9 @@ impl Container {
         let spec = load_spec(&self.state.bundle)?;
         let started = Instant::now();
         let mut timings = Timings::default();
-        let froze = status == ContainerStatus::Running;
         // The inspector's view is reset by a dump that leaves the task running.
         let keeps_running = !opts.exit;
-        let mut positions = if froze && keeps_running {
-            inspect::positions(self)
-        } else {
-            Vec::new()
-        };
-        if froze {
-            self.pause()?;
-        }
+        let freeze = Freeze::begin(self, status == ContainerStatus::Running, keeps_running)?;
         timings.freeze_ms = started.elapsed().as_millis() as u64;
         let stdio = stdio_keys(pid);
         let terminal = stdio.tty.is_some();
@@ -233,15 +225,7 @@ impl Container {
             }
         }
         // With `exit` the tasks are gone, but the cgroup must not stay frozen.
-        if froze {
-            inspect::note_frozen(&mut positions);
-            if let Err(e) = self.resume() {
-                tracing::warn!(id = %self.id(), error = %e, "thaw after checkpoint");
-            }
-            if result.is_ok() && keeps_running {
-                inspect::settle(self, &positions);
-            }
-        }
+        freeze.end(self, true, result.is_ok() && keeps_running);
         let (fs, process_bytes, criu_files) = result?;
         let manifest = Manifest {
             version: super::VERSION,

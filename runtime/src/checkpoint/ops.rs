@@ -18,7 +18,7 @@ use super::{dir_bytes, sync_path, sync_tree, Kind, Timings, CRIU_DIR};
 use crate::config::Config;
 use crate::container::{load_spec, Container};
 use crate::helper::{self, ChildStdio, Request};
-use crate::inspect;
+use crate::inspect::{self, Freeze};
 use crate::storage::{self, names, ContainerKey, Store};
 use crate::{criu, Error, Result};
 
@@ -158,14 +158,7 @@ impl Container {
         let snapshot = history::snapshot_name(seq);
         let tmp = dir.join(format!(".{seq}.tmp"));
         let froze = status == ContainerStatus::Running && req.kind != Kind::Skip;
-        let mut positions = if froze {
-            inspect::positions(self)
-        } else {
-            Vec::new()
-        };
-        if froze {
-            self.pause()?;
-        }
+        let freeze = Freeze::begin(self, froze, true)?;
         timings.freeze_ms = started.elapsed().as_millis() as u64;
         let frozen = (|| -> Result<()> {
             if with_fs {
@@ -208,19 +201,7 @@ impl Container {
             }
             Ok(())
         })();
-        if froze {
-            if with_proc {
-                inspect::note_frozen(&mut positions);
-            }
-            if let Err(e) = self.resume() {
-                tracing::warn!(id = %key, error = %e, "thaw after checkpoint");
-            }
-            if frozen.is_ok() {
-                // After a snapshot only as well: its freeze made the tasks
-                // run a little too.
-                inspect::settle(self, &positions);
-            }
-        }
+        freeze.end(self, with_proc, frozen.is_ok());
         let durable = frozen.and_then(|()| {
             if with_proc {
                 sync_tree(&tmp)?;

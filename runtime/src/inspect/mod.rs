@@ -444,7 +444,7 @@ pub struct Position {
 pub type Positions = Vec<Position>;
 
 /// Reads [`Positions`] of the container's tasks (before it is frozen).
-pub fn positions(c: &Container) -> Positions {
+fn positions(c: &Container) -> Positions {
     let mut out = Vec::new();
     for t in procs::tasks(c.tracking().path()) {
         if let Some((sp, pc)) = procs::blocked_at(t.tid) {
@@ -462,7 +462,7 @@ pub fn positions(c: &Container) -> Positions {
 /// After a dump, just before the thaw: the baseline was written while frozen
 /// (the dump's parasite ran in the tasks, and counts), so only the thaw's cost
 /// is left to settle; it is counted from the CPU times read now.
-pub fn note_frozen(positions: &mut Positions) {
+fn note_frozen(positions: &mut Positions) {
     for p in positions.iter_mut() {
         p.from_ns = procs::task(p.tid).map(|t| t.runtime_ns);
     }
@@ -477,7 +477,7 @@ pub fn note_frozen(positions: &mut Positions) {
 /// [`note_frozen`]) is added to its baseline, when it is microseconds. Only
 /// that: work done before stays visible, so this is sound after a
 /// file-system-only checkpoint too, whose baseline is older.
-pub fn settle(c: &Container, before: &Positions) {
+fn settle(c: &Container, before: &Positions) {
     let Some(mut base) = load_baseline(c) else {
         return;
     };
@@ -509,6 +509,54 @@ pub fn settle(c: &Container, before: &Positions) {
     }
     if let Err(e) = save_baseline(c, &base) {
         tracing::warn!(id = %c.state.id, error = %e, "write settled baseline");
+    }
+}
+
+/// A checkpoint's frozen section, shared by every path that freezes a
+/// container to capture it: positions are read before the freeze (for
+/// [`settle`]), and the thaw is followed by the settle of the freeze's cost.
+pub struct Freeze {
+    positions: Positions,
+    froze: bool,
+}
+
+impl Freeze {
+    /// Freezes `c` when `freeze` (a paused container stays as it is). With
+    /// `track`, the inspector's baseline is settled after the thaw: false when
+    /// the tasks will not keep running (a dump with exit).
+    pub fn begin(c: &Container, freeze: bool, track: bool) -> Result<Freeze> {
+        let positions = if freeze && track {
+            positions(c)
+        } else {
+            Vec::new()
+        };
+        if freeze {
+            c.pause()?;
+        }
+        Ok(Freeze {
+            positions,
+            froze: freeze,
+        })
+    }
+
+    /// Thaws `c` (if [`Freeze::begin`] froze it). `dumped`: a CRIU dump ran in
+    /// the section (see [`note_frozen`]); `ok`: the section succeeded, so its
+    /// baseline is the one to settle.
+    pub fn end(mut self, c: &Container, dumped: bool, ok: bool) {
+        if !self.froze {
+            return;
+        }
+        if dumped {
+            note_frozen(&mut self.positions);
+        }
+        if let Err(e) = c.resume() {
+            tracing::warn!(id = %c.state.id, error = %e, "thaw after checkpoint");
+        }
+        if ok {
+            // After a snapshot only as well: its freeze made the tasks run a
+            // little too.
+            settle(c, &self.positions);
+        }
     }
 }
 
