@@ -91,6 +91,8 @@ pub struct Results {
     pub seed: u64,
     /// Crash points per trajectory.
     pub crash_points: String,
+    /// Crash points per trajectory for Crab, when it has its own sample.
+    pub crab_crash_points: Option<String>,
     /// Fault-free runs.
     pub references: Vec<Reference>,
     /// Runs with a crash.
@@ -175,10 +177,16 @@ impl Results {
             .iter()
             .map(|r| r.trajectory.turns.len())
             .sum();
+        let crab = match &self.crab_crash_points {
+            Some(c) if *c != self.crash_points => {
+                format!("; Crab at {c} per trajectory, a larger sample of the same draw")
+            }
+            _ => String::new(),
+        };
         let _ = writeln!(
             s,
             "{} trajectories, {turns} turns; think times divided by {}; crash points: {} per \
-             trajectory (seed {}), each recovered by every strategy.\n",
+             trajectory (seed {}), each recovered by every strategy{crab}.\n",
             self.references.len(),
             self.speedup,
             self.crash_points,

@@ -48,6 +48,11 @@ struct Cli {
     /// Crash points per trajectory, drawn with the seed ("all": every turn).
     #[arg(long, default_value = "2")]
     crash_points: String,
+    /// Crash points per trajectory for Crab, the strategy whose correctness
+    /// is the claim (default: --crash-points); the first ones are shared with
+    /// the other strategies.
+    #[arg(long)]
+    crab_crash_points: Option<String>,
     /// Seed of the crash points.
     #[arg(long, default_value_t = 7)]
     seed: u64,
@@ -86,18 +91,36 @@ fn next(seed: &mut u64) -> u64 {
     z ^ (z >> 31)
 }
 
-fn crash_points(t: &Trajectory, spec: &str, seed: &mut u64) -> Result<Vec<usize>> {
-    let n = t.turns.len();
-    if spec == "all" {
-        return Ok((0..n).collect());
+/// How many crash points a spec asks of a trajectory of `n` turns (None: all).
+fn wanted(spec: &str) -> Result<Option<usize>> {
+    match spec {
+        "all" => Ok(None),
+        n => Ok(Some(n.parse().context("crash points: a number or all")?)),
     }
-    let want: usize = spec.parse().context("--crash-points: a number or all")?;
-    let mut points: Vec<usize> = (0..want.min(n))
+}
+
+/// The crash points of `t` for each spec: one seeded draw, of which each spec
+/// takes a prefix (so a larger sample contains the smaller one).
+fn crash_points(t: &Trajectory, specs: [&str; 2], seed: &mut u64) -> Result<[Vec<usize>; 2]> {
+    let n = t.turns.len();
+    let wants = [wanted(specs[0])?, wanted(specs[1])?];
+    let most = wants
+        .iter()
+        .map(|w| w.unwrap_or(0).min(n))
+        .max()
+        .unwrap_or(0);
+    let draws: Vec<usize> = (0..most)
         .map(|_| (next(seed) % n as u64) as usize)
         .collect();
-    points.sort();
-    points.dedup();
-    Ok(points)
+    Ok(wants.map(|w| match w {
+        None => (0..n).collect(),
+        Some(w) => {
+            let mut points = draws[..w.min(n)].to_vec();
+            points.sort();
+            points.dedup();
+            points
+        }
+    }))
 }
 
 #[tokio::main]
@@ -150,6 +173,7 @@ async fn main() -> Result<()> {
         speedup: cli.speedup,
         seed: cli.seed,
         crash_points: cli.crash_points.clone(),
+        crab_crash_points: cli.crab_crash_points.clone(),
         density_speedup: cli.density_speedup.unwrap_or(cli.speedup),
         ..Default::default()
     };
@@ -161,10 +185,26 @@ async fn main() -> Result<()> {
         progress(&plain);
         let crab = run(&env, t.clone(), Strategy::Crab, None).await;
         progress(&crab);
-        let points = crash_points(&t, &cli.crash_points, &mut seed)?;
+        let crab_spec = cli
+            .crab_crash_points
+            .as_deref()
+            .unwrap_or(&cli.crash_points);
+        let [points, crab_points] =
+            crash_points(&t, [cli.crash_points.as_str(), crab_spec], &mut seed)?;
         let mut crashes = Vec::new();
-        for k in points {
+        let mut every: Vec<usize> = points.iter().chain(&crab_points).copied().collect();
+        every.sort();
+        every.dedup();
+        for k in every {
             for s in &strategies {
+                let chosen = if *s == Strategy::Crab {
+                    &crab_points
+                } else {
+                    &points
+                };
+                if !chosen.contains(&k) {
+                    continue;
+                }
                 let o = run(&env, t.clone(), *s, Some(k)).await;
                 progress(&o);
                 crashes.push(o);
@@ -227,4 +267,33 @@ fn eval_config(base: &std::path::Path) -> Result<PathBuf> {
     let path = std::env::temp_dir().join(format!("crab-eval-{}.toml", std::process::id()));
     std::fs::write(&path, text).with_context(|| format!("write {}", path.display()))?;
     Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn trajectory(turns: usize) -> Trajectory {
+        let turns: Vec<_> = (0..turns)
+            .map(|_| serde_json::json!({"think_ms": 1000, "tool": "shell", "command": "true"}))
+            .collect();
+        serde_json::from_value(serde_json::json!({
+            "format": 1, "name": "t", "title": "t", "category": "build",
+            "image": "i", "workdir": "/sandbox/t", "turns": turns,
+            "verify": "true", "state": {"paths": []}}))
+        .unwrap()
+    }
+
+    #[test]
+    fn crabs_larger_sample_contains_the_shared_crash_points() {
+        let t = trajectory(40);
+        let [shared, crab] = crash_points(&t, ["2", "6"], &mut 7).unwrap();
+        assert!(!shared.is_empty() && shared.len() <= 2);
+        assert!(crab.len() > shared.len());
+        assert!(shared.iter().all(|k| crab.contains(k)));
+        assert!(crab.iter().all(|k| *k < 40));
+        let [all, one] = crash_points(&t, ["all", "1"], &mut 7).unwrap();
+        assert_eq!(all, (0..40).collect::<Vec<_>>());
+        assert_eq!(one.len(), 1);
+    }
 }
