@@ -125,6 +125,14 @@ build_shim() {
     (cd "$ROOT" && cargo build --release -p crab-shim -p crabctl)
     install -m 0755 "$ROOT/target/release/containerd-shim-crab-v2" /usr/local/bin/containerd-shim-crab-v2
     install -m 0755 "$ROOT/target/release/crabctl" /usr/local/bin/crabctl
+    # An upgrade leaves the previous build's eBPF programs pinned and attached,
+    # and every system call on the host pays for them: detach the unused ones.
+    local root
+    for root in /sys/fs/bpf/crab /sys/fs/bpf/crab-test; do
+        [ -d "$root" ] || continue
+        /usr/local/bin/crabctl inspector prune --pin-root "$root" ||
+            log "could not prune the eBPF program sets below $root"
+    done
 }
 
 build_images() {

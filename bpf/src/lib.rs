@@ -1,7 +1,7 @@
 //! Crab's host-wide eBPF inspector.
 //!
-//! One set of programs per host (fentry/fexit on the VFS and LSM entry points,
-//! tp_btf on process fork, exit and cgroup attach), loaded by the first user and
+//! One set of programs per host (tp_btf on system call entry and exit, process
+//! fork, exec, exit and cgroup attach), loaded by the first user and
 //! pinned in bpffs; every later user opens the pinned maps. Per-container state is
 //! keyed by the container's cgroup2 id. See docs/inspector.md for what is recorded
 //! and why it is sound.
@@ -18,7 +18,7 @@ mod pin;
 pub use abi::{kernel_dev, opaque, Counters, FsChange, FsFlags, ProcChange};
 pub use error::{Error, Result};
 pub use maps::Inspector;
-pub use pin::{DEFAULT_PIN_ROOT, PIN_VERSION};
+pub use pin::{stale_sets, StaleSet, DEFAULT_PIN_ROOT, PIN_VERSION};
 
 #[allow(
     clippy::all,

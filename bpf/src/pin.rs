@@ -205,3 +205,90 @@ fn ensure_bpffs(root: &Path) -> Result<()> {
     )
     .map_err(|e| Error::io("mount bpffs on", base)(e.into()))
 }
+
+/// A program set of another build, pinned below the same root.
+#[derive(Debug, Clone)]
+pub struct StaleSet {
+    /// Its pin directory.
+    pub dir: PathBuf,
+    /// Cgroups its `cgroups` map still watches.
+    pub watched: usize,
+    /// Processes (other than this one) that hold its maps open.
+    pub holders: Vec<i32>,
+    /// Its pins were removed (its programs detached).
+    pub removed: bool,
+}
+
+/// Program sets of other builds below `root`: an upgrade leaves the old set
+/// pinned, and its pinned links keep its programs attached, so every system
+/// call on the host pays for both. With `remove`, each set that watches no
+/// cgroup and whose maps no other process holds open is unpinned, which
+/// detaches its programs. A shim of the old build that starts using the set
+/// later finds no pins and loads its own again, so nothing goes unwatched;
+/// only one that opened the maps in the instant between the check and the
+/// removal could write into a detached set (run this once old shims are
+/// gone, as `hack/setup.sh` does after installing a build).
+pub fn stale_sets(root: &Path, remove: bool) -> Result<Vec<StaleSet>> {
+    let Ok(entries) = fs::read_dir(root) else {
+        return Ok(Vec::new());
+    };
+    // Loads take this lock: none runs while sets are judged and removed.
+    let lock_path = Path::new("/run/crab-bpf.lock");
+    let lock = File::create(lock_path).map_err(Error::io("create", lock_path))?;
+    let _lock = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, e)| Error::io("lock", lock_path)(e.into()))?;
+    let mut out = Vec::new();
+    for e in entries.flatten() {
+        let dir = e.path();
+        if e.file_name() == PIN_VERSION || !dir.is_dir() {
+            continue;
+        }
+        let (watched, holders) = match open_map(&dir, LAST_PIN) {
+            Ok(cgroups) => {
+                let watched = cgroups.keys().count();
+                let id = libbpf_rs::MapInfo::new(std::os::fd::AsFd::as_fd(&cgroups))
+                    .map(|i| i.info.id)
+                    .map_err(Error::bpf(format!("read map info in {}", dir.display())))?;
+                (watched, map_holders(id))
+            }
+            // No marker: a load that died half-way, watching nothing.
+            Err(_) => (0, Vec::new()),
+        };
+        let removed = remove && watched == 0 && holders.is_empty() && {
+            clear_dir(&dir);
+            fs::remove_dir(&dir).is_ok()
+        };
+        out.push(StaleSet {
+            dir,
+            watched,
+            holders,
+            removed,
+        });
+    }
+    Ok(out)
+}
+
+/// Processes other than this one with an fd on eBPF map `id`.
+fn map_holders(id: u32) -> Vec<i32> {
+    let me = std::process::id() as i32;
+    let wanted = format!("map_id:\t{id}");
+    let mut out = Vec::new();
+    for p in fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = p.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        let fds = fs::read_dir(p.path().join("fd")).into_iter().flatten();
+        let holds = fds.flatten().any(|fd| {
+            fs::read_link(fd.path()).is_ok_and(|l| l.as_os_str() == "anon_inode:bpf-map")
+                && fs::read_to_string(p.path().join("fdinfo").join(fd.file_name()))
+                    .is_ok_and(|info| info.lines().any(|l| l == wanted))
+        });
+        if holds {
+            out.push(pid);
+        }
+    }
+    out
+}

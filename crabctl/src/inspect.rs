@@ -1,4 +1,4 @@
-//! `crabctl inspect`.
+//! `crabctl inspect` and `crabctl inspector`.
 
 use anyhow::{Context, Result};
 use crab_runtime::config::Config;
@@ -19,5 +19,45 @@ pub fn run(config: &Config, namespace: &str, id: &str) -> Result<()> {
     println!("tracking cgroup: {}", s.tracking_cgroup.display());
     println!("cgroup id:       {}", s.cgroup_id);
     println!("pids:            {:?}", c.tracking().pids()?);
+    Ok(())
+}
+
+#[derive(clap::Subcommand)]
+pub enum InspectorCmd {
+    /// Detach the program sets of other Crab builds (left attached by an
+    /// upgrade) that watch no container and that no process holds open.
+    Prune {
+        /// Only list them.
+        #[arg(long)]
+        dry_run: bool,
+        /// The pin root (default: the configuration's policy.bpf_pin_root).
+        #[arg(long)]
+        pin_root: Option<std::path::PathBuf>,
+    },
+}
+
+pub fn inspector(config: &Config, cmd: InspectorCmd) -> Result<()> {
+    let InspectorCmd::Prune { dry_run, pin_root } = cmd;
+    let root = pin_root.as_ref().unwrap_or(&config.policy.bpf_pin_root);
+    let sets = crab_bpf::stale_sets(root, !dry_run)
+        .with_context(|| format!("program sets below {}", root.display()))?;
+    for s in &sets {
+        let what = if s.removed {
+            "detached".to_string()
+        } else if s.watched > 0 || !s.holders.is_empty() {
+            format!(
+                "kept: watches {} cgroups, held open by pids {:?}",
+                s.watched, s.holders
+            )
+        } else if dry_run {
+            "unused".to_string()
+        } else {
+            "unused, but its pins could not be removed".to_string()
+        };
+        println!("{}: {what}", s.dir.display());
+    }
+    if sets.is_empty() {
+        println!("no program sets of other builds below {}", root.display());
+    }
     Ok(())
 }

@@ -49,6 +49,9 @@ enum Command {
         /// Container id.
         id: String,
     },
+    /// The host-wide eBPF inspector.
+    #[command(subcommand)]
+    Inspector(inspect::InspectorCmd),
     /// Snapshots of containers' root file systems.
     Fs(fs::FsArgs),
     /// Checkpoint a running container (processes and files) into its history.
@@ -190,6 +193,7 @@ fn main() -> Result<()> {
             Ok(())
         }
         Command::Inspect { id } => inspect::run(&config, &cli.namespace, &id),
+        Command::Inspector(cmd) => inspect::inspector(&config, cmd),
         Command::Fs(cmd) => fs::run(&config, &cli.namespace, cmd),
         Command::Checkpoint {
             id,
