@@ -4,6 +4,9 @@
 # end-to-end time at density. Writes docs/evaluation.md and its plots.
 #
 #   hack/eval.sh [--quick] [crab-eval arguments]
+#     (full)    every trajectory, think times / 40; one crash point each recovered by
+#               every strategy, three more by Crab; 1 to 32 sandboxes at think times
+#               / 2: about an hour and a half on 2 cores
 #     --quick   four short trajectories (build, server, repl, read-heavy), one crash
 #               point each, think times / 60, 1 and 4 sandboxes: under ten minutes
 #   (crab-eval --help lists the rest: --only, --strategies, --crash-points, --density...)

@@ -46,28 +46,28 @@ struct Cli {
     )]
     strategies: Vec<String>,
     /// Crash points per trajectory, drawn with the seed ("all": every turn).
-    #[arg(long, default_value = "2")]
+    #[arg(long, default_value = "1")]
     crash_points: String,
     /// Crash points per trajectory for Crab, the strategy whose correctness
-    /// is the claim (default: --crash-points); the first ones are shared with
-    /// the other strategies.
-    #[arg(long)]
-    crab_crash_points: Option<String>,
+    /// is the claim; the first ones are shared with the other strategies.
+    #[arg(long, default_value = "4")]
+    crab_crash_points: String,
     /// Seed of the crash points.
     #[arg(long, default_value_t = 7)]
     seed: u64,
     /// Think times are divided by this.
-    #[arg(long, default_value_t = 10.0)]
+    #[arg(long, default_value_t = 40.0)]
     speedup: f64,
     /// Concurrent sandboxes for the end-to-end figures ("none": skip them).
     #[arg(long, default_value = "1,4,8,16,32")]
     density: String,
-    /// Think times of the density runs are divided by this (default: the
-    /// --speedup); overhead at realistic think times wants 1 to 5.
-    #[arg(long)]
-    density_speedup: Option<f64>,
+    /// Think times of the density runs are divided by this: the overhead is
+    /// measured at think times close to real ones.
+    #[arg(long, default_value_t = 2.0)]
+    density_speedup: f64,
     /// The quick mode: four short trajectories (build, server, repl,
-    /// read-heavy), one crash point each, speed-up 60, density 1 and 4.
+    /// read-heavy), one crash point each, speed-up 60 (density runs too),
+    /// density 1 and 4.
     #[arg(long)]
     quick: bool,
     /// Where to write the report (Markdown).
@@ -129,7 +129,9 @@ async fn main() -> Result<()> {
     if cli.quick {
         cli.speedup = cli.speedup.max(60.0);
         cli.crash_points = "1".into();
+        cli.crab_crash_points = "1".into();
         cli.density = "1,4".into();
+        cli.density_speedup = cli.speedup;
         if cli.only.is_empty() {
             cli.only = QUICK.iter().map(|s| s.to_string()).collect();
         }
@@ -173,8 +175,8 @@ async fn main() -> Result<()> {
         speedup: cli.speedup,
         seed: cli.seed,
         crash_points: cli.crash_points.clone(),
-        crab_crash_points: cli.crab_crash_points.clone(),
-        density_speedup: cli.density_speedup.unwrap_or(cli.speedup),
+        crab_crash_points: Some(cli.crab_crash_points.clone()),
+        density_speedup: cli.density_speedup,
         ..Default::default()
     };
     let mut seed = cli.seed;
@@ -185,12 +187,11 @@ async fn main() -> Result<()> {
         progress(&plain);
         let crab = run(&env, t.clone(), Strategy::Crab, None).await;
         progress(&crab);
-        let crab_spec = cli
-            .crab_crash_points
-            .as_deref()
-            .unwrap_or(&cli.crash_points);
-        let [points, crab_points] =
-            crash_points(&t, [cli.crash_points.as_str(), crab_spec], &mut seed)?;
+        let [points, crab_points] = crash_points(
+            &t,
+            [cli.crash_points.as_str(), cli.crab_crash_points.as_str()],
+            &mut seed,
+        )?;
         let mut crashes = Vec::new();
         let mut every: Vec<usize> = points.iter().chain(&crab_points).copied().collect();
         every.sort();
