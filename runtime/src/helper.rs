@@ -324,7 +324,12 @@ fn serve(request: Request) -> Result<Reply> {
         data: value,
     };
     match request {
-        Request::Restore { .. } => crate::checkpoint::restore_helper::serve(request).map(pid),
+        Request::Restore { .. } => {
+            crate::checkpoint::restore_helper::serve(request).map(|(pid, phases)| Reply {
+                pid,
+                data: json(&phases),
+            })
+        }
         Request::Checkpoint { root, state, opts } => {
             let c = crate::container::Container { root, state };
             Ok(data(json(&c.checkpoint_here(&opts)?)))

@@ -17,6 +17,7 @@ use std::time::Instant;
 use libcontainer::container::ContainerStatus;
 use oci_spec::runtime::Spec;
 
+use super::restore_helper::RestorePhases;
 use super::{dir_bytes, fs_diff, FsPart, Kind, Manifest, Stdio, Timings, CRIU_DIR, FS_DIFF};
 use crate::config::Config;
 use crate::container::{load_spec, Container, CreateOpts};
@@ -358,9 +359,17 @@ impl Container {
                 tracking,
             })
         };
-        match helper::run(request, stdio).and_then(|pid| {
+        match helper::run_reply(request, stdio).and_then(|reply| {
+            let p: RestorePhases = serde_json::from_value(reply.data).unwrap_or_default();
+            tracing::info!(
+                id = %self.state.id,
+                prepare_ms = p.prepare_ms,
+                criu_ms = p.criu_ms,
+                finish_ms = p.finish_ms,
+                "restore phases"
+            );
             self.save_state()?;
-            Ok(pid)
+            Ok(reply.pid)
         }) {
             Ok(pid) => Ok(pid),
             Err(e) => {
