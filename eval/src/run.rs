@@ -9,6 +9,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use crab_runtime::checkpoint::history::Entry;
+use crab_runtime::checkpoint::stats::TurnStats;
+use crab_runtime::checkpoint::Kind;
 use serde_json::Value;
 
 use crate::agent::{Agent, Llm};
@@ -191,26 +194,36 @@ impl Sandbox {
     }
 }
 
+/// A container's Crab history (`crabctl ls --json`).
+async fn crab_history(env: &Env, id: &str) -> Result<Vec<Entry>> {
+    let text = env.ctr.crabctl(&["ls", id, "--json"]).await?;
+    serde_json::from_str(&text).with_context(|| format!("crabctl ls {id}: {text}"))
+}
+
 /// The newest turn checkpoint in a Crab history: the turn it was taken at
 /// (each LLM request records exactly one entry, seq 1 for turn 0).
 async fn crab_latest_turn(env: &Env, id: &str) -> Result<usize> {
-    let h: Vec<Value> = serde_json::from_str(&env.ctr.crabctl(&["ls", id, "--json"]).await?)?;
-    let seq = h
+    let seq = crab_history(env, id)
+        .await?
         .last()
-        .and_then(|e| e["seq"].as_u64())
+        .map(|e| e.seq)
         .context("no checkpoint")?;
     Ok(seq as usize - 1)
 }
 
+/// A checkpoint kind's name, as `crabctl` prints it (`fs-only`, ...).
+fn kind_name(k: Kind) -> String {
+    serde_json::to_value(k)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
+}
+
 /// The kind and time of the newest entry of a Crab history.
 async fn crab_last_entry(env: &Env, id: &str) -> Option<(String, u64)> {
-    let text = env.ctr.crabctl(&["ls", id, "--json"]).await.ok()?;
-    let h: Vec<Value> = serde_json::from_str(&text).ok()?;
+    let h = crab_history(env, id).await.ok()?;
     let e = h.last()?;
-    Some((
-        e["kind"].as_str()?.to_string(),
-        e["timings"]["total_ms"].as_u64().unwrap_or(0),
-    ))
+    Some((kind_name(e.kind), e.timings.total_ms))
 }
 
 /// Runs trajectory `t` under strategy `s`, crashing after the tool call of
@@ -266,30 +279,24 @@ pub async fn run(env: &Env, t: Arc<Trajectory>, s: Strategy, crash_at: Option<us
 }
 
 async fn crab_figures(env: &Env, id: &str, out: &mut Outcome) {
-    if let Ok(text) = env.ctr.crabctl(&["ls", id, "--json"]).await {
-        let h: Vec<Value> = serde_json::from_str(&text).unwrap_or_default();
-        for e in &h {
-            match e["kind"].as_str().unwrap_or_default() {
-                "skip" => out.kinds.skip += 1,
-                "fs-only" => out.kinds.fs_only += 1,
-                "process-only" => out.kinds.process_only += 1,
-                _ => out.kinds.full += 1,
-            }
-            if e["kind"] != "skip" {
-                out.checkpoint_ms
-                    .push(e["timings"]["total_ms"].as_f64().unwrap_or(0.0));
-            }
-            out.bytes += e["process_bytes"].as_u64().unwrap_or(0);
+    for e in crab_history(env, id).await.unwrap_or_default() {
+        match e.kind {
+            Kind::Skip => out.kinds.skip += 1,
+            Kind::FsOnly => out.kinds.fs_only += 1,
+            Kind::ProcessOnly => out.kinds.process_only += 1,
+            Kind::Full => out.kinds.full += 1,
         }
+        if e.kind != Kind::Skip {
+            out.checkpoint_ms.push(e.timings.total_ms as f64);
+        }
+        out.bytes += e.process_bytes;
     }
     if let Ok(text) = env.ctr.crabctl(&["stats", id, "--json"]).await {
-        let s: Value = serde_json::from_str(&text).unwrap_or_default();
-        let g = &s["gating_ms"];
-        if g["count"].as_u64().unwrap_or(0) > 0 {
-            out.gating_ms = Some((
-                g["p50"].as_f64().unwrap_or(0.0),
-                g["p99"].as_f64().unwrap_or(0.0),
-            ));
+        if let Ok(s) = serde_json::from_str::<TurnStats>(&text) {
+            let g = &s.gating_ms;
+            if g.count > 0 {
+                out.gating_ms = Some((g.p50, g.p99));
+            }
         }
     }
 }

@@ -28,6 +28,7 @@ use bytes::Bytes;
 use crab_integration::bench::cores;
 use crab_integration::*;
 use crab_proxy::{Boundary, Gate, Proxy, Upstream};
+use crab_runtime::checkpoint::stats::{Summary, TurnStats};
 use http::{Request, Response};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Empty, Full};
@@ -512,7 +513,7 @@ struct Outcome {
     containers: usize,
     reported: usize,
     /// `crabctl stats --json` of each container.
-    stats: Vec<Value>,
+    stats: Vec<TurnStats>,
     /// Each turn's wait for the answer's first byte beyond the think time, ms.
     extra_ms: Vec<f64>,
     /// Wall time from the start signal to the last report.
@@ -520,49 +521,47 @@ struct Outcome {
 }
 
 impl Outcome {
-    fn sum(&self, key: &str) -> u64 {
-        self.stats
-            .iter()
-            .map(|s| s[key].as_u64().unwrap_or(0))
-            .sum()
+    fn sum(&self, count: fn(&TurnStats) -> u64) -> u64 {
+        self.stats.iter().map(count).sum()
     }
 
     /// Per-container values of a summary's field (of containers with samples).
-    fn field(&self, summary: &str, q: &str) -> Vec<f64> {
+    fn field(&self, summary: fn(&TurnStats) -> &Summary, q: fn(&Summary) -> f64) -> Vec<f64> {
         sorted(
             self.stats
                 .iter()
-                .filter(|s| s[summary]["count"].as_u64().unwrap_or(0) > 0)
-                .filter_map(|s| s[summary][q].as_f64())
+                .map(summary)
+                .filter(|s| s.count > 0)
+                .map(q)
                 .collect(),
         )
     }
 
     /// The median of per-container `p50`s.
-    fn p50(&self, summary: &str) -> f64 {
-        pct(&self.field(summary, "p50"), 0.5)
+    fn p50(&self, summary: fn(&TurnStats) -> &Summary) -> f64 {
+        pct(&self.field(summary, |s| s.p50), 0.5)
     }
 
     /// The largest per-container value of `q`.
-    fn max_of(&self, summary: &str, q: &str) -> f64 {
+    fn max_of(&self, summary: fn(&TurnStats) -> &Summary, q: fn(&Summary) -> f64) -> f64 {
         self.field(summary, q).last().copied().unwrap_or(0.0)
     }
 
     fn hidden(&self) -> f64 {
-        let turns = self.sum("turns");
+        let turns = self.sum(|s| s.turns);
         if turns == 0 {
             return 0.0;
         }
-        1.0 - self.sum("promoted") as f64 / turns as f64
+        1.0 - self.sum(|s| s.promoted) as f64 / turns as f64
     }
 
     fn kinds(&self) -> String {
         format!(
             "{} / {} / {} / {}",
-            self.sum("full"),
-            self.sum("process_only"),
-            self.sum("fs_only"),
-            self.sum("skip")
+            self.sum(|s| s.full),
+            self.sum(|s| s.process_only),
+            self.sum(|s| s.fs_only),
+            self.sum(|s| s.skip)
         )
     }
 }
@@ -636,7 +635,7 @@ fn run_agents(containers: usize, turns: usize, think: Duration) -> Outcome {
     }
     for g in &guards {
         let o = crabctl(&["stats", &g.id, "--json"], &[]);
-        match serde_json::from_slice::<Value>(&o.stdout) {
+        match serde_json::from_slice::<TurnStats>(&o.stdout) {
             Ok(v) => out.stats.push(v),
             Err(_) => eprintln!("crabctl stats {}: {:?}", g.id, text(&o)),
         }
@@ -660,21 +659,20 @@ fn hidden_checkpoints(thinks: &[f64], turns: usize) {
             println!("| {t} s | no stats | | | | | | | | |");
             continue;
         };
-        let g = &s["gating_ms"];
-        let num = |v: &Value| f1(v.as_f64().unwrap_or(0.0));
+        let g = &s.gating_ms;
         println!(
             "| {t} s | {} | {} | {} | {} | **{:.0}%** | {} / {} / {} ms | {} / {} ms | {} ms | {} / {} ms |",
-            o.sum("turns"),
+            o.sum(|s| s.turns),
             o.kinds(),
-            o.sum("failed"),
-            o.sum("promoted"),
+            o.sum(|s| s.failed),
+            o.sum(|s| s.promoted),
             o.hidden() * 100.0,
-            num(&g["p50"]),
-            num(&g["p95"]),
-            num(&g["p99"]),
-            num(&s["checkpoint_ms"]["p50"]),
-            num(&s["checkpoint_ms"]["p99"]),
-            num(&s["queue_ms"]["p99"]),
+            f1(g.p50),
+            f1(g.p95),
+            f1(g.p99),
+            f1(s.checkpoint_ms.p50),
+            f1(s.checkpoint_ms.p99),
+            f1(s.queue_ms.p99),
             f1(pct(&o.extra_ms, 0.5)),
             f1(pct(&o.extra_ms, 0.99)),
         );
@@ -703,18 +701,18 @@ fn density(sizes: &[usize], turns: usize, think: f64) {
             } else {
                 String::new()
             },
-            o.sum("turns"),
-            o.sum("failed"),
+            o.sum(|s| s.turns),
+            o.sum(|s| s.failed),
             o.hidden() * 100.0,
-            f1(o.p50("gating_ms")),
-            f1(o.max_of("gating_ms", "p95")),
-            f1(o.max_of("gating_ms", "p99")),
+            f1(o.p50(|s| &s.gating_ms)),
+            f1(o.max_of(|s| &s.gating_ms, |q| q.p95)),
+            f1(o.max_of(|s| &s.gating_ms, |q| q.p99)),
             f1(pct(e, 0.5)),
             f1(pct(e, 0.95)),
             f1(pct(e, 0.99)),
-            f1(o.p50("checkpoint_ms")),
-            f1(o.max_of("checkpoint_ms", "p99")),
-            f1(o.max_of("queue_ms", "p99")),
+            f1(o.p50(|s| &s.checkpoint_ms)),
+            f1(o.max_of(|s| &s.checkpoint_ms, |q| q.p99)),
+            f1(o.max_of(|s| &s.queue_ms, |q| q.p99)),
             o.wall.as_secs_f64(),
         );
     }
