@@ -355,19 +355,28 @@ async fn image_bytes(ctr: &Ctr, reference: &str) -> (u64, bool) {
     let Ok(images) = ctr.ok(&["images", "ls"]).await else {
         return (0, false);
     };
-    let Some(digest) = images
+    let Some(digest) = image_digest(&images, reference) else {
+        return (0, false);
+    };
+    let index = ctr
+        .ok(&["content", "get", digest])
+        .await
+        .unwrap_or_default();
+    checkpoint_parts(&index)
+}
+
+/// The digest of image `reference` in the output of `ctr images ls`.
+pub fn image_digest<'a>(images_ls: &'a str, reference: &str) -> Option<&'a str> {
+    images_ls
         .lines()
         .find(|l| l.split_whitespace().next() == Some(reference))
         .and_then(|l| l.split_whitespace().find(|w| w.starts_with("sha256:")))
-    else {
-        return (0, false);
-    };
-    let index: Value = ctr
-        .ok(&["content", "get", digest])
-        .await
-        .ok()
-        .and_then(|t| serde_json::from_str(&t).ok())
-        .unwrap_or_default();
+}
+
+/// What a checkpoint image's index lists: its parts' bytes, and whether a
+/// process image (CRIU's blob) is among them.
+pub fn checkpoint_parts(index_json: &str) -> (u64, bool) {
+    let index: Value = serde_json::from_str(index_json).unwrap_or_default();
     let manifests = index["manifests"].as_array().cloned().unwrap_or_default();
     let bytes = manifests.iter().filter_map(|d| d["size"].as_u64()).sum();
     let complete = manifests.iter().any(|d| {
@@ -567,5 +576,27 @@ async fn recover(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_checkpoint_image_is_complete_only_with_its_process_image() {
+        let ls = "REF TYPE DIGEST SIZE\n\
+                  crab.eval/a:1 application/vnd.oci.image.index.v1+json sha256:aa 1.0 KiB\n\
+                  crab.eval/a:2 application/vnd.oci.image.index.v1+json sha256:bb 1.0 KiB\n";
+        assert_eq!(image_digest(ls, "crab.eval/a:2"), Some("sha256:bb"));
+        assert_eq!(image_digest(ls, "crab.eval/a:3"), None);
+        let full = r#"{"manifests": [
+            {"mediaType": "application/vnd.containerd.container.criu.checkpoint.criu.tar", "size": 100},
+            {"mediaType": "application/vnd.containerd.container.checkpoint.config.v1+proto", "size": 20}]}"#;
+        assert_eq!(checkpoint_parts(full), (120, true));
+        let files_only = r#"{"manifests": [
+            {"mediaType": "application/vnd.containerd.container.checkpoint.config.v1+proto", "size": 20}]}"#;
+        assert_eq!(checkpoint_parts(files_only), (20, false));
+        assert_eq!(checkpoint_parts("not json"), (0, false));
     }
 }

@@ -24,19 +24,10 @@ fn workload(mb: usize) -> String {
 /// Bytes of a checkpoint image: the sizes its index lists.
 fn image_bytes(reference: &str) -> u64 {
     let images = ctr_ok(&["images", "ls"]);
-    let Some(digest) = images
-        .lines()
-        .find(|l| l.split_whitespace().next() == Some(reference))
-        .and_then(|l| l.split_whitespace().find(|w| w.starts_with("sha256:")))
-    else {
-        return 0;
-    };
-    let index: serde_json::Value =
-        serde_json::from_str(&ctr_ok(&["content", "get", digest])).unwrap_or_default();
-    index["manifests"]
-        .as_array()
-        .map(|m| m.iter().filter_map(|d| d["size"].as_u64()).sum())
-        .unwrap_or(0)
+    match crab_eval::run::image_digest(&images, reference) {
+        Some(digest) => crab_eval::run::checkpoint_parts(&ctr_ok(&["content", "get", digest])).0,
+        None => 0,
+    }
 }
 
 struct Sample {
