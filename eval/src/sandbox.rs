@@ -165,8 +165,14 @@ impl Ctr {
     }
 }
 
-/// Pids of the shims serving container `id` (`-id ID` on their command line).
+/// Pids of the shims (any runtime's) serving container `id`.
 pub fn shim_pids(id: &str) -> Vec<i32> {
+    shim_pids_of("containerd-shim", id)
+}
+
+/// Pids of running processes of `binary` (a part of their program's path)
+/// started for container (group) `id` (their `-id` argument).
+pub fn shim_pids_of(binary: &str, id: &str) -> Vec<i32> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
@@ -179,7 +185,7 @@ pub fn shim_pids(id: &str) -> Vec<i32> {
             let args: Vec<&[u8]> = cmd.split(|b| *b == 0).collect();
             let is_shim = args
                 .first()
-                .is_some_and(|a| String::from_utf8_lossy(a).contains("containerd-shim"));
+                .is_some_and(|a| String::from_utf8_lossy(a).contains(binary));
             is_shim
                 && args
                     .windows(2)

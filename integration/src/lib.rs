@@ -381,20 +381,7 @@ pub fn shim_pids(id: &str) -> Vec<i32> {
 
 /// Pids of running processes of `binary` started for container (group) `id`.
 pub fn shim_pids_of(binary: &str, id: &str) -> Vec<i32> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-            continue;
-        };
-        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-        if cmd.contains(binary) && cmd.contains(&format!("-id {id} ")) {
-            out.push(pid);
-        }
-    }
-    out
+    crab_eval::sandbox::shim_pids_of(binary, id)
 }
 
 /// Runs `crabctl -n <namespace> ARGS` with extra environment variables.
