@@ -539,11 +539,21 @@ async fn recover(
             env.ctr.remove(&id).await;
             match latest {
                 Some((index, reference)) => {
-                    if let Err(e) = env
-                        .ctr
-                        .ok(&["container", "restore", "--live", "--rw", &id, &reference])
-                        .await
-                    {
+                    let restore = ["container", "restore", "--live", "--rw", &id, &reference];
+                    let mut restored = env.ctr.ok(&restore).await;
+                    for _ in 0..5 {
+                        // containerd forgets a task whose shim was killed a
+                        // little after the kill: until then its id is taken.
+                        match &restored {
+                            Err(e) if e.to_string().contains("already exists") => {
+                                env.ctr.remove(&id).await;
+                                tokio::time::sleep(Duration::from_millis(500)).await;
+                                restored = env.ctr.ok(&restore).await;
+                            }
+                            _ => break,
+                        }
+                    }
+                    if let Err(e) = restored {
                         let images = env.ctr.ok(&["images", "ls"]).await.unwrap_or_default();
                         let line = images
                             .lines()

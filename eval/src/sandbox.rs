@@ -161,7 +161,16 @@ impl Ctr {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        let _ = self.ok(&["container", "rm", id]).await;
+        // After a crash containerd cleans the dead task up on its own, a little
+        // later: until then the container cannot go, and a new one of the same
+        // id would find the old task.
+        for _ in 0..100 {
+            match self.ok(&["container", "rm", id]).await {
+                Ok(_) => break,
+                Err(e) if e.to_string().contains("not found") => break,
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
     }
 }
 
