@@ -8,6 +8,8 @@
 //! - build: untar a small project (600 Python modules) and byte-compile it
 //!   (the python image has no C compiler);
 //! - writes: 20 000 small writes, each an open + write + close, over 200 files;
+//! - syscalls: 200 000 write(2) calls of 100 B to one open file (dd), the
+//!   inspector's cost per write with little else around it;
 //! - find: a read-only `find / -xdev`, ten times.
 //!
 //! `crab-inspector-bench [--iterations N] [--containers 1,32]`; needs the
@@ -35,6 +37,9 @@ elif w == 'writes':
     for i in range(20000):
         with open('/sandbox/w/%d' % (i % 200), 'w') as f:
             f.write('x' * 100)
+elif w == 'syscalls':
+    subprocess.run(['dd', 'if=/dev/zero', 'of=/sandbox/s', 'bs=100', 'count=200000'],
+                   stderr=subprocess.DEVNULL, check=True)
 elif w == 'find':
     for _ in range(10):
         subprocess.run(['find', '/', '-xdev'], stdout=subprocess.DEVNULL, check=True)
@@ -127,7 +132,7 @@ fn main() {
             crabctl_ok(&["checkpoint", &o.id]);
             others.push(o);
         }
-        for w in ["build", "writes", "find"] {
+        for w in ["build", "writes", "syscalls", "find"] {
             run_workload(&g, w); // warm the page cache
             let (mut on, mut off) = (Vec::new(), Vec::new());
             for i in 0..n {
