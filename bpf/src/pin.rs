@@ -42,10 +42,7 @@ pub(crate) fn open_or_load(root: &Path) -> Result<Pinned> {
         return Ok(p);
     }
     ensure_bpffs(root)?;
-    let lock_path = Path::new("/run/crab-bpf.lock");
-    let lock = File::create(lock_path).map_err(Error::io("create", lock_path))?;
-    let _lock = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive)
-        .map_err(|(_, e)| Error::io("lock", lock_path)(e.into()))?;
+    let _lock = host_lock()?;
     // Someone else may have finished while this process waited.
     if let Ok(p) = open_pins(&dir) {
         return Ok(p);
@@ -56,6 +53,14 @@ pub(crate) fn open_or_load(root: &Path) -> Result<Pinned> {
         return Err(e);
     }
     open_pins(&dir)
+}
+
+/// The host-wide lock that serialises loads (and prunes) of program sets.
+fn host_lock() -> Result<nix::fcntl::Flock<File>> {
+    let lock_path = Path::new("/run/crab-bpf.lock");
+    let lock = File::create(lock_path).map_err(Error::io("create", lock_path))?;
+    nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, e)| Error::io("lock", lock_path)(e.into()))
 }
 
 fn clear_dir(dir: &Path) {
@@ -233,10 +238,7 @@ pub fn stale_sets(root: &Path, remove: bool) -> Result<Vec<StaleSet>> {
         return Ok(Vec::new());
     };
     // Loads take this lock: none runs while sets are judged and removed.
-    let lock_path = Path::new("/run/crab-bpf.lock");
-    let lock = File::create(lock_path).map_err(Error::io("create", lock_path))?;
-    let _lock = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive)
-        .map_err(|(_, e)| Error::io("lock", lock_path)(e.into()))?;
+    let _lock = host_lock()?;
     let mut out = Vec::new();
     for e in entries.flatten() {
         let dir = e.path();

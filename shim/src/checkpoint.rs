@@ -291,7 +291,7 @@ impl TaskService {
         // Removing the images (hundreds of MB for a big process) costs about
         // 0.2 ms per MB here: off the path of Start, which waits for nothing
         // in them any more.
-        let cleanup = pending.cleanup.clone();
+        let cleanup = pending.cleanup;
         tokio::task::spawn_blocking(move || {
             for p in &cleanup {
                 let _ = std::fs::remove_dir_all(p);
