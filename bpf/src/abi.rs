@@ -106,7 +106,8 @@ pub struct Counters {
     pub overflow: u64,
     /// Effects the inspector cannot follow ([`opaque`] bits).
     pub opaque: u64,
-    /// Syscalls of interest seen from the container.
+    /// Syscalls of interest seen from the container, less writes to a file
+    /// already recorded (those return before counting).
     pub events: u64,
     /// How many times records were forgotten (checkpoints): equal generations
     /// mean no checkpoint reset the records in between.

@@ -44,6 +44,11 @@ impl Inspector {
         // every classification must take everything.
         let state = types::cg_state {
             opaque: crate::opaque::UNTRACKED,
+            // A generation this cgroup id never had: entries of the `seen`
+            // cache left by an earlier watch of it must not hit. An earlier
+            // watch started at an earlier boot-time ns and moved by one per
+            // checkpoint, so it stayed below this one.
+            gen: boot_time_ns(),
             ..Default::default()
         };
         match self
@@ -210,4 +215,12 @@ fn lookup<T: Copy>(map: &MapHandle, key: &[u8]) -> Option<T> {
         .ok()
         .flatten()
         .and_then(|b| from_bytes(&b))
+}
+
+/// Nanoseconds since boot (CLOCK_BOOTTIME: never goes back).
+fn boot_time_ns() -> u64 {
+    use nix::time::{clock_gettime, ClockId};
+    // Fails only for an unknown clock id; BOOTTIME exists since Linux 2.6.39.
+    let t = clock_gettime(ClockId::CLOCK_BOOTTIME).expect("CLOCK_BOOTTIME");
+    t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64
 }

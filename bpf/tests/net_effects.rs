@@ -257,6 +257,23 @@ fn repeated_writes_are_recorded_again_after_a_checkpoint_forgot_them() {
 }
 
 #[test]
+fn a_write_is_recorded_when_the_cgroup_is_watched_again() {
+    let sb = Sandbox::new("rewatch");
+    sb.setup("echo a > f");
+    sb.run("echo b >> f");
+    assert_eq!(sb.paths().len(), 1);
+    // Unwatched and watched again, then checkpointed: the write cache of the
+    // first watch must not make the same file look recorded already.
+    sb.insp.unwatch(sb.cgid).unwrap();
+    sb.insp.watch(sb.cgid).unwrap();
+    sb.insp.forget(sb.cgid, |_| true, true, true).unwrap();
+    sb.run("echo c >> f");
+    let paths = sb.paths();
+    assert_eq!(paths.len(), 1, "{paths:?}");
+    assert!(paths[0].1.has(FsFlags::WRITTEN));
+}
+
+#[test]
 fn nothing_is_recorded_before_the_first_full_checkpoint() {
     let sb = Sandbox::new("untracked");
     sb.insp.unwatch(sb.cgid).unwrap();

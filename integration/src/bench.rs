@@ -35,6 +35,15 @@ impl Args {
             .unwrap_or_else(|_| panic!("--{name} needs a number"))
     }
 
+    /// A comma-separated list of words.
+    pub fn words(&self, name: &str) -> Vec<String> {
+        self.0[name]
+            .split(',')
+            .map(|v| v.trim().to_string())
+            .filter(|v| !v.is_empty())
+            .collect()
+    }
+
     /// A comma-separated list of numbers.
     pub fn numbers(&self, name: &str) -> Vec<usize> {
         self.0[name]

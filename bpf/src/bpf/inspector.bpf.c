@@ -129,6 +129,18 @@ struct {
 	__type(value, struct seen_val);
 } seen SEC(".maps");
 
+/* The last file sys_enter found recorded on this CPU: a write loop hits it
+ * without hashing into `seen`. Same fields and same validation as a `seen`
+ * entry, and only ever a copy of what `seen` said, so a hit here is a hit
+ * there. Only sys_enter reads or writes it, and the kernel never runs a
+ * program nested in itself on one CPU (a nested run is skipped and counted as
+ * a miss), so no other run can see it half-written. */
+struct last_file {
+	__u64 cgid;
+	__u64 dentry;
+	struct seen_val v;
+};
+
 /* Per-CPU scratch: none of this fits the 512-byte stack. Each key is followed
  * by PATH_KEY spare bytes, so that a string of up to PATH_KEY bytes read at any
  * offset inside the key's path stays inside the record (verifier bounds). */
@@ -139,6 +151,7 @@ struct scratch {
 	char spill_k[PATH_KEY];
 	char buf[2 * PATH_KEY + 256];
 	struct fs_val val;
+	struct last_file last;
 };
 
 struct {
@@ -400,40 +413,60 @@ static __always_inline void removed(struct cg_state *st, struct scratch *s, stru
 	note(st, s, k, FS_REMOVED, 0);
 }
 
-static __always_inline void note_file(struct cg_state *st, struct scratch *s, __u64 cgid,
-				      struct file *f, __u32 flags)
+static __always_inline bool seen_hit(struct seen_val *sv, struct cg_state *st, struct inode *ino,
+				     __u32 unlinked, __u32 flags)
+{
+	return sv->gen == st->gen && sv->inode == (__u64)ino && sv->unlinked == unlinked &&
+	       (sv->flags & flags) == flags;
+}
+
+/* Records `flags` for an open file, unless `seen` says they already are.
+ * Returns 1 when nothing was new. `remember`: keep the outcome in this CPU's
+ * last_file (sys_enter only; see there). */
+static __always_inline int note_file(struct cg_state *st, struct scratch *s, __u64 cgid,
+				     struct file *f, __u32 flags, bool remember)
 {
 	struct dentry *d = f->f_path.dentry;
 	struct inode *ino = f->f_inode;
 	__u32 unlinked = ino->__i_nlink == 0;
+	struct last_file *last = &s->last;
+	if (remember && last->cgid == cgid && last->dentry == (__u64)d &&
+	    seen_hit(&last->v, st, ino, unlinked, flags))
+		return 1;
 	struct seen_key sk = {.cgid = cgid, .dentry = (__u64)d};
 	struct seen_val *sv = bpf_map_lookup_elem(&seen, &sk);
+	struct seen_val nv = {.gen = st->gen, .inode = (__u64)ino, .unlinked = unlinked};
 	bool same = sv && sv->gen == st->gen && sv->inode == (__u64)ino && sv->unlinked == unlinked;
-	if (same && (sv->flags & flags) == flags)
-		return;
-	__u32 dev = 0;
-	long extra = key_of_file(s, cgid, f, &dev);
-	if (extra < 0) {
-		__sync_fetch_and_add(&st->overflow, 1);
-		return;
+	bool hit = same && (sv->flags & flags) == flags;
+	if (hit) {
+		nv.flags = sv->flags;
+	} else {
+		__u32 dev = 0;
+		long extra = key_of_file(s, cgid, f, &dev);
+		if (extra < 0) {
+			__sync_fetch_and_add(&st->overflow, 1);
+			return 0;
+		}
+		note(st, s, &s->key, flags | FS_RESOLVED | extra, dev);
+		nv.flags = (same ? sv->flags : 0) | (flags & ~FS_CREATED);
+		bpf_map_update_elem(&seen, &sk, &nv, BPF_ANY);
 	}
-	note(st, s, &s->key, flags | FS_RESOLVED | extra, dev);
-	struct seen_val nv = {
-		.gen = st->gen,
-		.inode = (__u64)ino,
-		.flags = (same ? sv->flags : 0) | (flags & ~FS_CREATED),
-		.unlinked = unlinked,
-	};
-	bpf_map_update_elem(&seen, &sk, &nv, BPF_ANY);
+	if (remember) {
+		last->cgid = cgid;
+		last->dentry = (__u64)d;
+		last->v = nv;
+	}
+	return hit;
 }
 
-static __always_inline void note_fd(struct cg_state *st, struct scratch *s, __u64 cgid, int fd,
-				    __u32 flags)
+/* As note_file, for the regular file behind `fd`; returns 1 when nothing was new. */
+static __always_inline int note_fd(struct cg_state *st, struct scratch *s, __u64 cgid, int fd,
+				   __u32 flags, bool remember)
 {
 	struct file *f = file_of(fd);
 	if (!f || !S_ISREG(f->f_inode->i_mode))
-		return;
-	note_file(st, s, cgid, f, flags);
+		return 1;
+	return note_file(st, s, cgid, f, flags, remember);
 }
 
 /* Prepares a name operation for sys_exit. */
@@ -524,23 +557,23 @@ int BPF_PROG(sys_enter, struct pt_regs *regs, long id)
 	switch (id) {
 	/* content through a file descriptor */
 	case NR_write: case NR_pwrite64: case NR_writev: case NR_pwritev: case NR_pwritev2:
-	case NR_ftruncate: case NR_fallocate:
-		note_fd(st, s, cgid, a0, FS_WRITTEN);
-		break;
-	case NR_sendfile:
-		note_fd(st, s, cgid, a0, FS_WRITTEN);
+	case NR_ftruncate: case NR_fallocate: case NR_sendfile:
+		/* A file already recorded: nothing to do, not even the count. */
+		if (note_fd(st, s, cgid, a0, FS_WRITTEN, true))
+			return 0;
 		break;
 	case NR_splice: case NR_copy_file_range:
-		note_fd(st, s, cgid, a2, FS_WRITTEN);
+		if (note_fd(st, s, cgid, a2, FS_WRITTEN, true))
+			return 0;
 		break;
 	case NR_mmap: {
 		__u32 type = a3 & MAP_TYPE;
 		if ((a2 & PROT_WRITE) && (type == MAP_SHARED || type == MAP_SHARED_VALIDATE))
-			note_fd(st, s, cgid, a4, FS_WRITTEN | FS_MMAP);
+			note_fd(st, s, cgid, a4, FS_WRITTEN | FS_MMAP, true);
 		break;
 	}
 	case NR_fchmod: case NR_fchown: case NR_fsetxattr: case NR_fremovexattr:
-		note_fd(st, s, cgid, a0, FS_META);
+		note_fd(st, s, cgid, a0, FS_META, true);
 		break;
 	/* content and metadata by name */
 	case NR_truncate:
@@ -558,7 +591,7 @@ int BPF_PROG(sys_enter, struct pt_regs *regs, long id)
 		if (a1)
 			pend1(st, s, cgid, OP_NOTE, FS_META, a0, (const char *)a1);
 		else
-			note_fd(st, s, cgid, a0, FS_META);
+			note_fd(st, s, cgid, a0, FS_META, true);
 		break;
 	/* names */
 	case NR_mkdir:
@@ -631,9 +664,9 @@ static __always_inline void opened(struct cg_state *st, struct scratch *s, __u64
 	if (cfg->created_mask && (mode & cfg->created_mask)) {
 		/* A fresh dentry, or a negative one made positive: never a cache hit
 		 * with the same inode, so the creation is always recorded. */
-		note_file(st, s, cgid, f, FS_CREATED | FS_WRITTEN);
+		note_file(st, s, cgid, f, FS_CREATED | FS_WRITTEN, false);
 	} else if ((mode & FMODE_WRITE) && S_ISREG(f->f_inode->i_mode)) {
-		note_fd(st, s, cgid, fd, FS_WRITTEN);
+		note_fd(st, s, cgid, fd, FS_WRITTEN, false);
 	}
 }
 

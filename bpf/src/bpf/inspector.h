@@ -40,7 +40,7 @@ struct cg_state {
 	__u64 transient;  /* tasks born and gone: no net change */
 	__u64 overflow;   /* records that did not fit: the net state is unknown */
 	__u64 opaque;     /* OPAQUE_* bits */
-	__u64 events;     /* syscalls seen from the container */
+	__u64 events;     /* syscalls of interest, less writes to a file already recorded */
 	__u64 gen;        /* bumped by userspace when it forgets: stales the `seen` cache */
 };
 

@@ -12,10 +12,16 @@
 //!   inspector's cost per write with little else around it;
 //! - find: a read-only `find / -xdev`, ten times.
 //!
-//! `crab-inspector-bench [--iterations N] [--containers 1,32]`; needs the
-//! private containerd of `hack/containerd.sh` (see `hack/bench.sh`).
+//! Then the kernel's own accounting (`kernel.bpf_stats_enabled`) of the
+//! syscall programs during the dd loop, watched and not: the nanoseconds the
+//! inspector adds to one write, without the workload's noise around it.
+//!
+//! `crab-inspector-bench [--iterations N] [--containers 1,32]
+//! [--workloads build,writes,syscalls,find]`; needs the private containerd of
+//! `hack/containerd.sh` (see `hack/bench.sh`).
 
 use std::os::unix::fs::MetadataExt;
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
@@ -70,52 +76,117 @@ fn cgroup_id(id: &str) -> u64 {
         .ino()
 }
 
-/// Bytes of kernel memory the inspector's maps and programs account for.
-fn inspector_memory() -> (u64, u64) {
-    let sum = |what: &str, names: &[&str]| -> u64 {
-        let out = Command::new("bpftool")
-            .args(["-j", what, "show"])
-            .output()
-            .expect("bpftool");
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-        v.as_array()
-            .map(|a| {
-                a.iter()
-                    .filter(|m| names.contains(&m["name"].as_str().unwrap_or("")))
-                    .map(|m| m["bytes_memlock"].as_u64().unwrap_or(0))
-                    .sum()
-            })
-            .unwrap_or(0)
-    };
-    let maps = sum(
-        "map",
-        &[
-            "cgroups",
-            "fs_entries",
-            "proc_entries",
-            "pendings",
-            "configs",
-            "scratches",
-        ],
-    );
-    let progs = sum(
-        "prog",
-        &[
-            "sys_enter",
-            "sys_exit",
-            "process_fork",
-            "process_exit",
-            "process_exec",
-            "cgroup_attach",
-        ],
-    );
+fn bpftool(args: &[&str]) -> serde_json::Value {
+    let out = Command::new("bpftool")
+        .arg("-j")
+        .args(args)
+        .output()
+        .expect("bpftool");
+    assert!(out.status.success(), "bpftool {args:?}: {:?}", text(&out));
+    serde_json::from_slice(&out.stdout).expect("bpftool prints JSON")
+}
+
+const PROGRAMS: [&str; 6] = [
+    "sys_enter",
+    "sys_exit",
+    "process_fork",
+    "process_exit",
+    "process_exec",
+    "cgroup_attach",
+];
+
+/// `bpftool prog show` of one program of the set pinned in `dir`.
+fn prog_of(dir: &Path, name: &str) -> serde_json::Value {
+    let link = dir.join(format!("link-{name}"));
+    let link = bpftool(&["link", "show", "pinned", &link.to_string_lossy()]);
+    let id = link["prog_id"].as_u64().expect("a link's prog_id");
+    bpftool(&["prog", "show", "id", &id.to_string()])
+}
+
+/// Bytes of kernel memory the programs of the set pinned in `dir` and the maps
+/// they use account for (not another set's, such as the tests').
+fn inspector_memory(dir: &Path) -> (u64, u64) {
+    let (mut progs, mut map_ids) = (0, std::collections::BTreeSet::new());
+    for name in PROGRAMS {
+        let p = prog_of(dir, name);
+        progs += p["bytes_memlock"].as_u64().unwrap_or(0);
+        for id in p["map_ids"].as_array().into_iter().flatten() {
+            map_ids.insert(id.as_u64().expect("a map id"));
+        }
+    }
+    let maps = map_ids
+        .iter()
+        .map(|id| bpftool(&["map", "show", "id", &id.to_string()])["bytes_memlock"].as_u64())
+        .map(|b| b.unwrap_or(0))
+        .sum();
     (maps, progs)
 }
 
+/// Total run time (ns) of the syscall programs of the set pinned in `dir`, as
+/// the kernel accounts it while `kernel.bpf_stats_enabled` is 1.
+fn syscall_prog_ns(dir: &Path) -> u64 {
+    ["sys_enter", "sys_exit"]
+        .iter()
+        .map(|p| {
+            prog_of(dir, p)["run_time_ns"]
+                .as_u64()
+                .expect("run_time_ns: are bpf stats enabled?")
+        })
+        .sum()
+}
+
+/// The inspector's programs' time per write of the dd loop (200 000 writes,
+/// as many reads of /dev/zero), watched and not: medians over `n` runs each.
+fn kernel_cost_per_write(
+    insp: &crab_bpf::Inspector,
+    g: &Guard,
+    cgid: u64,
+    dir: &Path,
+    n: usize,
+) -> (f64, f64) {
+    const STATS: &str = "/proc/sys/kernel/bpf_stats_enabled";
+    let before = std::fs::read_to_string(STATS).expect(STATS);
+    std::fs::write(STATS, "1").expect(STATS);
+    let (mut on, mut off) = (Vec::new(), Vec::new());
+    for i in 0..n {
+        for watched in [i % 2 == 0, i % 2 != 0] {
+            if watched {
+                insp.watch(cgid).expect("watch");
+                insp.forget(cgid, |_| true, true, true).expect("forget");
+            } else {
+                insp.unwatch(cgid).expect("unwatch");
+            }
+            let t0 = syscall_prog_ns(dir);
+            run_workload(g, "syscalls");
+            let ns = (syscall_prog_ns(dir) - t0) as f64 / 200_000.0;
+            if watched {
+                on.push(ns)
+            } else {
+                off.push(ns)
+            }
+        }
+    }
+    std::fs::write(STATS, before.trim()).expect(STATS);
+    insp.watch(cgid).expect("watch");
+    insp.forget(cgid, |_| true, true, true).expect("forget");
+    (median_f64(off), median_f64(on))
+}
+
+fn median_f64(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
 fn main() {
-    let a = Args::parse(&[("iterations", "9"), ("containers", "1,32")]);
+    let a = Args::parse(&[
+        ("iterations", "9"),
+        ("containers", "1,32"),
+        ("workloads", "build,writes,syscalls,find"),
+    ]);
     let (n, densities) = (a.number("iterations"), a.numbers("containers"));
-    let insp = crab_runtime::inspect::inspector(&Config::default()).expect("the inspector loads");
+    let workloads = a.words("workloads");
+    let config = Config::default();
+    let insp = crab_runtime::inspect::inspector(&config).expect("the inspector loads");
     let g = Guard::run_detached(CRAB, PYTHON, &[], &["sleep", "infinity"]);
     g.exec_ok(&["python3", "-c", PREPARE]);
     let cgid = cgroup_id(&g.id);
@@ -132,7 +203,7 @@ fn main() {
             crabctl_ok(&["checkpoint", &o.id]);
             others.push(o);
         }
-        for w in ["build", "writes", "syscalls", "find"] {
+        for w in workloads.iter().map(String::as_str) {
             run_workload(&g, w); // warm the page cache
             let (mut on, mut off) = (Vec::new(), Vec::new());
             for i in 0..n {
@@ -162,6 +233,13 @@ fn main() {
         }
     }
 
+    let dir = config.policy.bpf_pin_root.join(crab_bpf::PIN_VERSION);
+    let (off, on) = kernel_cost_per_write(&insp, &g, cgid, &dir, n);
+    println!();
+    println!("| dd loop, inspector programs' time per write(2) | not watched | watched | added |");
+    println!("|---|---|---|---|");
+    println!("| sys_enter + sys_exit, all of dd's syscalls / 200 000 | {off:.0} ns | {on:.0} ns | {:.0} ns |", on - off);
+
     // Classification: the classifier's own time, for a turn with a few changes.
     g.exec_ok(&[
         "sh",
@@ -177,7 +255,7 @@ fn main() {
         ));
     }
     let s = stats(us);
-    let (maps, progs) = inspector_memory();
+    let (maps, progs) = inspector_memory(&dir);
     println!();
     println!(
         "classify a turn ({} watched containers): median {:.0} µs, p95 {:.0} µs",
