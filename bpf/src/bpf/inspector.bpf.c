@@ -187,10 +187,11 @@ static __always_inline struct file *file_of(int fd)
 	struct fdtable *fdt = t->files->fdt;
 	if (fd < 0 || fd >= fdt->max_fds)
 		return 0;
-	struct file **fds = fdt->fd;
-	struct file *f = 0;
-	/* an index into an array of pointers: no direct load can take it */
-	bpf_probe_read_kernel(&f, sizeof(f), &fds[fd]);
+	/* fdt->fd[fd]: the verifier types no load from an array of pointers, so
+	 * the slot is cast to a struct whose first member is a pointer. */
+	struct list_head *slot = bpf_rdonly_cast((void *)((__u64)fdt->fd + fd * sizeof(void *)),
+						 bpf_core_type_id_kernel(struct list_head));
+	struct list_head *f = slot->next;
 	if (!f)
 		return 0;
 	return bpf_rdonly_cast(f, bpf_core_type_id_kernel(struct file));
@@ -666,7 +667,7 @@ static __always_inline void opened(struct cg_state *st, struct scratch *s, __u64
 		 * with the same inode, so the creation is always recorded. */
 		note_file(st, s, cgid, f, FS_CREATED | FS_WRITTEN, false);
 	} else if ((mode & FMODE_WRITE) && S_ISREG(f->f_inode->i_mode)) {
-		note_fd(st, s, cgid, fd, FS_WRITTEN, false);
+		note_file(st, s, cgid, f, FS_WRITTEN, false);
 	}
 }
 

@@ -93,6 +93,12 @@ struct file {
 	unsigned int f_mode;
 } __attribute__((preserve_access_index));
 
+/* Any kernel struct whose first member is a pointer: lets a pointer slot of an
+ * array be read with a plain load (see file_of). */
+struct list_head {
+	struct list_head *next;
+} __attribute__((preserve_access_index));
+
 struct fdtable {
 	unsigned int max_fds;
 	struct file **fd;
