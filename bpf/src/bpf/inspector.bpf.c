@@ -152,6 +152,7 @@ struct scratch {
 	char buf[2 * PATH_KEY + 256];
 	struct fs_val val;
 	struct last_file last;
+	__u64 addr; /* see addr_of */
 };
 
 struct {
@@ -197,6 +198,16 @@ static __always_inline struct file *file_of(int fd)
 	return bpf_rdonly_cast(f, bpf_core_type_id_kernel(struct file));
 }
 
+/* A kernel pointer as the integer a global function takes (it takes no
+ * untrusted pointers): a pointer stored in map memory reads back as a plain
+ * number. A copy through memory costs next to nothing; reading the field with
+ * bpf_probe_read_kernel() instead costs a helper call. */
+static __always_inline __u64 addr_of(struct scratch *s, const void *p)
+{
+	*(volatile __u64 *)&s->addr = (__u64)p;
+	return *(volatile __u64 *)&s->addr;
+}
+
 /* Where a path is built: the two keys of a pending operation, or the scratch key. */
 enum { SLOT_A = 0, SLOT_B = 1, SLOT_KEY = 2 };
 
@@ -209,16 +220,26 @@ static __always_inline struct fs_key *slot_key(struct scratch *s, __u32 slot)
 	return &s->key;
 }
 
-/* State of a path walk, one step per bpf_loop() iteration. */
+/* State of a path walk, one step per bpf_loop() iteration. Kernel pointers
+ * are kept as integers and typed again at each step (as_*), so that their
+ * fields are read with plain loads (a fault reads as 0) rather than a
+ * bpf_probe_read_kernel() per field: a path walk runs at every open for
+ * writing of a new file and at every name operation. */
 struct walk {
 	struct scratch *s;
-	struct vfsmount *vmnt;
-	struct dentry *dentry;
-	struct mount *mnt;
-	struct dentry *root_d;
-	struct vfsmount *root_m;
+	__u64 vmnt;
+	__u64 dentry;
+	__u64 root_d;
+	__u64 root_m;
 	__u32 off;
 };
+
+#define as_dentry(p) ((struct dentry *)bpf_rdonly_cast((void *)(p), \
+	bpf_core_type_id_kernel(struct dentry)))
+#define as_vfsmount(p) ((struct vfsmount *)bpf_rdonly_cast((void *)(p), \
+	bpf_core_type_id_kernel(struct vfsmount)))
+#define as_mount(p) ((struct mount *)bpf_rdonly_cast((void *)(p), \
+	bpf_core_type_id_kernel(struct mount)))
 
 /* One step up: a name, or a jump from a mount's root to its mount point.
  * Returns 1 when the walk is done. */
@@ -226,32 +247,33 @@ static long walk_step(__u32 i, void *arg)
 {
 	struct walk *w = arg;
 	struct scratch *s = w->s;
-	/* Locals, not w->...: BPF_CORE_READ must start from a plain pointer. */
-	struct vfsmount *vmnt = w->vmnt;
-	struct dentry *dentry = w->dentry;
-	struct mount *mnt = w->mnt;
 	if (!s)
 		return 1;
-	if (dentry == w->root_d && vmnt == w->root_m)
+	if (w->dentry == w->root_d && w->vmnt == w->root_m)
 		return 1;
-	if (dentry == BPF_CORE_READ(vmnt, mnt_root)) {
-		struct mount *parent = BPF_CORE_READ(mnt, mnt_parent);
-		if (parent == mnt)
+	struct vfsmount *vmnt = as_vfsmount(w->vmnt);
+	struct dentry *dentry = as_dentry(w->dentry);
+	if ((__u64)vmnt->mnt_root == w->dentry) {
+		/* container_of, with the offset relocated for the running kernel */
+		__u64 mnt_addr = w->vmnt - bpf_core_field_offset(struct mount, mnt);
+		struct mount *mnt = as_mount(mnt_addr);
+		__u64 parent = (__u64)mnt->mnt_parent;
+		if (parent == mnt_addr)
 			return 1;
-		w->dentry = BPF_CORE_READ(mnt, mnt_mountpoint);
-		w->mnt = parent;
-		w->vmnt = (void *)parent + bpf_core_field_offset(struct mount, mnt);
+		w->dentry = (__u64)mnt->mnt_mountpoint;
+		w->vmnt = parent + bpf_core_field_offset(struct mount, mnt);
 		return 0;
 	}
-	struct dentry *up = BPF_CORE_READ(dentry, d_parent);
-	if (up == dentry)
+	__u64 up = (__u64)dentry->d_parent;
+	if (up == w->dentry)
 		return 1;
-	__u32 len = BPF_CORE_READ(dentry, d_name.len) & 255;
+	__u32 len = dentry->d_name.len & 255;
 	__u32 off = w->off;
 	if (len + 1 > off)
 		return 1;
 	off -= len;
-	bpf_probe_read_kernel(&s->buf[off & BUF_MASK], len, BPF_CORE_READ(dentry, d_name.name));
+	/* the one copy left: a name of any length */
+	bpf_probe_read_kernel(&s->buf[off & BUF_MASK], len, dentry->d_name.name);
 	off -= 1;
 	s->buf[off & BUF_MASK] = '/';
 	w->off = off;
@@ -275,16 +297,15 @@ __noinline int path_into(struct scratch *s, __u32 slot, __u64 vmnt_addr, __u64 d
 	if (!s)
 		return -1;
 	struct task_struct *t = bpf_get_current_task_btf();
+	struct fs_struct *fs = t->fs;
 	struct walk w = {
 		.s = s,
-		.vmnt = (void *)vmnt_addr,
-		.dentry = (void *)dentry_addr,
-		.root_d = BPF_CORE_READ(t, fs, root.dentry),
-		.root_m = BPF_CORE_READ(t, fs, root.mnt),
+		.vmnt = vmnt_addr,
+		.dentry = dentry_addr,
+		.root_d = (__u64)fs->root.dentry,
+		.root_m = (__u64)fs->root.mnt,
 		.off = 2 * PATH_KEY - 1,
 	};
-	/* container_of, with the offset relocated for the running kernel */
-	w.mnt = (void *)w.vmnt - bpf_core_field_offset(struct mount, mnt);
 	s->buf[w.off & BUF_MASK] = 0;
 	bpf_loop(MAX_DEPTH, walk_step, &w, 0);
 	__u32 off = w.off;
@@ -308,14 +329,13 @@ static __always_inline long key_of_file(struct scratch *s, __u64 cgid, struct fi
 {
 	struct fs_key *k = &s->key;
 	clear_key(k, cgid);
-	if (path_into(s, SLOT_KEY, (__u64)BPF_CORE_READ(f, f_path.mnt),
-		      (__u64)BPF_CORE_READ(f, f_path.dentry)) < 0)
+	if (path_into(s, SLOT_KEY, addr_of(s, f->f_path.mnt), addr_of(s, f->f_path.dentry)) < 0)
 		return -1;
-	*dev = BPF_CORE_READ(f, f_inode, i_sb, s_dev);
+	*dev = f->f_inode->i_sb->s_dev;
 	/* Other hard links share what is written here: never cancel this name.
 	 * No link at all: an O_TMPFILE or deleted-but-open file, whose content is
 	 * process state (CRIU keeps it as a ghost file) if anyone still holds it. */
-	__u32 nlink = BPF_CORE_READ(f, f_inode, __i_nlink);
+	__u32 nlink = f->f_inode->__i_nlink;
 	return nlink > 1 ? FS_KEEP : nlink == 0 ? FS_UNLINKED : 0;
 }
 
@@ -337,16 +357,16 @@ __noinline int key_of_arg(struct scratch *s, __u32 slot, __u64 cgid, int dirfd, 
 		struct dentry *d;
 		if (dirfd == AT_FDCWD) {
 			struct task_struct *t = bpf_get_current_task_btf();
-			m = BPF_CORE_READ(t, fs, pwd.mnt);
-			d = BPF_CORE_READ(t, fs, pwd.dentry);
+			m = t->fs->pwd.mnt;
+			d = t->fs->pwd.dentry;
 		} else {
 			struct file *f = file_of(dirfd);
 			if (!f)
 				return -1;
-			m = BPF_CORE_READ(f, f_path.mnt);
-			d = BPF_CORE_READ(f, f_path.dentry);
+			m = f->f_path.mnt;
+			d = f->f_path.dentry;
 		}
-		long n = path_into(s, slot, (__u64)m, (__u64)d);
+		long n = path_into(s, slot, addr_of(s, m), addr_of(s, d));
 		if (n < 0)
 			return -1;
 		k = slot_key(s, slot);
@@ -745,9 +765,9 @@ static __always_inline void proc_born(__u64 cgid, struct task_struct *t)
 	if (!st)
 		return;
 	struct proc_key k = {.cgid = cgid};
-	k.pid = BPF_CORE_READ(t, pid);
+	k.pid = t->pid;
 	struct proc_val v = {.flags = PROC_BORN, .ns = bpf_ktime_get_ns()};
-	v.tgid = BPF_CORE_READ(t, tgid);
+	v.tgid = t->tgid;
 	BPF_CORE_READ_STR_INTO(&v.comm, t, comm);
 	long err = bpf_map_update_elem(&proc_entries, &k, &v, BPF_NOEXIST);
 	if (err == 0)
@@ -768,7 +788,7 @@ int BPF_PROG(process_fork, struct task_struct *parent, struct task_struct *child
 SEC("tp_btf/cgroup_attach_task")
 int BPF_PROG(cgroup_attach, struct cgroup *dst, const char *path, struct task_struct *task)
 {
-	proc_born(BPF_CORE_READ(dst, kn, id), task);
+	proc_born(dst->kn->id, task);
 	return 0;
 }
 
@@ -780,7 +800,7 @@ int BPF_PROG(process_exec, struct task_struct *p)
 	if (!watched(cgid))
 		return 0;
 	struct proc_key k = {.cgid = cgid};
-	k.pid = BPF_CORE_READ(p, pid);
+	k.pid = p->pid;
 	struct proc_val *v = bpf_map_lookup_elem(&proc_entries, &k);
 	if (v)
 		BPF_CORE_READ_STR_INTO(&v->comm, p, comm);
@@ -795,7 +815,7 @@ int BPF_PROG(process_exit, struct task_struct *p)
 	if (!st)
 		return 0;
 	struct proc_key k = {.cgid = cgid};
-	k.pid = BPF_CORE_READ(p, pid);
+	k.pid = p->pid;
 	struct proc_val *v = bpf_map_lookup_elem(&proc_entries, &k);
 	if (v && (v->flags & PROC_BORN)) {
 		if (bpf_map_delete_elem(&proc_entries, &k) == 0) {
@@ -805,7 +825,7 @@ int BPF_PROG(process_exit, struct task_struct *p)
 		return 0;
 	}
 	struct proc_val nv = {.flags = PROC_DIED, .ns = bpf_ktime_get_ns()};
-	nv.tgid = BPF_CORE_READ(p, tgid);
+	nv.tgid = p->tgid;
 	BPF_CORE_READ_STR_INTO(&nv.comm, p, comm);
 	if (bpf_map_update_elem(&proc_entries, &k, &nv, BPF_NOEXIST) == 0)
 		__sync_fetch_and_add(&st->deaths, 1);
