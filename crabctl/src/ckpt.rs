@@ -26,15 +26,6 @@ pub fn parse_kind(s: &str) -> Result<Kind, String> {
         .map_err(|_| format!("unknown kind {s:?} (full, fs-only, process-only, skip)"))
 }
 
-pub(crate) fn kind_name(k: Kind) -> &'static str {
-    match k {
-        Kind::Full => "full",
-        Kind::FsOnly => "fs-only",
-        Kind::ProcessOnly => "process-only",
-        Kind::Skip => "skip",
-    }
-}
-
 /// `crabctl checkpoint`.
 pub fn checkpoint(
     config: &Config,
@@ -54,7 +45,7 @@ pub fn checkpoint(
         println!(
             "{id}: checkpoint {} ({}, seq {}) in {} ms: fs {} ms, dump {} ms, {} bytes of process image",
             entry.name,
-            kind_name(entry.kind),
+            entry.kind.name(),
             entry.seq,
             entry.timings.total_ms,
             entry.timings.fs_ms,
@@ -111,7 +102,7 @@ fn print_entry(e: &Entry) {
         "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
         e.seq,
         e.name,
-        kind_name(e.kind),
+        e.kind.name(),
         opt(e.parent.map(|p| p.to_string())),
         opt(e.fs_snapshot.clone()),
         opt(e.process_image.map(|p| p.to_string())),

@@ -5,7 +5,7 @@ use crab_runtime::config::Config;
 use crab_runtime::control::{Request, Response};
 use crab_runtime::inspect::Classification;
 
-use crate::ckpt::{call, kind_name};
+use crate::ckpt::call;
 
 /// Classifies the turn and (unless `dry_run`) takes the checkpoint it needs.
 pub fn run(config: &Config, namespace: &str, id: &str, dry_run: bool, json: bool) -> Result<()> {
@@ -77,7 +77,7 @@ pub fn stats(config: &Config, namespace: &str, id: &str, json: bool) -> Result<(
 fn print_classification(id: &str, c: &Classification) {
     println!(
         "{id}: {} (classified in {} µs)",
-        kind_name(c.kind),
+        c.kind.name(),
         c.elapsed_us
     );
     for r in &c.reasons {

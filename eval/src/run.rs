@@ -211,19 +211,11 @@ async fn crab_latest_turn(env: &Env, id: &str) -> Result<usize> {
     Ok(seq as usize - 1)
 }
 
-/// A checkpoint kind's name, as `crabctl` prints it (`fs-only`, ...).
-fn kind_name(k: Kind) -> String {
-    serde_json::to_value(k)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_string))
-        .unwrap_or_default()
-}
-
 /// The kind and time of the newest entry of a Crab history.
 async fn crab_last_entry(env: &Env, id: &str) -> Option<(String, u64)> {
     let h = crab_history(env, id).await.ok()?;
     let e = h.last()?;
-    Some((kind_name(e.kind), e.timings.total_ms))
+    Some((e.kind.name().to_string(), e.timings.total_ms))
 }
 
 /// Runs trajectory `t` under strategy `s`, crashing after the tool call of

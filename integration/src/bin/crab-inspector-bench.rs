@@ -13,8 +13,8 @@
 //! - find: a read-only `find / -xdev`, ten times.
 //!
 //! Then the kernel's own accounting (`kernel.bpf_stats_enabled`) of the
-//! syscall programs during the dd loop, watched and not: the nanoseconds the
-//! inspector adds to one write, without the workload's noise around it.
+//! inspector's programs during each workload, watched and not: the CPU time the
+//! inspector adds, without the noise of the workload's wall-clock time.
 //!
 //! `crab-inspector-bench [--iterations N] [--containers 1,32]
 //! [--workloads build,writes,syscalls,find]`; needs the private containerd of
@@ -122,32 +122,35 @@ fn inspector_memory(dir: &Path) -> (u64, u64) {
     (maps, progs)
 }
 
-/// Total run time (ns) of the syscall programs of the set pinned in `dir`, as
-/// the kernel accounts it while `kernel.bpf_stats_enabled` is 1.
-fn syscall_prog_ns(dir: &Path) -> u64 {
-    ["sys_enter", "sys_exit"]
+/// Total run time (ns) of the programs of the set pinned in `dir`, as the
+/// kernel accounts it while `kernel.bpf_stats_enabled` is 1.
+fn programs_ns(dir: &Path) -> u64 {
+    PROGRAMS
         .iter()
-        .map(|p| {
-            prog_of(dir, p)["run_time_ns"]
-                .as_u64()
-                .expect("run_time_ns: are bpf stats enabled?")
-        })
+        .map(|p| prog_of(dir, p)["run_time_ns"].as_u64().unwrap_or(0))
         .sum()
 }
 
-/// The inspector's programs' time per write of the dd loop (200 000 writes,
-/// as many reads of /dev/zero), watched and not: medians over `n` runs each.
-fn kernel_cost_per_write(
+/// What the kernel accounts to the inspector's programs during one run of a
+/// workload, watched and not (medians over `n` runs each, ms), and the
+/// workload's own median time unwatched (ms).
+struct KernelCost {
+    off_ms: f64,
+    on_ms: f64,
+    workload_ms: f64,
+}
+
+fn kernel_cost(
     insp: &crab_bpf::Inspector,
-    g: &Guard,
-    cgid: u64,
+    (g, cgid): (&Guard, u64),
     dir: &Path,
+    w: &str,
     n: usize,
-) -> (f64, f64) {
+) -> KernelCost {
     const STATS: &str = "/proc/sys/kernel/bpf_stats_enabled";
     let before = std::fs::read_to_string(STATS).expect(STATS);
     std::fs::write(STATS, "1").expect(STATS);
-    let (mut on, mut off) = (Vec::new(), Vec::new());
+    let (mut on, mut off, mut took) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..n {
         for watched in [i % 2 == 0, i % 2 != 0] {
             if watched {
@@ -156,20 +159,25 @@ fn kernel_cost_per_write(
             } else {
                 insp.unwatch(cgid).expect("unwatch");
             }
-            let t0 = syscall_prog_ns(dir);
-            run_workload(g, "syscalls");
-            let ns = (syscall_prog_ns(dir) - t0) as f64 / 200_000.0;
+            let t0 = programs_ns(dir);
+            let t = run_workload(g, w);
+            let ms = (programs_ns(dir) - t0) as f64 / 1e6;
             if watched {
-                on.push(ns)
+                on.push(ms)
             } else {
-                off.push(ns)
+                off.push(ms);
+                took.push(t.as_secs_f64() * 1e3);
             }
         }
     }
     std::fs::write(STATS, before.trim()).expect(STATS);
     insp.watch(cgid).expect("watch");
     insp.forget(cgid, |_| true, true, true).expect("forget");
-    (median_f64(off), median_f64(on))
+    KernelCost {
+        off_ms: median_f64(off),
+        on_ms: median_f64(on),
+        workload_ms: median_f64(took),
+    }
 }
 
 fn median_f64(mut v: Vec<f64>) -> f64 {
@@ -234,11 +242,26 @@ fn main() {
     }
 
     let dir = config.policy.bpf_pin_root.join(crab_bpf::PIN_VERSION);
-    let (off, on) = kernel_cost_per_write(&insp, &g, cgid, &dir, n);
     println!();
-    println!("| dd loop, inspector programs' time per write(2) | not watched | watched | added |");
-    println!("|---|---|---|---|");
-    println!("| sys_enter + sys_exit, all of dd's syscalls / 200 000 | {off:.0} ns | {on:.0} ns | {:.0} ns |", on - off);
+    println!(
+        "| workload | programs' time per run, not watched | watched | added | added / workload time |"
+    );
+    println!("|---|---|---|---|---|");
+    for w in workloads.iter().map(String::as_str) {
+        let k = kernel_cost(&insp, (&g, cgid), &dir, w, n);
+        let added = k.on_ms - k.off_ms;
+        let per_write = if w == "syscalls" {
+            format!(" ({:.0} ns per write)", added * 1e6 / 200_000.0)
+        } else {
+            String::new()
+        };
+        println!(
+            "| {w} | {:.2} ms | {:.2} ms | {added:.2} ms{per_write} | {:.1}% |",
+            k.off_ms,
+            k.on_ms,
+            added / k.workload_ms * 100.0
+        );
+    }
 
     // Classification: the classifier's own time, for a turn with a few changes.
     g.exec_ok(&[

@@ -51,6 +51,24 @@ pub enum Kind {
     Skip,
 }
 
+impl Kind {
+    /// The name the manifest and the CLI use (`full`, `fs-only`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Full => "full",
+            Kind::FsOnly => "fs-only",
+            Kind::ProcessOnly => "process-only",
+            Kind::Skip => "skip",
+        }
+    }
+}
+
+impl std::fmt::Display for Kind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// The keys CRIU gave the init's stdio (`pipe:[1234]`), to be replaced on restore.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Stdio {
