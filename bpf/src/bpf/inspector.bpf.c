@@ -397,24 +397,23 @@ __noinline int key_of_arg(struct scratch *s, __u32 slot, __u64 cgid, int dirfd, 
 	return 0;
 }
 
+/* Records `flags` for the name in `k`. Most names are new when they get here
+ * (the `seen` cache filters repeated writes), so the insert comes first: one
+ * walk of a hash bucket (keys of 264 bytes) instead of a lookup and then the
+ * insert's own. A name already there gets the new flags (never "created"). */
 static __always_inline void note(struct cg_state *st, struct scratch *s, struct fs_key *k,
 				 __u32 flags, __u32 dev)
 {
-	struct fs_val *v = bpf_map_lookup_elem(&fs_entries, k);
-	if (v) {
-		__sync_fetch_and_or(&v->flags, flags & ~FS_CREATED);
-		return;
-	}
-	__builtin_memset(&s->val, 0, sizeof(s->val));
 	s->val.flags = flags;
 	s->val.dev = dev;
 	s->val.pid = bpf_get_current_pid_tgid() >> 32;
+	s->val.pad = 0;
 	s->val.first_ns = bpf_ktime_get_ns();
 	long err = bpf_map_update_elem(&fs_entries, k, &s->val, BPF_NOEXIST);
 	if (err == 0) {
 		__sync_fetch_and_add(&st->fs_entries, 1);
-	} else if (err == -17 /* EEXIST: another CPU was first */) {
-		v = bpf_map_lookup_elem(&fs_entries, k);
+	} else if (err == -17 /* EEXIST */) {
+		struct fs_val *v = bpf_map_lookup_elem(&fs_entries, k);
 		if (v)
 			__sync_fetch_and_or(&v->flags, flags & ~FS_CREATED);
 	} else {
@@ -470,6 +469,11 @@ static __always_inline int note_file(struct cg_state *st, struct scratch *s, __u
 		}
 		note(st, s, &s->key, flags | FS_RESOLVED | extra, dev);
 		nv.flags = (same ? sv->flags : 0) | (flags & ~FS_CREATED);
+		/* A file this open created: what is later written to it or done to
+		 * its metadata is part of a creation already recorded (tar and
+		 * pip set times, owner and mode of each file they make). */
+		if (flags & FS_CREATED)
+			nv.flags |= FS_WRITTEN | FS_META;
 		bpf_map_update_elem(&seen, &sk, &nv, BPF_ANY);
 	}
 	if (remember) {
