@@ -101,3 +101,27 @@ pub fn cores() -> usize {
         .map(|n| n.get())
         .unwrap_or(0)
 }
+
+/// The checkpoints containerd has unpacked for restores (`ctrd-checkpoint*`
+/// in its temporary directory, /tmp here). containerd 1.7 never removes one,
+/// and runc's shim leaves it too: 500 MB a restore at the largest size, enough
+/// to fill a disk over a run. Crab's shim removes its own.
+pub fn unpacked_checkpoints() -> std::collections::BTreeSet<std::path::PathBuf> {
+    let dir = std::env::var_os("TMPDIR").unwrap_or_else(|| "/tmp".into());
+    std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .filter(|e| e.file_name().to_string_lossy().starts_with("ctrd-checkpoint"))
+                .map(|e| e.path())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Removes the unpacked checkpoints that are not in `before` (a sequential
+/// bench's: no other restore is under way).
+pub fn remove_unpacked_since(before: &std::collections::BTreeSet<std::path::PathBuf>) {
+    for dir in unpacked_checkpoints().difference(before) {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}

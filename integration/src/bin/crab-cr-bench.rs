@@ -49,10 +49,12 @@ fn one(runtime: &str, mb: usize) -> Sample {
     let bytes = image_bytes(&reference);
     g.remove();
     let r = Guard::new(&unique_id("cr-restored"));
+    let unpacked = unpacked_checkpoints();
     let restore = time_ctr(
         &["container", "restore", "--live", &r.id, &reference],
         TIMEOUT,
     );
+    remove_unpacked_since(&unpacked);
     assert_eq!(
         r.status().as_deref(),
         Some("RUNNING"),
