@@ -111,7 +111,11 @@ pub fn unpacked_checkpoints() -> std::collections::BTreeSet<std::path::PathBuf> 
     std::fs::read_dir(dir)
         .map(|rd| {
             rd.filter_map(|e| e.ok())
-                .filter(|e| e.file_name().to_string_lossy().starts_with("ctrd-checkpoint"))
+                .filter(|e| {
+                    e.file_name()
+                        .to_string_lossy()
+                        .starts_with("ctrd-checkpoint")
+                })
                 .map(|e| e.path())
                 .collect()
         })

@@ -147,3 +147,33 @@ fn rollback_of_a_large_tree_restores_renames_moves_and_metadata() {
     s.destroy(&k).unwrap();
     let _ = std::fs::remove_dir_all(image);
 }
+
+#[test]
+fn rollback_never_follows_a_symlink_target_out_of_the_tree() {
+    let s = store();
+    let image = temp_dir("img");
+    std::fs::write(image.join("kept"), b"kept").unwrap();
+    let outside = temp_dir("outside");
+    let victim = outside.join("victim");
+    std::fs::write(&victim, b"host data").unwrap();
+    let k = ContainerKey::new("conformance", &unique("symlink")).unwrap();
+    let live = s
+        .prepare(&k, &ImageSource::from_layers(vec![image.clone()]))
+        .unwrap();
+    let want = fingerprint(&live);
+    s.snapshot(&k, "base").unwrap();
+    // Targets a container may write: the victim's absolute path, and relative
+    // ones that climb out of the store's directories by 1 to 16 levels.
+    let rel = victim.strip_prefix("/").unwrap().display().to_string();
+    std::os::unix::fs::symlink(&victim, live.join("abs")).unwrap();
+    for up in 1..=16 {
+        let target = format!("{}{rel}", "../".repeat(up));
+        std::os::unix::fs::symlink(target, live.join(format!("up{up}"))).unwrap();
+    }
+    s.rollback(&k, "base").unwrap();
+    assert_same("tree after rollback", &fingerprint(&live), &want);
+    assert_eq!(std::fs::read(&victim).unwrap(), b"host data");
+    s.destroy(&k).unwrap();
+    let _ = std::fs::remove_dir_all(image);
+    let _ = std::fs::remove_dir_all(outside);
+}

@@ -14,6 +14,7 @@ use std::collections::BTreeSet;
 const MAGIC: &[u8] = b"btrfs-stream\0";
 const CMD_SUBVOL: u16 = 1;
 const CMD_SNAPSHOT: u16 = 2;
+const CMD_SYMLINK: u16 = 8;
 const A_PATH: u16 = 15;
 const A_PATH_TO: u16 = 16;
 const A_PATH_LINK: u16 = 17;
@@ -41,8 +42,16 @@ pub fn changed_paths(stream: &[u8]) -> Option<BTreeSet<String>> {
             let alen = u16::from_le_bytes(attrs.get(2..4)?.try_into().ok()?) as usize;
             let value = attrs.get(4..4 + alen)?;
             attrs = &attrs[4 + alen..];
-            if matches!(kind, A_PATH | A_PATH_TO | A_PATH_LINK) {
+            // A symlink's PATH_LINK is its target, any string the container
+            // chose ("/etc/passwd", "../../x"), not a name in either tree: taken
+            // as a path, a rollback would have joined it to the store's
+            // directories and reached outside them.
+            let target = cmd == CMD_SYMLINK && kind == A_PATH_LINK;
+            if matches!(kind, A_PATH | A_PATH_TO | A_PATH_LINK) && !target {
                 let p = std::str::from_utf8(value).ok()?;
+                if !within_tree(p) {
+                    return None; // not a stream of this tree's names
+                }
                 if !p.split('/').any(is_orphan_name) {
                     paths.insert(p.to_string());
                 }
@@ -50,6 +59,12 @@ pub fn changed_paths(stream: &[u8]) -> Option<BTreeSet<String>> {
         }
     }
     Some(paths)
+}
+
+/// A name relative to the tree's root that stays inside it: not absolute, no
+/// `..` or `.` component, no empty one (the root itself is `""`).
+fn within_tree(p: &str) -> bool {
+    p.is_empty() || p.split('/').all(|c| !c.is_empty() && c != "." && c != "..")
 }
 
 /// btrfs send names entries it has to move out of the way `o<ino>-<gen>-<n>` until
@@ -110,6 +125,35 @@ mod tests {
             .map(String::from)
             .collect();
         assert_eq!(got, want);
+    }
+
+    #[test]
+    fn test_a_symlink_target_is_not_a_path() {
+        let s = stream(&[
+            cmd(
+                CMD_SYMLINK,
+                &[(A_PATH, b"up"), (A_PATH_LINK, b"../../../etc")],
+            ),
+            cmd(
+                CMD_SYMLINK,
+                &[(A_PATH, b"abs"), (A_PATH_LINK, b"/etc/passwd")],
+            ),
+        ]);
+        let got = changed_paths(&s).unwrap();
+        let want: BTreeSet<String> = ["abs", "up"].into_iter().map(String::from).collect();
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn test_a_name_outside_the_tree_is_not_a_stream_of_it() {
+        for bad in [&b"/etc/passwd"[..], b"a/../../b", b"./a", b"a//b"] {
+            let s = stream(&[cmd(11, &[(A_PATH, bad)])]);
+            assert!(
+                changed_paths(&s).is_none(),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
     }
 
     #[test]
