@@ -177,3 +177,76 @@ fn rollback_never_follows_a_symlink_target_out_of_the_tree() {
     let _ = std::fs::remove_dir_all(image);
     let _ = std::fs::remove_dir_all(outside);
 }
+
+/// The checkpoint's file delta from the names a send stream gives equals the
+/// delta from a walk of both whole trees.
+#[test]
+fn the_delta_from_the_changed_names_equals_the_delta_of_a_whole_walk() {
+    use crab_runtime::checkpoint::fs_diff;
+    use std::os::unix::fs::{symlink, PermissionsExt};
+    let s = store();
+    let image = temp_dir("img");
+    for d in ["keep", "moved", "gone/deep", "becomes-file", "chmod"] {
+        std::fs::create_dir_all(image.join(d)).unwrap();
+    }
+    for f in [
+        "keep/a",
+        "keep/b",
+        "moved/x",
+        "gone/deep/y",
+        "becomes-dir",
+        "chmod/f",
+    ] {
+        std::fs::write(image.join(f), f).unwrap();
+    }
+    symlink("keep/a", image.join("link")).unwrap();
+    let source = ImageSource::from_layers(vec![image.clone()]);
+    let k = ContainerKey::new("conformance", &unique("delta")).unwrap();
+    let live = s.prepare(&k, &source).unwrap();
+    std::fs::write(live.join("keep/a"), b"rewritten").unwrap();
+    std::fs::write(live.join("new-file"), b"new").unwrap();
+    std::fs::create_dir_all(live.join("new-dir/sub")).unwrap();
+    std::fs::write(live.join("new-dir/sub/z"), b"z").unwrap();
+    std::fs::rename(live.join("moved"), live.join("keep/moved-in")).unwrap();
+    std::fs::remove_dir_all(live.join("gone")).unwrap();
+    std::fs::remove_dir_all(live.join("becomes-file")).unwrap();
+    std::fs::write(live.join("becomes-file"), b"file now").unwrap();
+    std::fs::remove_file(live.join("becomes-dir")).unwrap();
+    std::fs::create_dir(live.join("becomes-dir")).unwrap();
+    std::fs::write(live.join("becomes-dir/inside"), b"i").unwrap();
+    std::fs::set_permissions(live.join("chmod/f"), PermissionsExt::from_mode(0o600)).unwrap();
+    std::fs::remove_file(live.join("link")).unwrap();
+    symlink("keep/b", live.join("link")).unwrap();
+    symlink("/etc", live.join("escape")).unwrap();
+
+    let paths = s
+        .changed_since_image(&k, &source)
+        .unwrap()
+        .expect("btrfs names them");
+    let sorted = |mut d: fs_diff::Diff| {
+        d.changed.sort();
+        d.deleted.sort();
+        d
+    };
+    let whole = sorted(fs_diff::diff(Some(&image), &live).unwrap());
+    let named = sorted(
+        fs_diff::diff_paths(&image, &live, &paths)
+            .unwrap()
+            .expect("no hard links"),
+    );
+    assert_eq!(named, whole, "send names: {paths:?}");
+    assert!(
+        whole.changed.contains(&"keep/moved-in/x".to_string()),
+        "{whole:?}"
+    );
+
+    // A changed file with another link: the names alone are not enough.
+    std::fs::hard_link(live.join("keep/b"), live.join("keep/b2")).unwrap();
+    std::fs::write(live.join("keep/b"), b"both names").unwrap();
+    let paths = s.changed_since_image(&k, &source).unwrap().unwrap();
+    assert!(fs_diff::diff_paths(&image, &live, &paths)
+        .unwrap()
+        .is_none());
+    s.destroy(&k).unwrap();
+    let _ = std::fs::remove_dir_all(image);
+}

@@ -11,7 +11,7 @@ use crab_runtime::checkpoint::history::{self, Entry, History};
 use crab_runtime::checkpoint::ops::{self, HistoryOp};
 use crab_runtime::checkpoint::source::{RestoreOptions, Source};
 use crab_runtime::checkpoint::{bounded, reuse, Manifest};
-use crab_runtime::config::Config;
+use crab_runtime::config::{Backend, Config};
 use crab_runtime::container::{Container, CreateOpts};
 use crab_runtime::helper::ChildStdio;
 use crab_runtime::storage::layers::MountSpec;
@@ -77,6 +77,10 @@ impl TaskService {
             image,
             criu: crab_runtime::criu::Tool::from_config(&inst.config),
             durable: false,
+            // The tree is the store's when containerd's image mounts were turned
+            // into one (not with the passthrough backend).
+            store: (inst.config.storage.backend != Backend::Passthrough && !inst.image.is_empty())
+                .then(|| inst.config.clone()),
         };
         let (c, config) = (inst.container.clone(), inst.config.clone());
         let started = Instant::now();

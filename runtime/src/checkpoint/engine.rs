@@ -23,6 +23,7 @@ use crate::config::Config;
 use crate::container::{load_spec, Container, CreateOpts};
 use crate::helper::{self, ChildStdio, Request};
 use crate::inspect::{self, Freeze};
+use crate::storage::in_helper::{self, StoreOp};
 use crate::storage::ImageSource;
 use crate::{criu, Error, Result};
 
@@ -105,6 +106,11 @@ pub struct CheckpointOpts {
     /// fsync the checkpoint before its manifest (not needed when containerd copies it
     /// into its content store).
     pub durable: bool,
+    /// The configuration of the store that holds the container's tree, when one
+    /// does: the file delta then asks it which names changed since the image
+    /// ([`crate::storage::Store::changed_since_image`]) and compares only those,
+    /// instead of walking both whole trees.
+    pub store: Option<Config>,
 }
 
 /// The cgroup path of a container under the freezer hierarchy (v1), or the unified one.
@@ -275,7 +281,7 @@ impl Container {
         let (fs, dumped) = std::thread::scope(|s| {
             let delta = s.spawn(|| {
                 let t = Instant::now();
-                (write_fs_delta(opts), t.elapsed())
+                (write_fs_delta(opts, self), t.elapsed())
             });
             let t = Instant::now();
             let dumped = criu::dump(&request).map(|()| t.elapsed());
@@ -380,7 +386,7 @@ impl Container {
     }
 }
 
-fn write_fs_delta(opts: &CheckpointOpts) -> Result<FsPart> {
+fn write_fs_delta(opts: &CheckpointOpts, c: &Container) -> Result<FsPart> {
     let mnt = opts.dir.join(".image");
     let _mounted = match &opts.image {
         Some(image) => {
@@ -391,7 +397,17 @@ fn write_fs_delta(opts: &CheckpointOpts) -> Result<FsPart> {
         None => None,
     };
     let base = opts.image.as_ref().map(|_| mnt.as_path());
-    let diff = fs_diff::diff(base, &opts.rootfs)?;
+    let named = match (&opts.store, &opts.image) {
+        (Some(config), Some(image)) => changed_since_image(config, c, image),
+        _ => None,
+    };
+    let diff = match (base, named) {
+        (Some(base), Some(paths)) => match fs_diff::diff_paths(base, &opts.rootfs, &paths)? {
+            Some(diff) => diff,
+            None => fs_diff::diff(Some(base), &opts.rootfs)?,
+        },
+        _ => fs_diff::diff(base, &opts.rootfs)?,
+    };
     let bytes = fs_diff::write_tar(&opts.rootfs, &diff, &opts.dir.join(FS_DIFF))?;
     drop(_mounted);
     let _ = std::fs::remove_dir(&mnt);
@@ -400,6 +416,26 @@ fn write_fs_delta(opts: &CheckpointOpts) -> Result<FsPart> {
         deleted: diff.deleted,
         bytes,
     })
+}
+
+/// What the store says may differ from the image; `None` (walk the trees) when
+/// it cannot say, or fails: the walk gives the same answer, slower.
+fn changed_since_image(
+    config: &Config,
+    c: &Container,
+    image: &ImageSource,
+) -> Option<std::collections::BTreeSet<String>> {
+    let op = StoreOp::ChangedSinceImage {
+        key: c.key().ok()?,
+        image: image.clone(),
+    };
+    match in_helper::run(config, op) {
+        Ok(v) => serde_json::from_value(v).ok(),
+        Err(e) => {
+            tracing::warn!(id = %c.id(), error = %e, "changed names from the store: walking the trees");
+            None
+        }
+    }
 }
 
 /// Makes `rootfs` (a fresh tree of the image) hold the checkpoint's files (tar runs in

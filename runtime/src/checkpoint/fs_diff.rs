@@ -41,6 +41,64 @@ pub fn diff(base: Option<&Path>, current: &Path) -> Result<Diff> {
     Ok(out)
 }
 
+/// As [`diff`], but only for the entries `paths` names: a store's list of what may
+/// differ from the image (relative, `""` for the root), every other entry being the
+/// image's. A directory that is new, or replaced another kind of entry, is walked
+/// whole as [`diff`] walks it: one moved in arrives in a send stream as a single
+/// rename, its entries unnamed. Nothing below a name that is gone, or is not a
+/// directory of this tree, is looked at (a symlink there may point anywhere).
+/// `None` when the list cannot be trusted alone: a changed regular file with
+/// other hard links, whose other names the list may leave out.
+pub fn diff_paths(base: &Path, current: &Path, paths: &BTreeSet<String>) -> Result<Option<Diff>> {
+    let mut out = Diff::default();
+    let root = meta(current)?;
+    let dev = root.dev();
+    if !same(&meta(base)?, &root) {
+        out.changed.push(".".into());
+    }
+    // Names whose subtree is settled: walked whole, gone, or no directory here.
+    let mut settled: Vec<String> = Vec::new();
+    // Sorted: a parent comes before its children.
+    for p in paths.iter().filter(|p| !p.is_empty()) {
+        if settled
+            .iter()
+            .any(|d| p.starts_with(d.as_str()) && p[d.len()..].starts_with('/'))
+        {
+            continue;
+        }
+        let (cur, was) = (current.join(p), base.join(p));
+        let old = std::fs::symlink_metadata(&was).ok();
+        let Ok(m) = std::fs::symlink_metadata(&cur) else {
+            if old.is_some() {
+                out.deleted.push(p.clone());
+            }
+            settled.push(p.clone());
+            continue;
+        };
+        if m.is_file() && m.nlink() > 1 {
+            return Ok(None);
+        }
+        let kind_changed = old.as_ref().is_some_and(|o| o.file_type() != m.file_type());
+        if kind_changed {
+            out.deleted.push(p.clone());
+        }
+        let differs = match &old {
+            None => true,
+            Some(o) => !same(o, &m) || (m.file_type().is_symlink() && link(&cur) != link(&was)),
+        };
+        if differs {
+            out.changed.push(p.clone());
+        }
+        if !m.is_dir() || m.dev() != dev {
+            settled.push(p.clone());
+        } else if old.is_none() || kind_changed {
+            walk(None, &cur, p, dev, &mut out)?;
+            settled.push(p.clone());
+        }
+    }
+    Ok(Some(out))
+}
+
 fn meta(p: &Path) -> Result<std::fs::Metadata> {
     std::fs::symlink_metadata(p).map_err(Error::io(format!("stat {}", p.display())))
 }

@@ -49,7 +49,7 @@ pub enum HistoryOp {
 }
 
 impl Container {
-    fn key(&self) -> Result<ContainerKey> {
+    pub(crate) fn key(&self) -> Result<ContainerKey> {
         ContainerKey::new(&self.state.namespace, &self.state.id)
     }
 

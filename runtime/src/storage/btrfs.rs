@@ -8,6 +8,7 @@
 //! <pool>/tmp/<pid>.<n>.<what>               in-flight work of process <pid>
 //! ```
 
+use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
@@ -205,6 +206,32 @@ impl BtrfsStore {
 }
 
 impl Store for BtrfsStore {
+    /// The paths a send stream without data names, from the image's read-only copy
+    /// to a read-only snapshot of the live tree: btrfs compares the two b-trees and
+    /// skips every block they share, so the cost follows the changes.
+    fn changed_since_image(
+        &self,
+        key: &ContainerKey,
+        image: &ImageSource,
+    ) -> Result<Option<BTreeSet<String>>> {
+        let (base, live) = (self.root.join("images").join(&image.key), self.live(key));
+        if !ioctl::is_subvolume(&base) || !ioctl::is_subvolume(&live) {
+            return Ok(None);
+        }
+        let now = self.tmp("delta");
+        mkdirs(now.parent().expect("has a parent"))?;
+        ioctl::snapshot(&live, &now, true)?;
+        let (b, n) = (base.display().to_string(), now.display().to_string());
+        let mut stream = Vec::new();
+        let sent = cmd::run_with_output(
+            "btrfs",
+            &["send", "-q", "--no-data", "-p", &b, &n],
+            &mut stream,
+        );
+        let _ = ioctl::delete(&now);
+        Ok(sent.ok().and_then(|()| send_stream::changed_paths(&stream)))
+    }
+
     fn backend(&self) -> Backend {
         Backend::Btrfs
     }

@@ -48,6 +48,14 @@ pub enum StoreOp {
     },
     /// Destroy the trees of removed containers; answers their keys.
     Collect,
+    /// The names that may differ from the image ([`super::Store::changed_since_image`]);
+    /// answers a list, or null when the store cannot tell.
+    ChangedSinceImage {
+        /// The container.
+        key: ContainerKey,
+        /// Its image.
+        image: ImageSource,
+    },
 }
 
 /// Runs `op` on the configured store in a helper process; answers what it answers.
@@ -93,6 +101,10 @@ pub(crate) fn serve(config: &Config, op: StoreOp) -> Result<serde_json::Value> {
             bind_at(&live, &target).map(|()| null)
         }
         StoreOp::Release { key } => store.release(&key).map(|()| null),
+        StoreOp::ChangedSinceImage { key, image } => Ok(store
+            .changed_since_image(&key, &image)?
+            .map(|paths| serde_json::to_value(paths).expect("paths serialize"))
+            .unwrap_or(null)),
         StoreOp::Collect => {
             let keys = store.collect()?;
             // Their checkpoint histories go with them (their snapshots already did).

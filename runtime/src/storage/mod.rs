@@ -132,6 +132,18 @@ pub trait Store: Send + Sync {
         Ok(Vec::new())
     }
 
+    /// The names (relative to the tree's root, `""` for the root) that may differ
+    /// between the container's tree and the image it was made from, as the backend
+    /// finds them without walking the tree; `None` when it cannot (the caller then
+    /// compares whole trees). The caller freezes the container around it.
+    fn changed_since_image(
+        &self,
+        _key: &ContainerKey,
+        _image: &ImageSource,
+    ) -> Result<Option<std::collections::BTreeSet<String>>> {
+        Ok(None)
+    }
+
     /// Undoes what [`Store::prepare`] or [`Store::rootfs`] set up for a running
     /// container (such as a mount) when its task ends; the tree itself stays.
     fn release(&self, _key: &ContainerKey) -> Result<()> {
