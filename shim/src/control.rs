@@ -288,7 +288,9 @@ pub(crate) fn check_dumpable(inst: &Instance, id: &str) -> ShimResult<()> {
     let running: Vec<&str> = inst
         .execs
         .values()
-        .filter(|p| matches!(p.status, Status::RUNNING | Status::PAUSED))
+        // CREATED too: an exec being started is already a process, whose status
+        // is set when its Start returns.
+        .filter(|p| matches!(p.status, Status::CREATED | Status::RUNNING | Status::PAUSED))
         .map(|p| p.exec_id.as_str())
         .collect();
     if !running.is_empty() {
