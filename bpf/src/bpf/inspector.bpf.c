@@ -90,12 +90,14 @@ struct {
 	__type(value, struct proc_val);
 } proc_entries SEC(".maps");
 
-/* A name operation between its sys_enter and its sys_exit (key: thread id). */
+/* A name operation between its sys_enter and its sys_exit, in the thread's own
+ * storage: no hashing, and no allocation after the thread's first (a hash keyed
+ * by thread id allocated and freed an entry per unlink, rename or mkdir).
+ * op == 0: none. */
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 8192);
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__type(key, __u32);
+	__type(key, int);
 	__type(value, struct pending);
 } pendings SEC(".maps");
 
@@ -514,9 +516,13 @@ static __always_inline void pend(struct cg_state *st, struct scratch *s, __u64 c
 		}
 		s->pend.flags |= fb;
 	}
-	__u32 tid = (__u32)bpf_get_current_pid_tgid();
-	if (bpf_map_update_elem(&pendings, &tid, &s->pend, BPF_ANY) != 0)
+	struct pending *p = bpf_task_storage_get(&pendings, bpf_get_current_task_btf(), 0,
+						 BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (!p) {
 		__sync_fetch_and_add(&st->overflow, 1);
+		return;
+	}
+	__builtin_memcpy(p, &s->pend, sizeof(*p));
 }
 
 static __always_inline void pend1(struct cg_state *st, struct scratch *s, __u64 cgid, __u32 op,
@@ -732,12 +738,11 @@ int BPF_PROG(sys_exit, struct pt_regs *regs, long ret)
 			opened(st, s, cgid, ret);
 		return 0;
 	}
-	__u32 tid = (__u32)bpf_get_current_pid_tgid();
-	struct pending *p = bpf_map_lookup_elem(&pendings, &tid);
-	if (!p)
+	struct pending *p = bpf_task_storage_get(&pendings, bpf_get_current_task_btf(), 0, 0);
+	if (!p || !p->op)
 		return 0;
 	if (ret != 0) {
-		bpf_map_delete_elem(&pendings, &tid);
+		p->op = 0;
 		return 0;
 	}
 	switch (p->op) {
@@ -757,7 +762,7 @@ int BPF_PROG(sys_exit, struct pt_regs *regs, long ret)
 		note(st, s, &p->b, FS_WRITTEN, 0);
 		break;
 	}
-	bpf_map_delete_elem(&pendings, &tid);
+	p->op = 0;
 	return 0;
 }
 
