@@ -143,22 +143,31 @@ impl BtrfsStore {
             .collect())
     }
 
+    /// The names that differ between the read-only subvolume `from` and the live
+    /// tree `live`, out of a send stream without data to a read-only snapshot of
+    /// `live`: btrfs compares the two b-trees and skips every block they share, so
+    /// the cost follows the changes. `None` when the stream cannot be had or read.
+    fn names_changed(&self, from: &Path, live: &Path) -> Result<Option<BTreeSet<String>>> {
+        let now = self.tmp("now");
+        mkdirs(now.parent().expect("has a parent"))?;
+        ioctl::snapshot(live, &now, true)?;
+        let (f, n) = (from.display().to_string(), now.display().to_string());
+        let mut stream = Vec::new();
+        let sent = cmd::run_with_output(
+            "btrfs",
+            &["send", "-q", "--no-data", "-p", &f, &n],
+            &mut stream,
+        );
+        let _ = ioctl::delete(&now);
+        Ok(sent.ok().and_then(|()| send_stream::changed_paths(&stream)))
+    }
+
     /// Rolls back only the paths that differ, as btrfs itself finds them (a send
     /// stream without data from the snapshot to a snapshot of the live tree). Returns
     /// false, having changed nothing, when that does not apply: the caller then
     /// mirrors the whole trees.
     fn rollback_changed(&self, snap: &Path, live: &Path) -> Result<bool> {
-        let now = self.tmp("now");
-        ioctl::snapshot(live, &now, true)?;
-        let (s, n) = (snap.display().to_string(), now.display().to_string());
-        let mut stream = Vec::new();
-        let sent = cmd::run_with_output(
-            "btrfs",
-            &["send", "-q", "--no-data", "-p", &s, &n],
-            &mut stream,
-        );
-        let _ = ioctl::delete(&now);
-        let Some(paths) = sent.ok().and_then(|()| send_stream::changed_paths(&stream)) else {
+        let Some(paths) = self.names_changed(snap, live)? else {
             return Ok(false);
         };
         // A hard-linked file among the changes could get its links back only by
@@ -206,9 +215,8 @@ impl BtrfsStore {
 }
 
 impl Store for BtrfsStore {
-    /// The paths a send stream without data names, from the image's read-only copy
-    /// to a read-only snapshot of the live tree: btrfs compares the two b-trees and
-    /// skips every block they share, so the cost follows the changes.
+    /// The names a send stream gives from the image's read-only copy to the live
+    /// tree ([`BtrfsStore::names_changed`]).
     fn changed_since_image(
         &self,
         key: &ContainerKey,
@@ -218,18 +226,7 @@ impl Store for BtrfsStore {
         if !ioctl::is_subvolume(&base) || !ioctl::is_subvolume(&live) {
             return Ok(None);
         }
-        let now = self.tmp("delta");
-        mkdirs(now.parent().expect("has a parent"))?;
-        ioctl::snapshot(&live, &now, true)?;
-        let (b, n) = (base.display().to_string(), now.display().to_string());
-        let mut stream = Vec::new();
-        let sent = cmd::run_with_output(
-            "btrfs",
-            &["send", "-q", "--no-data", "-p", &b, &n],
-            &mut stream,
-        );
-        let _ = ioctl::delete(&now);
-        Ok(sent.ok().and_then(|()| send_stream::changed_paths(&stream)))
+        self.names_changed(&base, &live)
     }
 
     fn backend(&self) -> Backend {
