@@ -67,9 +67,8 @@ pub fn diff_paths(base: &Path, current: &Path, paths: &BTreeSet<String>) -> Resu
             continue;
         }
         let (cur, was) = (current.join(p), base.join(p));
-        let old = std::fs::symlink_metadata(&was).ok();
         let Ok(m) = std::fs::symlink_metadata(&cur) else {
-            if old.is_some() {
+            if std::fs::symlink_metadata(&was).is_ok() {
                 out.deleted.push(p.clone());
             }
             settled.push(p.clone());
@@ -78,20 +77,11 @@ pub fn diff_paths(base: &Path, current: &Path, paths: &BTreeSet<String>) -> Resu
         if m.is_file() && m.nlink() > 1 {
             return Ok(None);
         }
-        let kind_changed = old.as_ref().is_some_and(|o| o.file_type() != m.file_type());
-        if kind_changed {
-            out.deleted.push(p.clone());
-        }
-        let differs = match &old {
-            None => true,
-            Some(o) => !same(o, &m) || (m.file_type().is_symlink() && link(&cur) != link(&was)),
-        };
-        if differs {
-            out.changed.push(p.clone());
-        }
+        let old = compare(p, &cur, &m, Some(&was), &mut out);
         if !m.is_dir() || m.dev() != dev {
             settled.push(p.clone());
-        } else if old.is_none() || kind_changed {
+        } else if !old.is_some_and(|o| o.is_dir()) {
+            // New, or replaced another kind of entry: nothing below is the image's.
             walk(None, &cur, p, dev, &mut out)?;
             settled.push(p.clone());
         }
@@ -135,31 +125,41 @@ fn walk(base: Option<&Path>, cur: &Path, rel: &str, dev: u64, out: &mut Diff) ->
         let path = cur.join(name);
         let m = meta(&path)?;
         let sub = join(rel, name);
-        let old = base.and_then(|b| std::fs::symlink_metadata(b.join(name)).ok());
-        let kind_changed = old.as_ref().is_some_and(|o| o.file_type() != m.file_type());
-        if kind_changed {
-            out.deleted.push(sub.clone());
-        }
-        let differs = match &old {
-            None => true,
-            Some(o) => {
-                !same(o, &m)
-                    || (m.file_type().is_symlink()
-                        && link(&path) != link(&base.expect("old is from base").join(name)))
-            }
-        };
-        if differs {
-            out.changed.push(sub.clone());
-        }
+        let was = base.map(|b| b.join(name));
+        let old = compare(&sub, &path, &m, was.as_deref(), out);
         if m.is_dir() && m.dev() == dev {
             let base_dir = match &old {
-                Some(o) if o.is_dir() => base.map(|b| b.join(name)),
+                Some(o) if o.is_dir() => was.as_deref(),
                 _ => None,
             };
-            walk(base_dir.as_deref(), &path, &sub, dev, out)?;
+            walk(base_dir, &path, &sub, dev, out)?;
         }
     }
     Ok(())
+}
+
+/// Records entry `rel` (at `cur` in the container, with metadata `m`; at `was` in
+/// the image, when the image can hold it there): deleted first when its kind
+/// changed, changed when it differs or is new. Returns its metadata in the image.
+fn compare(
+    rel: &str,
+    cur: &Path,
+    m: &std::fs::Metadata,
+    was: Option<&Path>,
+    out: &mut Diff,
+) -> Option<std::fs::Metadata> {
+    let old = was.and_then(|w| std::fs::symlink_metadata(w).ok());
+    if old.as_ref().is_some_and(|o| o.file_type() != m.file_type()) {
+        out.deleted.push(rel.to_string());
+    }
+    let differs = match (&old, was) {
+        (Some(o), Some(w)) => !same(o, m) || (m.file_type().is_symlink() && link(cur) != link(w)),
+        _ => true,
+    };
+    if differs {
+        out.changed.push(rel.to_string());
+    }
+    old
 }
 
 fn link(p: &Path) -> Option<std::path::PathBuf> {
