@@ -458,7 +458,8 @@ static __always_inline int note_file(struct cg_state *st, struct scratch *s, __u
 	struct seen_key sk = {.cgid = cgid, .dentry = (__u64)d};
 	struct seen_val *sv = bpf_map_lookup_elem(&seen, &sk);
 	struct seen_val nv = {.gen = st->gen, .inode = (__u64)ino, .unlinked = unlinked};
-	bool same = sv && sv->gen == st->gen && sv->inode == (__u64)ino && sv->unlinked == unlinked;
+	/* same: the entry is this file's, still valid; hit: with these flags too */
+	bool same = sv && seen_hit(sv, st, ino, unlinked, 0);
 	bool hit = same && (sv->flags & flags) == flags;
 	if (hit) {
 		nv.flags = sv->flags;
