@@ -169,6 +169,11 @@ impl Container {
         &self.state.id
     }
 
+    /// The container's key in the stores and checkpoint histories.
+    pub fn key(&self) -> Result<crate::storage::ContainerKey> {
+        crate::storage::ContainerKey::new(&self.state.namespace, &self.state.id)
+    }
+
     /// The init's pid on the host, while it runs.
     pub fn init_pid(&self) -> Result<i32> {
         self.lc()?

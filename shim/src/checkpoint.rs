@@ -45,10 +45,6 @@ enum Plan {
     History(ContainerKey, Entry),
 }
 
-fn c_key(c: &Container) -> crab_runtime::Result<ContainerKey> {
-    ContainerKey::new(&c.state().namespace, c.id())
-}
-
 impl TaskService {
     /// Checkpoint: the container's processes and its file-system delta into `req.path`.
     pub async fn checkpoint(&self, req: CheckpointTaskRequest) -> ShimResult<()> {
@@ -212,7 +208,7 @@ impl TaskService {
                             ops::process_image(&cfg, &src, &entry)?.expect("checked above");
                         check_terminal(terminal, dumped.stdio.tty.is_some(), &images)?;
                         let c = Container::for_restore(&cfg, opts)?;
-                        if src == c_key(&c)? {
+                        if src == c.key()? {
                             // The same container after a crash: its tree goes back first.
                             let snapshot = entry.fs_snapshot.clone().unwrap_or_default();
                             if let Err(e) = c.history(&cfg, HistoryOp::RollbackFs(snapshot)) {

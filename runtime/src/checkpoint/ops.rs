@@ -49,10 +49,6 @@ pub enum HistoryOp {
 }
 
 impl Container {
-    pub(crate) fn key(&self) -> Result<ContainerKey> {
-        ContainerKey::new(&self.state.namespace, &self.state.id)
-    }
-
     fn open_store(config: &Config) -> Result<Box<dyn Store>> {
         storage::open(config, config.storage.backend)?.ok_or_else(|| Error::Storage {
             operation: "checkpoint",

@@ -16,14 +16,13 @@ use super::Kind;
 use crate::config::Config;
 use crate::container::Container;
 use crate::inspect;
-use crate::storage::ContainerKey;
 use crate::{Error, Result};
 
 const KEPT: &str = "containerd-last";
 const GEN_FILE: &str = ".inspector-gen";
 
 fn kept_dir(config: &Config, c: &Container) -> Result<PathBuf> {
-    let key = ContainerKey::new(&c.state().namespace, c.id())?;
+    let key = c.key()?;
     Ok(history::dir(config, &key).join(KEPT))
 }
 

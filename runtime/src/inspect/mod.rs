@@ -23,7 +23,6 @@ use crate::checkpoint::history::{self, History};
 use crate::checkpoint::Kind;
 use crate::config::{Config, PolicyMode};
 use crate::container::{load_spec, Container};
-use crate::storage::ContainerKey;
 use crate::{Error, Result};
 use crab_bpf::{FsFlags, Inspector};
 use mounts::{MountMap, Place};
@@ -176,7 +175,7 @@ fn mount_map(c: &Container, pid: i32) -> Result<MountMap> {
 
 /// Classifies the turn of container `c` (since its last checkpoint).
 pub fn classify(c: &Container, config: &Config, insp: &Inspector) -> Result<Classification> {
-    let key = ContainerKey::new(&c.state.namespace, &c.state.id)?;
+    let key = c.key()?;
     let hist = History::load(&history::dir(config, &key), &key)?;
     classify_against(c, insp, Some(&hist))
 }
