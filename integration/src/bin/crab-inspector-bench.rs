@@ -131,13 +131,36 @@ fn programs_ns(dir: &Path) -> u64 {
         .sum()
 }
 
+/// Runs `f(watched)` `n` times with the container's cgroup watched and `n`
+/// times not, alternating the order so that drift on a shared machine hits
+/// both; leaves it watched.
+fn alternate(insp: &crab_bpf::Inspector, cgid: u64, n: usize, mut f: impl FnMut(bool)) {
+    let watch = |watched: bool| {
+        if watched {
+            insp.watch(cgid).expect("watch");
+            // As after the container's first full checkpoint: a new watch
+            // records nothing until then.
+            insp.forget(cgid, |_| true, true, true).expect("forget");
+        } else {
+            insp.unwatch(cgid).expect("unwatch");
+        }
+    };
+    for i in 0..n {
+        for watched in [i % 2 == 0, i % 2 != 0] {
+            watch(watched);
+            f(watched);
+        }
+    }
+    watch(true);
+}
+
 /// What the kernel accounts to the inspector's programs during one run of a
-/// workload, watched and not (medians over `n` runs each, ms), and the
-/// workload's own median time unwatched (ms).
+/// workload, watched and not (medians over `n` runs each), and the workload's
+/// own median time unwatched.
 struct KernelCost {
-    off_ms: f64,
-    on_ms: f64,
-    workload_ms: f64,
+    off: Duration,
+    on: Duration,
+    workload: Duration,
 }
 
 fn kernel_cost(
@@ -151,38 +174,23 @@ fn kernel_cost(
     let before = std::fs::read_to_string(STATS).expect(STATS);
     std::fs::write(STATS, "1").expect(STATS);
     let (mut on, mut off, mut took) = (Vec::new(), Vec::new(), Vec::new());
-    for i in 0..n {
-        for watched in [i % 2 == 0, i % 2 != 0] {
-            if watched {
-                insp.watch(cgid).expect("watch");
-                insp.forget(cgid, |_| true, true, true).expect("forget");
-            } else {
-                insp.unwatch(cgid).expect("unwatch");
-            }
-            let t0 = programs_ns(dir);
-            let t = run_workload(g, w);
-            let ms = (programs_ns(dir) - t0) as f64 / 1e6;
-            if watched {
-                on.push(ms)
-            } else {
-                off.push(ms);
-                took.push(t.as_secs_f64() * 1e3);
-            }
+    alternate(insp, cgid, n, |watched| {
+        let t0 = programs_ns(dir);
+        let t = run_workload(g, w);
+        let spent = Duration::from_nanos(programs_ns(dir) - t0);
+        if watched {
+            on.push(spent)
+        } else {
+            off.push(spent);
+            took.push(t);
         }
-    }
+    });
     std::fs::write(STATS, before.trim()).expect(STATS);
-    insp.watch(cgid).expect("watch");
-    insp.forget(cgid, |_| true, true, true).expect("forget");
     KernelCost {
-        off_ms: median_f64(off),
-        on_ms: median_f64(on),
-        workload_ms: median_f64(took),
+        off: stats(off).median,
+        on: stats(on).median,
+        workload: stats(took).median,
     }
-}
-
-fn median_f64(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 fn main() {
@@ -214,23 +222,14 @@ fn main() {
         for w in workloads.iter().map(String::as_str) {
             run_workload(&g, w); // warm the page cache
             let (mut on, mut off) = (Vec::new(), Vec::new());
-            for i in 0..n {
-                // Alternate the order, so drift on a shared machine hits both.
-                for watched in [i % 2 == 0, i % 2 != 0] {
-                    if watched {
-                        insp.watch(cgid).expect("watch");
-                        // As after the container's first full checkpoint:
-                        // a new watch records nothing until then.
-                        insp.forget(cgid, |_| true, true, true).expect("forget");
-                        on.push(run_workload(&g, w));
-                    } else {
-                        insp.unwatch(cgid).expect("unwatch");
-                        off.push(run_workload(&g, w));
-                    }
+            alternate(&insp, cgid, n, |watched| {
+                let t = run_workload(&g, w);
+                if watched {
+                    on.push(t)
+                } else {
+                    off.push(t)
                 }
-            }
-            insp.watch(cgid).expect("watch");
-            insp.forget(cgid, |_| true, true, true).expect("forget");
+            });
             let (on, off) = (stats(on), stats(off));
             println!(
                 "| {w} | {d} | {} | {} | {:+.1}% |",
@@ -249,7 +248,8 @@ fn main() {
     println!("|---|---|---|---|---|");
     for w in workloads.iter().map(String::as_str) {
         let k = kernel_cost(&insp, (&g, cgid), &dir, w, n);
-        let added = k.on_ms - k.off_ms;
+        let millis = |d: Duration| d.as_secs_f64() * 1e3;
+        let added = millis(k.on) - millis(k.off);
         let per_write = if w == "syscalls" {
             format!(" ({:.0} ns per write)", added * 1e6 / 200_000.0)
         } else {
@@ -257,9 +257,9 @@ fn main() {
         };
         println!(
             "| {w} | {:.2} ms | {:.2} ms | {added:.2} ms{per_write} | {:.1}% |",
-            k.off_ms,
-            k.on_ms,
-            added / k.workload_ms * 100.0
+            millis(k.off),
+            millis(k.on),
+            added / millis(k.workload) * 100.0
         );
     }
 
