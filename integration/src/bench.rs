@@ -114,7 +114,7 @@ pub fn unpacked_checkpoints() -> std::collections::BTreeSet<std::path::PathBuf> 
                 .filter(|e| {
                     e.file_name()
                         .to_string_lossy()
-                        .starts_with("ctrd-checkpoint")
+                        .starts_with(crab_runtime::checkpoint::CONTAINERD_UNPACKED_PREFIX)
                 })
                 .map(|e| e.path())
                 .collect()

@@ -10,7 +10,7 @@ use crab_runtime::checkpoint::engine::{apply_fs_delta, CheckpointOpts, Dumped};
 use crab_runtime::checkpoint::history::{self, Entry, History};
 use crab_runtime::checkpoint::ops::{self, HistoryOp};
 use crab_runtime::checkpoint::source::{RestoreOptions, Source};
-use crab_runtime::checkpoint::{bounded, reuse, Manifest};
+use crab_runtime::checkpoint::{bounded, reuse, Manifest, CONTAINERD_UNPACKED_PREFIX};
 use crab_runtime::config::{Backend, Config};
 use crab_runtime::container::{Container, CreateOpts};
 use crab_runtime::helper::ChildStdio;
@@ -188,7 +188,7 @@ impl TaskService {
                         // unpacked archive is the shim's to remove too.
                         let whole = !from_containerd
                             || dir.file_name().is_some_and(|n| {
-                                n.to_string_lossy().starts_with("ctrd-checkpoint")
+                                n.to_string_lossy().starts_with(CONTAINERD_UNPACKED_PREFIX)
                             });
                         let mut cleanup = vec![images.clone()];
                         if whole {

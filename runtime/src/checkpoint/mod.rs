@@ -35,6 +35,9 @@ pub const CRIU_DIR: &str = "criu";
 pub const FS_DIFF: &str = "rootfs-diff.tar";
 /// The manifest format this version writes and reads.
 pub const VERSION: u32 = 1;
+/// How containerd 1.7 names the directory it unpacks a checkpoint into for a
+/// restore (in its temporary directory). It never removes one.
+pub const CONTAINERD_UNPACKED_PREFIX: &str = "ctrd-checkpoint";
 
 /// What a checkpoint holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
