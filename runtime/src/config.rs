@@ -98,6 +98,15 @@ pub enum Backend {
     Zfs,
 }
 
+impl Backend {
+    /// Whether its store can name the changes since the image without a walk
+    /// ([`crate::storage::Store::changed_since_image`]): asking one that cannot
+    /// would only cost a helper process per checkpoint.
+    pub fn names_changes(self) -> bool {
+        self == Backend::Btrfs
+    }
+}
+
 /// Checkpoint store settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]

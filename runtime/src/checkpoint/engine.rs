@@ -398,7 +398,9 @@ fn write_fs_delta(opts: &CheckpointOpts, c: &Container) -> Result<FsPart> {
     };
     let base = opts.image.as_ref().map(|_| mnt.as_path());
     let named = match (&opts.store, &opts.image) {
-        (Some(config), Some(image)) => changed_since_image(config, c, image),
+        (Some(config), Some(image)) if config.storage.backend.names_changes() => {
+            changed_since_image(config, c, image)
+        }
         _ => None,
     };
     let diff = match (base, named) {
