@@ -65,6 +65,23 @@ fn a_deleted_but_open_file_and_an_appended_log_come_back() {
     );
 }
 
+/// The long-lived processes of a container as (pid, parent, command). The loops'
+/// `sleep`s and the `ps` itself come and go between samples, so they are left out.
+fn long_lived(g: &Guard) -> std::collections::BTreeSet<(u32, u32, String)> {
+    g.exec_ok(&["ps", "-o", "pid,ppid,args"])
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let pid = f.next()?.parse().ok()?;
+            let ppid = f.next()?.parse().ok()?;
+            let args = f.collect::<Vec<_>>().join(" ");
+            let transient = ["sleep ", "ps ", "mv "].iter().any(|c| args.starts_with(c));
+            (!transient).then_some((pid, ppid, args))
+        })
+        .collect()
+}
+
 #[test]
 fn a_process_tree_three_levels_deep_comes_back_whole() {
     let g = Guard::sh(
@@ -72,17 +89,37 @@ fn a_process_tree_three_levels_deep_comes_back_whole() {
              i=0; while true; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.2; done",
     );
     wait_for_file(&g, "/tmp/count", Duration::from_secs(10));
-    let before = ctr_ok(&["task", "ps", &g.id]).lines().count();
-    crabctl_ok(&["checkpoint", &g.id, "--name", "tree"]);
-    g.exec_ok(&["sh", "-c", "pkill -f 'while true; do sleep 1' || true"]);
-    crabctl_ok(&["rollback", &g.id, "tree"]);
-    let tree = g.exec_ok(&["ps", "-o", "pid,ppid,args"]);
-    let after = ctr_ok(&["task", "ps", &g.id]).lines().count();
-    assert!(
-        after >= before,
-        "processes before {before}, after {after}:\n{tree}"
+    // A sample can catch a loop's fork before its exec (it shows the parent's
+    // command), so the tree is read until it holds just the three.
+    let mut before = long_lived(&g);
+    wait_until(Duration::from_secs(5), || {
+        before = long_lived(&g);
+        before.len() == 3
+    });
+    assert_eq!(
+        before.len(),
+        3,
+        "the init, its child and grandchild: {before:?}"
     );
-    assert!(tree.contains("while true; do sleep 1"), "{tree}");
+    crabctl_ok(&["checkpoint", &g.id, "--name", "tree"]);
+    let grandchild = before
+        .iter()
+        .find(|(_, _, args)| args == "sh -c while true; do sleep 1; done")
+        .unwrap_or_else(|| panic!("no grandchild in {before:?}"))
+        .0;
+    g.exec_ok(&["kill", "-9", &grandchild.to_string()]);
+    assert!(
+        wait_until(Duration::from_secs(5), || long_lived(&g).len() < 3),
+        "the grandchild was not killed"
+    );
+    crabctl_ok(&["rollback", &g.id, "tree"]);
+    // The same three processes under the same pids and parents: the tree is whole.
+    let mut after = long_lived(&g);
+    wait_until(Duration::from_secs(5), || {
+        after = long_lived(&g);
+        after == before
+    });
+    assert_eq!(after, before);
 }
 
 #[test]
