@@ -139,9 +139,9 @@ pub(crate) fn c_str(raw: &[i8]) -> String {
 }
 
 impl FsChange {
-    pub(crate) fn from_raw(k: &types::fs_key, v: &types::fs_val) -> FsChange {
+    pub(crate) fn from_raw(v: &types::fs_val) -> FsChange {
         FsChange {
-            path: c_str(&k.path),
+            path: c_str(&v.path),
             flags: FsFlags(v.flags),
             dev: v.dev,
             pid: v.pid,

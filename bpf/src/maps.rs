@@ -97,7 +97,7 @@ impl Inspector {
             entries_of::<types::fs_key, types::fs_val>(&self.maps.fs_entries, |k| k.cgid == cgid)
                 .into_iter()
                 .take(limit)
-                .map(|(k, v)| FsChange::from_raw(&k, &v))
+                .map(|(_, v)| FsChange::from_raw(&v))
                 .collect(),
         )
     }
@@ -174,7 +174,7 @@ impl Inspector {
         let map = &self.maps.fs_entries;
         let mut left = 0;
         for (k, v) in entries_of::<types::fs_key, types::fs_val>(map, |k| k.cgid == cgid) {
-            if which(&FsChange::from_raw(&k, &v)) {
+            if which(&FsChange::from_raw(&v)) {
                 let _ = map.delete(bytes_of(&k));
             } else {
                 left += 1;

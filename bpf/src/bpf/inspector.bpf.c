@@ -57,14 +57,21 @@ enum {
 	NR_setxattrat = 463, NR_removexattrat = 466,
 };
 
+/* A name as the walks build it: the path, zero-padded (so that it can be
+ * hashed and compared a word at a time), and whose it is. */
+struct fs_path {
+	__u64 cgid;
+	char path[PATH_KEY];
+};
+
 /* What a pending name operation does at sys_exit. */
 enum { OP_NOTE = 1, OP_REMOVE, OP_RENAME, OP_EXCHANGE };
 
 struct pending {
 	__u32 op;
 	__u32 flags; /* for OP_NOTE; FS_CREATED for a rename target that cannot exist */
-	struct fs_key a;
-	struct fs_key b;
+	struct fs_path a;
+	struct fs_path b;
 };
 
 struct {
@@ -131,12 +138,13 @@ struct {
 	__type(value, struct seen_val);
 } seen SEC(".maps");
 
-/* The last file sys_enter found recorded on this CPU: a write loop hits it
+/* The last file found or created recorded on this CPU: a write loop hits it
  * without hashing into `seen`. Same fields and same validation as a `seen`
- * entry, and only ever a copy of what `seen` said, so a hit here is a hit
- * there. Only sys_enter reads or writes it, and the kernel never runs a
- * program nested in itself on one CPU (a nested run is skipped and counted as
- * a miss), so no other run can see it half-written. */
+ * entry: a copy of what `seen` said, or of a creation just recorded. Only
+ * sys_enter and sys_exit use it, and neither runs nested in itself or in the
+ * other on one CPU (no syscall starts or ends inside a program; a nested run
+ * of the same program is skipped and counted as a miss), so no run can see it
+ * half-written. */
 struct last_file {
 	__u64 cgid;
 	__u64 dentry;
@@ -149,7 +157,7 @@ struct last_file {
 struct scratch {
 	struct pending pend;
 	char spill_b[PATH_KEY];
-	struct fs_key key;
+	struct fs_path key;
 	char spill_k[PATH_KEY];
 	char buf[2 * PATH_KEY + 256];
 	struct fs_val val;
@@ -213,7 +221,7 @@ static __always_inline __u64 addr_of(struct scratch *s, const void *p)
 /* Where a path is built: the two keys of a pending operation, or the scratch key. */
 enum { SLOT_A = 0, SLOT_B = 1, SLOT_KEY = 2 };
 
-static __always_inline struct fs_key *slot_key(struct scratch *s, __u32 slot)
+static __always_inline struct fs_path *slot_key(struct scratch *s, __u32 slot)
 {
 	if (slot == SLOT_A)
 		return &s->pend.a;
@@ -315,12 +323,12 @@ __noinline int path_into(struct scratch *s, __u32 slot, __u64 vmnt_addr, __u64 d
 		off -= 1;
 		s->buf[off & BUF_MASK] = '/';
 	}
-	struct fs_key *k = slot_key(s, slot);
+	struct fs_path *k = slot_key(s, slot);
 	long n = bpf_probe_read_kernel_str(k->path, PATH_KEY, &s->buf[off & BUF_MASK]);
 	return n > 0 ? n - 1 : -1;
 }
 
-static __always_inline void clear_key(struct fs_key *k, __u64 cgid)
+static __always_inline void clear_key(struct fs_path *k, __u64 cgid)
 {
 	k->cgid = cgid;
 	__builtin_memset(k->path, 0, PATH_KEY);
@@ -329,7 +337,7 @@ static __always_inline void clear_key(struct fs_key *k, __u64 cgid)
 /* The key of an open file; returns the FS_* flags it implies (KEEP), or -1. */
 static __always_inline long key_of_file(struct scratch *s, __u64 cgid, struct file *f, __u32 *dev)
 {
-	struct fs_key *k = &s->key;
+	struct fs_path *k = &s->key;
 	clear_key(k, cgid);
 	if (path_into(s, SLOT_KEY, addr_of(s, f->f_path.mnt), addr_of(s, f->f_path.dentry)) < 0)
 		return -1;
@@ -348,7 +356,7 @@ __noinline int key_of_arg(struct scratch *s, __u32 slot, __u64 cgid, int dirfd, 
 	if (!s)
 		return -1;
 	const char *upath = (const char *)upath_addr;
-	struct fs_key *k = slot_key(s, slot);
+	struct fs_path *k = slot_key(s, slot);
 	char head[2] = {};
 	clear_key(k, cgid);
 	if (!upath || bpf_probe_read_user(head, sizeof(head), upath) < 0)
@@ -399,40 +407,83 @@ __noinline int key_of_arg(struct scratch *s, __u32 slot, __u64 cgid, int dirfd, 
 	return 0;
 }
 
-/* Records `flags` for the name in `k`. Most names are new when they get here
- * (the `seen` cache filters repeated writes), so the insert comes first: one
- * walk of a hash bucket (keys of 264 bytes) instead of a lookup and then the
+/* The map key of a name: its cgroup, and a hash of its path a word at a time
+ * (the path is zero-padded, and no word inside it is zero, so the first zero
+ * word ends it). Mixing as in splitmix64's finaliser. */
+static __always_inline void key_of_path(struct fs_key *k, const struct fs_path *p)
+{
+	const __u64 *w = (const __u64 *)p->path;
+	__u64 h = p->cgid ^ 0x9e3779b97f4a7c15ULL;
+	for (int i = 0; i < PATH_KEY / 8; i++) {
+		__u64 x = w[i];
+		if (!x)
+			break;
+		h = (h ^ x) * 0xbf58476d1ce4e5b9ULL;
+		h ^= h >> 31;
+	}
+	h = (h ^ (h >> 30)) * 0x94d049bb133111ebULL;
+	k->cgid = p->cgid;
+	k->hash = h ^ (h >> 31);
+}
+
+/* Whether an entry is the name's and not another with the same hash. */
+static __always_inline bool same_path(const struct fs_val *v, const struct fs_path *p)
+{
+	const __u64 *a = (const __u64 *)v->path, *b = (const __u64 *)p->path;
+	for (int i = 0; i < PATH_KEY / 8; i++) {
+		if (a[i] != b[i])
+			return false;
+		if (!a[i])
+			break;
+	}
+	return true;
+}
+
+/* Records `flags` for the name `p`, whose map key is `k`. Most names are new
+ * when they get here (the `seen` cache filters repeated writes), so the insert
+ * comes first: one walk of a hash bucket instead of a lookup and then the
  * insert's own. A name already there gets the new flags (never "created"). */
-static __always_inline void note(struct cg_state *st, struct scratch *s, struct fs_key *k,
-				 __u32 flags, __u32 dev)
+static __always_inline void note_at(struct cg_state *st, struct scratch *s, struct fs_key *k,
+				    struct fs_path *p, __u32 flags, __u32 dev)
 {
 	s->val.flags = flags;
 	s->val.dev = dev;
 	s->val.pid = bpf_get_current_pid_tgid() >> 32;
 	s->val.pad = 0;
 	s->val.first_ns = bpf_ktime_get_ns();
+	__builtin_memcpy(s->val.path, p->path, PATH_KEY);
 	long err = bpf_map_update_elem(&fs_entries, k, &s->val, BPF_NOEXIST);
 	if (err == 0) {
 		__sync_fetch_and_add(&st->fs_entries, 1);
-	} else if (err == -17 /* EEXIST */) {
-		struct fs_val *v = bpf_map_lookup_elem(&fs_entries, k);
-		if (v)
-			__sync_fetch_and_or(&v->flags, flags & ~FS_CREATED);
-	} else {
-		__sync_fetch_and_add(&st->overflow, 1);
+		return;
 	}
+	struct fs_val *v = err == -17 /* EEXIST */ ? bpf_map_lookup_elem(&fs_entries, k) : 0;
+	if (v && same_path(v, p))
+		__sync_fetch_and_or(&v->flags, flags & ~FS_CREATED);
+	else
+		__sync_fetch_and_add(&st->overflow, 1);
+}
+
+static __always_inline void note(struct cg_state *st, struct scratch *s, struct fs_path *p,
+				 __u32 flags, __u32 dev)
+{
+	struct fs_key k;
+	key_of_path(&k, p);
+	note_at(st, s, &k, p, flags, dev);
 }
 
 /* A name went away: one created since recording began cancels out. */
-static __always_inline void removed(struct cg_state *st, struct scratch *s, struct fs_key *k)
+static __always_inline void removed(struct cg_state *st, struct scratch *s, struct fs_path *p)
 {
-	struct fs_val *v = bpf_map_lookup_elem(&fs_entries, k);
-	if (v && (v->flags & FS_CREATED) && !(v->flags & FS_KEEP)) {
-		if (bpf_map_delete_elem(&fs_entries, k) == 0)
+	struct fs_key k;
+	key_of_path(&k, p);
+	struct fs_val *v = bpf_map_lookup_elem(&fs_entries, &k);
+	if (v && same_path(v, p) && (v->flags & FS_CREATED) && !(v->flags & FS_KEEP)) {
+		if (bpf_map_delete_elem(&fs_entries, &k) == 0)
 			__sync_fetch_and_add(&st->fs_entries, -1);
 		return;
 	}
-	note(st, s, k, FS_REMOVED, 0);
+	note_at(st, s, &k, p, FS_REMOVED, 0);
 }
 
 static __always_inline bool seen_hit(struct seen_val *sv, struct cg_state *st, struct inode *ino,
@@ -443,20 +494,25 @@ static __always_inline bool seen_hit(struct seen_val *sv, struct cg_state *st, s
 }
 
 /* Records `flags` for an open file, unless `seen` says they already are.
- * Returns 1 when nothing was new. `remember`: keep the outcome in this CPU's
- * last_file (sys_enter only; see there). */
+ * Returns 1 when nothing was new. The outcome is kept in this CPU's last_file. */
 static __always_inline int note_file(struct cg_state *st, struct scratch *s, __u64 cgid,
-				     struct file *f, __u32 flags, bool remember)
+				     struct file *f, __u32 flags)
 {
 	struct dentry *d = f->f_path.dentry;
 	struct inode *ino = f->f_inode;
 	__u32 unlinked = ino->__i_nlink == 0;
 	struct last_file *last = &s->last;
-	if (remember && last->cgid == cgid && last->dentry == (__u64)d &&
+	if (last->cgid == cgid && last->dentry == (__u64)d &&
 	    seen_hit(&last->v, st, ino, unlinked, flags))
 		return 1;
+	/* A file this open created is only remembered on this CPU, not in
+	 * `seen`: its writes, owner, mode and times follow at once, from the
+	 * same task (tar, pip, a compiler's output). An LRU insert per created
+	 * file cost more than the walks it saved. Its dentry is fresh, or a
+	 * negative one made positive, so `seen` holds nothing valid for it. */
+	bool created = flags & FS_CREATED;
 	struct seen_key sk = {.cgid = cgid, .dentry = (__u64)d};
-	struct seen_val *sv = bpf_map_lookup_elem(&seen, &sk);
+	struct seen_val *sv = created ? 0 : bpf_map_lookup_elem(&seen, &sk);
 	struct seen_val nv = {.gen = st->gen, .inode = (__u64)ino, .unlinked = unlinked};
 	/* same: the entry is this file's, still valid; hit: with these flags too */
 	bool same = sv && seen_hit(sv, st, ino, unlinked, 0);
@@ -475,26 +531,25 @@ static __always_inline int note_file(struct cg_state *st, struct scratch *s, __u
 		/* A file this open created: what is later written to it or done to
 		 * its metadata is part of a creation already recorded (tar and
 		 * pip set times, owner and mode of each file they make). */
-		if (flags & FS_CREATED)
+		if (created)
 			nv.flags |= FS_WRITTEN | FS_META;
-		bpf_map_update_elem(&seen, &sk, &nv, BPF_ANY);
+		else
+			bpf_map_update_elem(&seen, &sk, &nv, BPF_ANY);
 	}
-	if (remember) {
-		last->cgid = cgid;
-		last->dentry = (__u64)d;
-		last->v = nv;
-	}
+	last->cgid = cgid;
+	last->dentry = (__u64)d;
+	last->v = nv;
 	return hit;
 }
 
 /* As note_file, for the regular file behind `fd`; returns 1 when nothing was new. */
 static __always_inline int note_fd(struct cg_state *st, struct scratch *s, __u64 cgid, int fd,
-				   __u32 flags, bool remember)
+				   __u32 flags)
 {
 	struct file *f = file_of(fd);
 	if (!f || !S_ISREG(f->f_inode->i_mode))
 		return 1;
-	return note_file(st, s, cgid, f, flags, remember);
+	return note_file(st, s, cgid, f, flags);
 }
 
 /* Prepares a name operation for sys_exit. */
@@ -591,21 +646,21 @@ int BPF_PROG(sys_enter, struct pt_regs *regs, long id)
 	case NR_write: case NR_pwrite64: case NR_writev: case NR_pwritev: case NR_pwritev2:
 	case NR_ftruncate: case NR_fallocate: case NR_sendfile:
 		/* A file already recorded: nothing to do, not even the count. */
-		if (note_fd(st, s, cgid, a0, FS_WRITTEN, true))
+		if (note_fd(st, s, cgid, a0, FS_WRITTEN))
 			return 0;
 		break;
 	case NR_splice: case NR_copy_file_range:
-		if (note_fd(st, s, cgid, a2, FS_WRITTEN, true))
+		if (note_fd(st, s, cgid, a2, FS_WRITTEN))
 			return 0;
 		break;
 	case NR_mmap: {
 		__u32 type = a3 & MAP_TYPE;
 		if ((a2 & PROT_WRITE) && (type == MAP_SHARED || type == MAP_SHARED_VALIDATE))
-			note_fd(st, s, cgid, a4, FS_WRITTEN | FS_MMAP, true);
+			note_fd(st, s, cgid, a4, FS_WRITTEN | FS_MMAP);
 		break;
 	}
 	case NR_fchmod: case NR_fchown: case NR_fsetxattr: case NR_fremovexattr:
-		note_fd(st, s, cgid, a0, FS_META, true);
+		note_fd(st, s, cgid, a0, FS_META);
 		break;
 	/* content and metadata by name */
 	case NR_truncate:
@@ -623,7 +678,7 @@ int BPF_PROG(sys_enter, struct pt_regs *regs, long id)
 		if (a1)
 			pend1(st, s, cgid, OP_NOTE, FS_META, a0, (const char *)a1);
 		else
-			note_fd(st, s, cgid, a0, FS_META, true);
+			note_fd(st, s, cgid, a0, FS_META);
 		break;
 	/* names */
 	case NR_mkdir:
@@ -696,9 +751,9 @@ static __always_inline void opened(struct cg_state *st, struct scratch *s, __u64
 	if (cfg->created_mask && (mode & cfg->created_mask)) {
 		/* A fresh dentry, or a negative one made positive: never a cache hit
 		 * with the same inode, so the creation is always recorded. */
-		note_file(st, s, cgid, f, FS_CREATED | FS_WRITTEN, false);
+		note_file(st, s, cgid, f, FS_CREATED | FS_WRITTEN);
 	} else if ((mode & FMODE_WRITE) && S_ISREG(f->f_inode->i_mode)) {
-		note_file(st, s, cgid, f, FS_WRITTEN, false);
+		note_file(st, s, cgid, f, FS_WRITTEN);
 	}
 }
 

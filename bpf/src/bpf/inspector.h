@@ -44,9 +44,15 @@ struct cg_state {
 	__u64 gen;        /* bumped by userspace when it forgets: stales the `seen` cache */
 };
 
+/* A name's entry is keyed by a 64-bit hash of its path, not the path: a key of
+ * 16 bytes hashes and compares in a fraction of the time of one of 264, and a
+ * lookup touches one cache line of the element, not five. The path itself is in
+ * the value; two paths with the same hash are told apart there, and the second
+ * one counts as an overflow (a full checkpoint), so a collision costs time,
+ * never a missed change. */
 struct fs_key {
 	__u64 cgid;
-	char path[PATH_KEY]; /* as seen from the task's root, zero-padded */
+	__u64 hash;
 };
 
 struct fs_val {
@@ -55,6 +61,7 @@ struct fs_val {
 	__u32 pid;
 	__u32 pad;
 	__u64 first_ns;
+	char path[PATH_KEY]; /* as seen from the task's root, zero-padded */
 };
 
 struct proc_key {
