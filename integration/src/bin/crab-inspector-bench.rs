@@ -12,6 +12,11 @@
 //!   inspector's cost per write with little else around it;
 //! - find: a read-only `find / -xdev`, ten times.
 //!
+//! The slowdown is the median over iterations of the ratio watched / not
+//! watched within one iteration (the two runs are back to back, in alternating
+//! order), with the middle half of those ratios to show the noise; once for the
+//! wall-clock time, once for the CPU time of the container's cgroup.
+//!
 //! Then the kernel's own accounting (`kernel.bpf_stats_enabled`) of the
 //! inspector's programs during each workload, watched and not: the CPU time the
 //! inspector adds, without the noise of the workload's wall-clock time.
@@ -69,11 +74,35 @@ fn run_workload(g: &Guard, name: &str) -> Duration {
     Duration::from_secs_f64(out.trim().parse().expect("workload prints seconds"))
 }
 
+fn cgroup_dir(id: &str) -> String {
+    format!("/sys/fs/cgroup/unified/crab/{}/{id}", namespace())
+}
+
 fn cgroup_id(id: &str) -> u64 {
-    let p = format!("/sys/fs/cgroup/unified/crab/{}/{id}", namespace());
+    let p = cgroup_dir(id);
     std::fs::metadata(&p)
         .unwrap_or_else(|e| panic!("{p}: {e}"))
         .ino()
+}
+
+/// The CPU time the container's tasks have used (`usage_usec` of its cgroup).
+fn cpu_used(id: &str) -> Duration {
+    let p = format!("{}/cpu.stat", cgroup_dir(id));
+    let stat = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{p}: {e}"));
+    let usec = stat
+        .lines()
+        .find_map(|l| l.strip_prefix("usage_usec "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no usage_usec in {p}"));
+    Duration::from_micros(usec)
+}
+
+/// Percent changes at the 25th, 50th and 75th percentile of the ratios
+/// `on[i] / off[i]` (one pair per iteration).
+fn paired(on: &[Duration], off: &[Duration]) -> [f64; 3] {
+    let mut r: Vec<f64> = on.iter().zip(off).map(|(a, b)| ratio(*a, *b)).collect();
+    r.sort_by(f64::total_cmp);
+    [0.25, 0.5, 0.75].map(|p| (r[((r.len() as f64 - 1.0) * p).round() as usize] - 1.0) * 100.0)
 }
 
 fn bpftool(args: &[&str]) -> serde_json::Value {
@@ -209,9 +238,9 @@ fn main() {
     let mut others: Vec<Guard> = Vec::new();
 
     println!(
-        "| workload | watched containers | not watched (median) | watched (median) | slowdown |"
+        "| workload | watched containers | not watched (median) | watched (median) | wall-clock slowdown (middle half) | CPU-time slowdown (middle half) |"
     );
-    println!("|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|");
     for &d in &densities {
         while others.len() + 1 < d {
             let o = Guard::run_detached(CRAB, PYTHON, &[], &["sleep", "infinity"]);
@@ -223,19 +252,28 @@ fn main() {
             run_workload(&g, w); // warm the page cache
             let (mut on, mut off) = (Vec::new(), Vec::new());
             alternate(&insp, cgid, n, |watched| {
+                let cpu = cpu_used(&g.id);
                 let t = run_workload(&g, w);
+                let sample = (t, cpu_used(&g.id) - cpu);
                 if watched {
-                    on.push(t)
+                    on.push(sample)
                 } else {
-                    off.push(t)
+                    off.push(sample)
                 }
             });
-            let (on, off) = (stats(on), stats(off));
+            // Each iteration runs the workload watched and not, back to back:
+            // the ratio within a pair leaves out the machine's drift over the
+            // minutes of the run (other tenants), which a ratio of two medians
+            // takes in. The CPU time (the container cgroup's) also leaves out
+            // the time its tasks waited for a CPU.
+            let wall = |v: &[(Duration, Duration)]| v.iter().map(|s| s.0).collect::<Vec<_>>();
+            let cpu = |v: &[(Duration, Duration)]| v.iter().map(|s| s.1).collect::<Vec<_>>();
+            let [wq1, wm, wq3] = paired(&wall(&on), &wall(&off));
+            let [cq1, cm, cq3] = paired(&cpu(&on), &cpu(&off));
             println!(
-                "| {w} | {d} | {} | {} | {:+.1}% |",
-                ms(off.median),
-                ms(on.median),
-                (ratio(on.median, off.median) - 1.0) * 100.0
+                "| {w} | {d} | {} | {} | {wm:+.1}% ({wq1:+.1} to {wq3:+.1}) | {cm:+.1}% ({cq1:+.1} to {cq3:+.1}) |",
+                ms(stats(wall(&off)).median),
+                ms(stats(wall(&on)).median),
             );
         }
     }
