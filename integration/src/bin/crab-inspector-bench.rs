@@ -177,6 +177,11 @@ fn alternate(insp: &crab_bpf::Inspector, cgid: u64, n: usize, mut f: impl FnMut(
     for i in 0..n {
         for watched in [i % 2 == 0, i % 2 != 0] {
             watch(watched);
+            // What the last run left dirty (the build writes and deletes
+            // thousands of files) is written back now, not during the next
+            // run: each run starts from a clean file system.
+            let synced = Command::new("sync").status().expect("sync");
+            assert!(synced.success(), "sync: {synced}");
             f(watched);
         }
     }
