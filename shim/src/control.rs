@@ -224,10 +224,14 @@ impl TaskService {
                     .ok()
             })
             .collect();
+        let verified_ms = started.elapsed().as_millis() as u64;
         // The old processes go first: their tree is replaced, not merged.
         stop_processes(inst).await?;
+        let stopped_ms = started.elapsed().as_millis() as u64;
+        let mut fs_done_ms = 0;
         let restored = async {
             blocking(rollback_fs).await?;
+            fs_done_ms = started.elapsed().as_millis() as u64;
             let criu = crab_runtime::criu::Tool::from_config(&config);
             let terminal = dumped.stdio.tty.is_some();
             restore_process(&config, &inst.init.stdio, terminal, move |cfg, child| {
@@ -242,7 +246,17 @@ impl TaskService {
                 inst.init.io = Some(io);
                 inst.init.status = Status::RUNNING;
                 let ms = started.elapsed().as_millis() as u64;
-                tracing::info!(%id, seq = entry.seq, pid, ms, "rolled back");
+                // Time since the request at each step, for where a slow one went.
+                tracing::info!(
+                    %id,
+                    seq = entry.seq,
+                    pid,
+                    verified_ms,
+                    stopped_ms,
+                    fs_done_ms,
+                    ms,
+                    "rolled back"
+                );
                 if let Some(p) = &inst.proxy {
                     p.relisten();
                 }
