@@ -78,11 +78,20 @@ pub struct Stats {
 /// The statistics of `v` (which must not be empty).
 pub fn stats(mut v: Vec<Duration>) -> Stats {
     v.sort();
-    let at = |p: f64| v[((v.len() as f64 - 1.0) * p).round() as usize];
     Stats {
-        median: at(0.5),
-        p95: at(0.95),
+        median: nearest_rank(&v, 0.5),
+        p95: nearest_rank(&v, 0.95),
     }
+}
+
+/// Where the `p` quantile (0 to 1) of `len` sorted values is, by nearest rank.
+pub fn percentile_index(len: usize, p: f64) -> usize {
+    ((len as f64 - 1.0) * p).round() as usize
+}
+
+/// The `p` quantile (0 to 1) of `sorted` (which must not be empty), by nearest rank.
+pub fn nearest_rank<T: Copy>(sorted: &[T], p: f64) -> T {
+    sorted[percentile_index(sorted.len(), p)]
 }
 
 /// Milliseconds with one decimal.

@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
+use crab_integration::bench::{percentile_index, stats};
 use crab_integration::*;
 use crab_runtime::config::{Backend, Config};
 use crab_runtime::storage::{self, ContainerKey, Store, BACKEND_ANNOTATION};
@@ -435,28 +436,6 @@ fn upper_dir(pid: i32) -> Result<PathBuf> {
 
 // ---------------------------------------------------------------------------------
 // Measurements.
-
-fn percentile_index(len: usize, p: f64) -> usize {
-    ((len as f64 - 1.0) * p).round() as usize
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    sorted[percentile_index(sorted.len(), p)]
-}
-
-#[derive(Clone, Copy)]
-struct Stats {
-    median: Duration,
-    p95: Duration,
-}
-
-fn stats(mut v: Vec<Duration>) -> Stats {
-    v.sort();
-    Stats {
-        median: percentile(&v, 0.5),
-        p95: percentile(&v, 0.95),
-    }
-}
 
 fn ms_f(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3

@@ -102,7 +102,7 @@ fn cpu_used(id: &str) -> Duration {
 fn paired(on: &[Duration], off: &[Duration]) -> [f64; 3] {
     let mut r: Vec<f64> = on.iter().zip(off).map(|(a, b)| ratio(*a, *b)).collect();
     r.sort_by(f64::total_cmp);
-    [0.25, 0.5, 0.75].map(|p| (r[((r.len() as f64 - 1.0) * p).round() as usize] - 1.0) * 100.0)
+    [0.25, 0.5, 0.75].map(|p| (nearest_rank(&r, p) - 1.0) * 100.0)
 }
 
 fn bpftool(args: &[&str]) -> serde_json::Value {

@@ -25,7 +25,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use crab_integration::bench::cores;
+use crab_integration::bench::{cores, nearest_rank};
 use crab_integration::*;
 use crab_proxy::{Boundary, Gate, Proxy, Upstream};
 use crab_runtime::checkpoint::stats::{Summary, TurnStats};
@@ -112,7 +112,7 @@ fn pct(v: &[f64], q: f64) -> f64 {
     if v.is_empty() {
         return 0.0;
     }
-    v[((v.len() - 1) as f64 * q).round() as usize]
+    nearest_rank(v, q)
 }
 
 fn sorted(mut v: Vec<f64>) -> Vec<f64> {
