@@ -200,17 +200,23 @@ impl Mirror {
                     dst.display(),
                     first.display()
                 )))?;
-                self.stats.copied += 1;
+                self.count_copy();
                 return Ok(());
             }
             self.links.insert((s.dev(), s.ino()), dst.to_path_buf());
         }
         self.create(src, dst, &s)?;
+        self.count_copy();
+        Ok(())
+    }
+
+    /// Counts one entry copied (or linked). The third one is the fault point: every
+    /// path that counts must pass here, or a fault could be stepped over.
+    fn count_copy(&mut self) {
         self.stats.copied += 1;
         if self.stats.copied == 3 && !self.fault.is_empty() {
             super::fault::point(&self.fault);
         }
-        Ok(())
     }
 
     fn create(&mut self, src: &Path, dst: &Path, s: &Metadata) -> Result<()> {
