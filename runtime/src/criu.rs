@@ -70,6 +70,10 @@ pub struct Dump {
     /// CRIU dumps it as an unpaired slave (`--shell-job`); at restore a new slave takes
     /// its place by its key (see [`crate::checkpoint::tty`]).
     pub terminal: bool,
+    /// The tree's network namespace is the container's own and has no interface but
+    /// `lo`: nothing outside can send to it, so the dump does not lock it (CRIU's
+    /// lock is a firewall table, set and removed with libnftables at each end).
+    pub loopback_only: bool,
 }
 
 /// What to restore.
@@ -103,7 +107,9 @@ pub fn dump(d: &Dump) -> Result<()> {
         .arg(&d.images)
         .args(["--log-file", "dump.log", "-v4"])
         .args(COMMON)
-        .args(["--network-lock", "nftables", "--ghost-limit", GHOST_LIMIT]);
+        .arg("--network-lock")
+        .arg(if d.loopback_only { "skip" } else { "nftables" })
+        .args(["--ghost-limit", GHOST_LIMIT]);
     if d.leave_running {
         cmd.arg("--leave-running");
     }
@@ -116,7 +122,10 @@ pub fn dump(d: &Dump) -> Result<()> {
     if d.terminal {
         cmd.arg("--shell-job");
     }
-    run(cmd, "dump", &d.criu, &d.images.join("dump.log"))
+    run(cmd, "dump", &d.criu, &d.images.join("dump.log"))?;
+    let pruned = crate::checkpoint::net_images::prune(&d.images)?;
+    tracing::debug!(?pruned, "network images that restore nothing, dropped");
+    Ok(())
 }
 
 /// Restores the tree as a sibling of the caller (so a child of the caller's parent),

@@ -26,6 +26,23 @@ pub fn owns_network_namespace(spec: &Spec) -> bool {
         .unwrap_or(false)
 }
 
+/// Whether `pid`'s network namespace has no interface but `lo` (false when that
+/// cannot be read).
+pub fn only_loopback(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/net/dev"))
+        .map(|text| interfaces(&text).all(|name| name == "lo"))
+        .unwrap_or(false)
+}
+
+/// The interface names of a `/proc/<pid>/net/dev` table.
+fn interfaces(table: &str) -> impl Iterator<Item = &str> {
+    // Two header lines, then `name: counters...` per interface.
+    table
+        .lines()
+        .skip(2)
+        .filter_map(|l| l.split_once(':').map(|(name, _)| name.trim()))
+}
+
 /// Moves the calling thread into `pid`'s network namespace and brings `lo` up there.
 /// Call it from a single-threaded helper: the thread stays in that namespace.
 pub fn loopback_up(pid: i32) -> Result<()> {
@@ -57,4 +74,44 @@ pub fn loopback_up(pid: i32) -> Result<()> {
         return Err(Error::sys("bring lo up")(nix::Error::last()));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_interfaces_of_a_net_dev_table_are_read_by_name() {
+        let table = "Inter-|   Receive                            |  Transmit\n \
+             face |bytes    packets errs drop fifo frame compressed multicast|bytes\n    \
+             lo:       0       0    0    0    0     0          0         0        0\n  \
+             eth0: 1296      16    0    0    0     0          0         0     1296\n";
+        assert_eq!(interfaces(table).collect::<Vec<_>>(), ["lo", "eth0"]);
+    }
+
+    #[test]
+    fn a_new_namespace_has_only_lo_and_a_gone_process_has_none() {
+        let mut child = std::process::Command::new("unshare")
+            .args(["--net", "sleep", "30"])
+            .spawn()
+            .expect("unshare runs (the tests run as root)");
+        let pid = child.id() as i32;
+        let ours = std::fs::read_link("/proc/self/ns/net").unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while std::fs::read_link(format!("/proc/{pid}/ns/net")).ok() == Some(ours.clone()) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "unshare did not unshare"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let only_lo = only_loopback(pid);
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(only_lo);
+        assert!(
+            !only_loopback(pid),
+            "a reaped process has no namespace to read"
+        );
+    }
 }

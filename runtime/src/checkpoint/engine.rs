@@ -177,6 +177,8 @@ pub(crate) fn dump_request(
         freeze_cgroup: Some(freezer_cgroup(cgroup)),
         external_mounts,
         terminal: stdio.tty.is_some(),
+        loopback_only: crate::netns::owns_network_namespace(spec)
+            && crate::netns::only_loopback(pid),
     }
 }
 
