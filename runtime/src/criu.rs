@@ -70,9 +70,12 @@ pub struct Dump {
     /// CRIU dumps it as an unpaired slave (`--shell-job`); at restore a new slave takes
     /// its place by its key (see [`crate::checkpoint::tty`]).
     pub terminal: bool,
-    /// The tree's network namespace is the container's own and has no interface but
-    /// `lo`: nothing outside can send to it, so the dump does not lock it (CRIU's
-    /// lock is a firewall table, set and removed with libnftables at each end).
+    /// The tree's network namespace is the container's own (made by the runtime,
+    /// which brings its `lo` up after every restore).
+    pub own_network: bool,
+    /// It is, and it has no interface but `lo`: nothing outside can send to it, so
+    /// the dump does not lock it (CRIU's lock is a firewall table, set and removed
+    /// with libnftables at each end).
     pub loopback_only: bool,
 }
 
@@ -123,7 +126,7 @@ pub fn dump(d: &Dump) -> Result<()> {
         cmd.arg("--shell-job");
     }
     run(cmd, "dump", &d.criu, &d.images.join("dump.log"))?;
-    let pruned = crate::checkpoint::net_images::prune(&d.images)?;
+    let pruned = crate::checkpoint::net_images::prune(&d.images, d.own_network)?;
     tracing::debug!(?pruned, "network images that restore nothing, dropped");
     Ok(())
 }

@@ -169,6 +169,7 @@ pub(crate) fn dump_request(
     if stdio.tty.is_some() {
         external_mounts.push(super::tty::CONSOLE.to_string());
     }
+    let own_network = crate::netns::owns_network_namespace(spec);
     criu::Dump {
         criu,
         pid,
@@ -177,8 +178,8 @@ pub(crate) fn dump_request(
         freeze_cgroup: Some(freezer_cgroup(cgroup)),
         external_mounts,
         terminal: stdio.tty.is_some(),
-        loopback_only: crate::netns::owns_network_namespace(spec)
-            && crate::netns::only_loopback(pid),
+        own_network,
+        loopback_only: own_network && crate::netns::only_loopback(pid),
     }
 }
 

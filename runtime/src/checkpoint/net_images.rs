@@ -9,7 +9,10 @@
 //! - a dump of `ip` with no entry (routes), or an empty firewall dump;
 //! - addresses that are only `lo`'s own, `127.0.0.1/8` and `::1/128`: the kernel
 //!   assigns them when `lo` comes up, and `ip addr restore` of an address already
-//!   there fails with EEXIST and changes nothing (CRIU ignores that failure);
+//!   there fails with EEXIST and changes nothing (CRIU ignores that failure). Only in
+//!   a namespace of the container's own, where Crab brings `lo` up after every
+//!   restore (see [`crate::netns`]): elsewhere `lo` may have been down at the dump,
+//!   and then the restore is what puts the addresses back;
 //! - rules that are exactly the three IPv4 rules of a new namespace (local, main,
 //!   default), with no selector: restoring them flushes and re-adds the same rules.
 //!
@@ -21,8 +24,10 @@ use std::path::Path;
 use crate::{Error, Result};
 
 /// Removes from the image directory `images` the network images whose restore is a
-/// no-op (see the module's comment). Returns the names of those removed.
-pub fn prune(images: &Path) -> Result<Vec<String>> {
+/// no-op (see the module's comment); `own_namespace`: the dumped namespace is the
+/// container's own, whose `lo` is brought up after every restore. Returns the names
+/// of those removed.
+pub fn prune(images: &Path, own_namespace: bool) -> Result<Vec<String>> {
     let entries =
         std::fs::read_dir(images).map_err(Error::io(format!("read {}", images.display())))?;
     let mut removed = Vec::new();
@@ -30,6 +35,9 @@ pub fn prune(images: &Path) -> Result<Vec<String>> {
         let e = e.map_err(Error::io(format!("read {}", images.display())))?;
         let name = e.file_name().to_string_lossy().into_owned();
         let Some(kind) = kind_of(&name) else { continue };
+        if kind == Kind::Addresses && !own_namespace {
+            continue;
+        }
         let path = e.path();
         let bytes = std::fs::read(&path).map_err(Error::io(format!("read {}", path.display())))?;
         if restores_nothing(kind, &bytes) {
@@ -330,16 +338,11 @@ mod tests {
         std::fs::write(dir.join("iptables-10.img"), b"").unwrap();
         std::fs::write(dir.join("nftables-10.img"), b"table inet t {\n}\n").unwrap();
         std::fs::write(dir.join("netdev-10.img"), b"link").unwrap();
-        let removed = prune(&dir).unwrap();
-        assert_eq!(
-            removed,
-            [
-                "ifaddr-10.img",
-                "iptables-10.img",
-                "route-10.img",
-                "rule-10.img"
-            ]
-        );
+        let removed = prune(&dir, false).unwrap();
+        assert_eq!(removed, ["iptables-10.img", "route-10.img", "rule-10.img"]);
+        assert!(dir.join("ifaddr-10.img").exists(), "lo may have been down");
+        let removed = prune(&dir, true).unwrap();
+        assert_eq!(removed, ["ifaddr-10.img"]);
         assert!(dir.join("nftables-10.img").exists() && dir.join("netdev-10.img").exists());
         std::fs::remove_dir_all(&dir).unwrap();
     }
