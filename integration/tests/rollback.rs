@@ -38,6 +38,15 @@ fn seqs(id: &str) -> Vec<u64> {
         .collect()
 }
 
+/// Where the shim keeps the CRIU images of checkpoint `seq` of container `id`.
+fn criu_images(id: &str, seq: u64) -> std::path::PathBuf {
+    std::path::Path::new("/var/lib/crab/checkpoints")
+        .join(namespace())
+        .join(id)
+        .join(seq.to_string())
+        .join("criu")
+}
+
 #[test]
 fn rollback_in_place_restores_memory_and_files_and_keeps_the_task() {
     let g = counter(&[]);
@@ -294,10 +303,7 @@ fn a_rollback_to_a_damaged_image_is_refused_and_the_container_runs_on() {
     let g = counter(&[]);
     crabctl_ok(&["checkpoint", &g.id, "--name", "damaged"]);
     // Truncate the memory pages: the sizes recorded at the dump no longer match.
-    let dir = std::path::Path::new("/var/lib/crab/checkpoints")
-        .join(namespace())
-        .join(&g.id)
-        .join("1/criu");
+    let dir = criu_images(&g.id, 1);
     let mode = std::fs::metadata(dir.parent().unwrap().parent().unwrap())
         .unwrap()
         .permissions()
@@ -341,10 +347,7 @@ fn a_loopback_only_namespace_rolls_back_without_its_no_op_network_images() {
         "server not reachable before the checkpoint"
     );
     crabctl_ok(&["checkpoint", &g.id, "--name", "base"]);
-    let dir = std::path::Path::new("/var/lib/crab/checkpoints")
-        .join(namespace())
-        .join(&g.id)
-        .join("1/criu");
+    let dir = criu_images(&g.id, 1);
     let names: Vec<String> = std::fs::read_dir(&dir)
         .unwrap()
         .flatten()

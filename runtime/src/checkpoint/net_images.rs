@@ -190,12 +190,12 @@ fn are_default_rules(messages: &[(u16, &[u8])]) -> bool {
             && payload[1..4] == [0, 0, 0]
             && payload[7] == FR_ACT_TO_TBL
             && u32_at(payload, 8) == 0;
-        let Some(attrs) = attributes(payload, 12) else {
-            return false;
-        };
         if !selectorless {
             return false;
         }
+        let Some(attrs) = attributes(payload, 12) else {
+            return false;
+        };
         let (mut table, mut priority) = (u32::from(payload[4]), 0);
         for (t, v) in attrs {
             match (t, v.len()) {
