@@ -1,7 +1,11 @@
 //! `crabctl fs`: snapshots of a container's root file system in its store.
 //!
 //! A running container is frozen (cgroup freezer) around a snapshot and a rollback, so
-//! that the snapshot is consistent and its processes see a whole tree.
+//! that the snapshot is consistent and its processes see a whole tree. While a shim
+//! runs the container, both go through its control socket (the one door to a live
+//! container: the shim keeps other operations out meanwhile, and tells the
+//! inspector that a rolled-back tree is not the one it watched); only a container
+//! without a shim is changed here directly.
 
 use std::fs::File;
 use std::io::Write;
@@ -12,6 +16,7 @@ use anyhow::{bail, Context, Result};
 use clap::Subcommand;
 use crab_runtime::config::{Backend, Config};
 use crab_runtime::container::Container;
+use crab_runtime::control::{self, Request, Response};
 use crab_runtime::storage::{self, ContainerKey, Store};
 
 #[derive(clap::Args)]
@@ -99,6 +104,17 @@ fn frozen<T>(c: Option<&Container>, f: impl FnOnce() -> Result<T>) -> Result<T> 
     result
 }
 
+/// Sends a file-system request to the container's shim; `None` when no shim runs it.
+fn through_shim(config: &Config, request: Request) -> Result<Option<(String, f64)>> {
+    match control::call(config, &request, std::time::Duration::from_secs(600)) {
+        Ok(Response::Fs { name, ms }) => Ok(Some((name, ms))),
+        Ok(Response::Error { message }) => bail!("{message}"),
+        Ok(other) => bail!("unexpected answer from the shim: {other:?}"),
+        Err(crab_runtime::Error::NotFound(_)) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// Every store this host has (those whose pool is present).
 fn all_stores(config: &Config) -> Vec<(Backend, Box<dyn Store>)> {
     [Backend::Btrfs, Backend::Zfs, Backend::Overlay]
@@ -120,6 +136,15 @@ pub fn run(config: &Config, namespace: &str, args: FsArgs) -> Result<()> {
     let key = |id: &str| ContainerKey::new(namespace, id).map_err(anyhow::Error::from);
     match cmd {
         FsCommand::Snapshot { id, name } => {
+            let request = Request::FsSnapshot {
+                namespace: namespace.to_string(),
+                id: id.clone(),
+                name: name.clone(),
+            };
+            if let Some((name, ms)) = through_shim(config, request)? {
+                println!("{name} ({ms:.1} ms)");
+                return Ok(());
+            }
             let c = container_of(&id);
             let store = open_store(config, backend_of(config, c.as_ref()))?;
             let k = key(&id)?;
@@ -135,6 +160,15 @@ pub fn run(config: &Config, namespace: &str, args: FsArgs) -> Result<()> {
             }
         }
         FsCommand::Rollback { id, name } => {
+            let request = Request::FsRollback {
+                namespace: namespace.to_string(),
+                id: id.clone(),
+                name: name.clone(),
+            };
+            if let Some((name, ms)) = through_shim(config, request)? {
+                println!("rolled back to {name} ({ms:.1} ms)");
+                return Ok(());
+            }
             let c = container_of(&id);
             let store = open_store(config, backend_of(config, c.as_ref()))?;
             let k = key(&id)?;

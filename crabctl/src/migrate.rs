@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use containerd_client::services::v1::container::Runtime;
 use containerd_client::services::v1::Container;
 use crab_runtime::checkpoint::archive::{self, ContainerRecord};
-use crab_runtime::checkpoint::history::{self, History};
+use crab_runtime::checkpoint::history_store::HistoryStore;
 use crab_runtime::checkpoint::source::Source;
 use crab_runtime::config::Config;
 use crab_runtime::storage::layers::MountSpec;
@@ -31,9 +31,9 @@ pub fn export(
         Some(n) => n.to_string(),
         None => crate::ckpt::take_full(config, namespace, id)?,
     };
-    let entry = History::load(&history::dir(config, &key), &key)?
-        .find(&name)?
-        .clone();
+    // Held through the export: retention must not delete what it reads.
+    let history = HistoryStore::open(config, &key)?;
+    let entry = history.find(&name)?.clone();
     let rt = crate::containerd::runtime()?;
     let client = rt.block_on(Client::connect(address, namespace))?;
     let c = rt.block_on(client.container(id))?;
@@ -62,6 +62,7 @@ pub fn export(
     let mut config = config.clone();
     config.storage.backend = backend_of(&config, &record)?;
     let report = archive::export(&config, &key, &entry, &image, &record, out)?;
+    drop(history);
     println!(
         "{id}: checkpoint {} exported to {} ({} bytes, {} changed files) in {} ms",
         entry.name,

@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use crab_runtime::checkpoint::history::{self, History};
+use crab_runtime::checkpoint::history_store::HistoryStore;
 use crab_runtime::checkpoint::source::Source;
 use crab_runtime::config::Config;
 use crab_runtime::storage::ContainerKey;
@@ -13,10 +13,10 @@ use crate::containerd::Client;
 
 /// The checkpoint `name`, or the newest one, of container `key`.
 fn checkpoint_name(config: &Config, key: &ContainerKey, name: Option<&str>) -> Result<String> {
-    let h = History::load(&history::dir(config, key), key)?;
+    let h = HistoryStore::open(config, key)?;
     let entry = match name {
         Some(n) => h.find(n)?,
-        None => match h.latest() {
+        None => match h.history().latest() {
             Some(e) => e,
             None => bail!("{key} has no checkpoints"),
         },

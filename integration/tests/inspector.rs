@@ -539,3 +539,35 @@ fn with_turn_on_exec_each_exec_that_ends_closes_a_turn() {
         kinds(&g)
     );
 }
+
+#[test]
+fn a_file_system_rollback_through_crabctl_makes_the_next_turn_take_the_files() {
+    let g = Guard::run_detached(CRAB, PYTHON, &[], &["sleep", "infinity"]);
+    let kind = |g: &Guard| -> String {
+        let out = crabctl_ok(&["turn", &g.id, "--dry-run", "--json"]);
+        let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+        v["classification"]["kind"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+    crabctl_ok(&["fs", "snapshot", &g.id, "before"]);
+    sh(&g, "echo kept > /root/made-after-the-snapshot");
+    crabctl_ok(&["checkpoint", &g.id]);
+    // Nothing changed since the checkpoint: a skip (so the check below can fail).
+    assert_eq!(kind(&g), "skip");
+    // The tree goes back to before the file was made: the checkpoint no longer
+    // describes it, so the next turn must not be skipped.
+    let out = crabctl_ok(&["fs", "rollback", &g.id, "before"]);
+    assert!(out.contains("rolled back to before"), "{out}");
+    let gone = g.exec(&["cat", "/root/made-after-the-snapshot"]);
+    assert!(
+        !gone.status.success(),
+        "the rollback left the file in place"
+    );
+    let after = kind(&g);
+    assert_ne!(
+        after, "skip",
+        "a turn after an fs rollback was classified skip"
+    );
+}

@@ -90,6 +90,25 @@ pub enum Request {
         /// Container id.
         id: String,
     },
+    /// Take a snapshot of the container's root file system (frozen around it).
+    FsSnapshot {
+        /// containerd namespace.
+        namespace: String,
+        /// Container id.
+        id: String,
+        /// The snapshot's name.
+        name: String,
+    },
+    /// Make the container's root file system that of a snapshot, in place (its
+    /// processes frozen around it); the next turn then takes everything.
+    FsRollback {
+        /// containerd namespace.
+        namespace: String,
+        /// Container id.
+        id: String,
+        /// The snapshot's name.
+        name: String,
+    },
     /// Make the container's processes and files those of a checkpoint, in place.
     Rollback {
         /// containerd namespace.
@@ -112,6 +131,8 @@ impl Request {
             | Request::Promote { namespace, id }
             | Request::Gated { namespace, id, .. }
             | Request::Stats { namespace, id }
+            | Request::FsSnapshot { namespace, id, .. }
+            | Request::FsRollback { namespace, id, .. }
             | Request::Rollback { namespace, id, .. } => (namespace, id),
         }
     }
@@ -150,6 +171,13 @@ pub enum Response {
         classification: Classification,
         /// The entry recorded (none for a dry run).
         entry: Option<Entry>,
+    },
+    /// A file-system snapshot taken, or rolled back to.
+    Fs {
+        /// The snapshot.
+        name: String,
+        /// How long it took, the container frozen.
+        ms: f64,
     },
     /// A rollback's report.
     RolledBack {

@@ -7,7 +7,8 @@ use std::time::Instant;
 use containerd_shim::api::*;
 use containerd_shim::protos::events::task::*;
 use crab_runtime::checkpoint::engine::{apply_fs_delta, CheckpointOpts, Dumped};
-use crab_runtime::checkpoint::history::{self, Entry, History};
+use crab_runtime::checkpoint::history::Entry;
+use crab_runtime::checkpoint::history_store::HistoryStore;
 use crab_runtime::checkpoint::ops::{self, HistoryOp};
 use crab_runtime::checkpoint::source::{RestoreOptions, Source};
 use crab_runtime::checkpoint::{bounded, reuse, Manifest, CONTAINERD_UNPACKED_PREFIX};
@@ -18,12 +19,13 @@ use crab_runtime::storage::layers::MountSpec;
 use crab_runtime::storage::ContainerKey;
 use crab_runtime::storage::ImageSource;
 
+use crate::containers::Operation;
 use crate::error::{ShimError, ShimResult};
 use crate::instance::Instance;
 use crate::io::{PipeIo, ProcessIo, StdioPaths};
 use crate::options::CheckpointOptions;
 use crate::rootfs;
-use crate::task::{blocking, State, TaskService};
+use crate::task::{blocking, TaskService};
 
 /// A checkpoint waiting for `Start`.
 #[derive(Debug)]
@@ -55,9 +57,10 @@ impl TaskService {
                 "checkpoint needs a path to write to".into(),
             ));
         }
-        let state = self.state.lock().await;
-        let inst = state.get(&req.id)?;
-        crate::control::check_dumpable(inst, &req.id)?;
+        let slot = self.containers.get(&req.id)?;
+        let _claim = slot.begin(Operation::Checkpointing)?;
+        let inst = slot.lock().await?;
+        crate::control::check_dumpable(&inst, &req.id)?;
         let image = if inst.image.is_empty() {
             None
         } else {
@@ -79,6 +82,16 @@ impl TaskService {
                 .then(|| inst.config.clone()),
         };
         let (c, config) = (inst.container.clone(), inst.config.clone());
+        // The claim keeps conflicting operations out; the container's lock is let
+        // go while the checkpoint queues and dumps, so that its state, kill and
+        // exits get through. A checkpoint that ends the task keeps it, so that the
+        // task's exit is reported after the checkpoint.
+        let _held = if opts.exit {
+            Some(inst)
+        } else {
+            drop(inst);
+            None
+        };
         let started = Instant::now();
         // Through the turn policy: nothing changed since the last checkpoint
         // that containerd asked for, so that one is the answer.
@@ -133,12 +146,11 @@ impl TaskService {
     /// checkpoint's files; the processes come back at `Start`.
     pub(crate) async fn create_restored(
         &self,
-        state: &mut State,
         req: &CreateTaskRequest,
         config: Config,
         bundle: PathBuf,
         restore: Option<RestoreOptions>,
-    ) -> ShimResult<CreateTaskResponse> {
+    ) -> ShimResult<Instance> {
         let key = ContainerKey::new(&self.namespace, &req.id)?;
         let target = bundle.join("rootfs");
         let plan = match restore.map(|r| r.source) {
@@ -150,9 +162,11 @@ impl TaskService {
                 checkpoint,
             }) => {
                 let src = ContainerKey::new(&namespace, &id)?;
-                let entry = History::load(&history::dir(&config, &src), &src)?
-                    .find(&checkpoint)?
-                    .clone();
+                let entry = {
+                    let (config, src, name) = (config.clone(), src.clone(), checkpoint.clone());
+                    blocking(move || Ok(HistoryStore::open(&config, &src)?.find(&name)?.clone()))
+                        .await?
+                };
                 if entry.process_image.is_none() {
                     return Err(ShimError::FailedPrecondition(format!(
                         "checkpoint {checkpoint} of {src} holds no processes"
@@ -246,23 +260,19 @@ impl TaskService {
             },
         );
         let control = self.serve_control(&config, &req.id).ok();
-        state.containers.insert(
-            req.id.clone(),
-            Instance {
-                container,
-                config,
-                bundle,
-                rootfs_mounted,
-                image: image_mounts(req),
-                init,
-                execs: Default::default(),
-                oom: None,
-                restore: Some(pending),
-                control,
-                proxy: None,
-            },
-        );
-        Ok(CreateTaskResponse::default())
+        Ok(Instance {
+            container,
+            config,
+            bundle,
+            rootfs_mounted,
+            image: image_mounts(req),
+            init,
+            execs: Default::default(),
+            oom: None,
+            restore: Some(pending),
+            control,
+            proxy: None,
+        })
     }
 
     /// `Start` of a container created from a checkpoint.

@@ -1,7 +1,8 @@
 //! The shim's side of Crab's control API ([`crab_runtime::control`]): a listener per
-//! container, and the operations, each under the same state lock as the task API (so
-//! a checkpoint never runs beside a pause, an exec start or another checkpoint of the
-//! same container).
+//! container, and the operations. Each claims its container
+//! ([`crate::containers::Operation`]), so a checkpoint never runs beside a pause, an
+//! exec start or another checkpoint of the same container; a second one fails as
+//! busy.
 
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::time::{Duration, Instant};
@@ -10,7 +11,8 @@ use containerd_shim::protos::api::Status;
 use containerd_shim::protos::events::task::TaskExit;
 use containerd_shim::protos::protobuf::MessageField;
 use crab_runtime::checkpoint::bounded;
-use crab_runtime::checkpoint::history::{self, Entry, History};
+use crab_runtime::checkpoint::history::Entry;
+use crab_runtime::checkpoint::history_store::HistoryStore;
 use crab_runtime::checkpoint::ops::{self, CheckpointRequest, HistoryOp};
 use crab_runtime::config::Config;
 use crab_runtime::control::{self, Request, Response, Rollback};
@@ -21,6 +23,7 @@ use tokio::net::UnixListener;
 use tokio::task::JoinHandle;
 
 use crate::checkpoint::restore_process;
+use crate::containers::Operation;
 use crate::error::{ShimError, ShimResult};
 use crate::instance::{status_name, Instance};
 use crate::process::Exit;
@@ -113,6 +116,14 @@ impl TaskService {
                 .crab_rollback(&id, &checkpoint)
                 .await
                 .map(|report| Response::RolledBack { report }),
+            Request::FsSnapshot { id, name, .. } => self
+                .crab_fs(&id, HistoryOp::SnapshotFs(name))
+                .await
+                .map(|(name, ms)| Response::Fs { name, ms }),
+            Request::FsRollback { id, name, .. } => self
+                .crab_fs(&id, HistoryOp::RollbackFs(name))
+                .await
+                .map(|(name, ms)| Response::Fs { name, ms }),
         };
         result.unwrap_or_else(|e| Response::Error {
             message: crab_runtime::helper::error_chain(&e),
@@ -121,10 +132,13 @@ impl TaskService {
 
     /// `crabctl checkpoint`.
     pub async fn crab_checkpoint(&self, id: &str, req: CheckpointRequest) -> ShimResult<Entry> {
-        let state = self.state.lock().await;
-        let inst = state.get(id)?;
-        check_dumpable(inst, id)?;
-        let (c, config) = (inst.container.clone(), inst.config.clone());
+        let slot = self.containers.get(id)?;
+        let _claim = slot.begin(Operation::Checkpointing)?;
+        let (c, config) = {
+            let inst = slot.lock().await?;
+            check_dumpable(&inst, id)?;
+            (inst.container.clone(), inst.config.clone())
+        };
         let entry = blocking(move || bounded(&config, || c.take_checkpoint(&config, req))).await?;
         tracing::info!(%id, seq = entry.seq, kind = ?entry.kind, total_ms = entry.timings.total_ms,
             fs_ms = entry.timings.fs_ms, dump_ms = entry.timings.dump_ms, "checkpoint");
@@ -133,31 +147,75 @@ impl TaskService {
 
     /// `crabctl ls`.
     pub async fn crab_list(&self, id: &str) -> ShimResult<Vec<Entry>> {
-        let state = self.state.lock().await;
-        let inst = state.get(id)?;
+        let config = self.containers.get(id)?.lock().await?.config.clone();
         let key = ContainerKey::new(&self.namespace, id)?;
-        Ok(History::load(&history::dir(&inst.config, &key), &key)?.entries)
+        // Waits for a checkpoint being recorded, off the async threads.
+        blocking(move || Ok(HistoryStore::open(&config, &key)?.history().entries.clone())).await
     }
 
     /// `crabctl rm`.
     pub async fn crab_remove(&self, id: &str, name: &str) -> ShimResult<Entry> {
-        let state = self.state.lock().await;
-        let inst = state.get(id)?;
-        let (c, config, name) = (
-            inst.container.clone(),
-            inst.config.clone(),
-            name.to_string(),
-        );
+        let slot = self.containers.get(id)?;
+        let _claim = slot.begin(Operation::RemovingCheckpoint)?;
+        let (c, config, name) = {
+            let inst = slot.lock().await?;
+            (
+                inst.container.clone(),
+                inst.config.clone(),
+                name.to_string(),
+            )
+        };
         let value = blocking(move || c.history(&config, HistoryOp::Remove(name))).await?;
         serde_json::from_value(value).map_err(|e| ShimError::Other(format!("remove: {e}")))
+    }
+
+    /// `crabctl fs snapshot` and `crabctl fs rollback` of a container this shim
+    /// runs: its processes frozen around the change, and after a rollback the
+    /// inspector told that the tree is no longer the one it watched (so the next
+    /// turn takes everything, not a skip).
+    pub async fn crab_fs(&self, id: &str, op: HistoryOp) -> ShimResult<(String, f64)> {
+        let started = Instant::now();
+        let (operation, rollback, name) = match &op {
+            HistoryOp::RollbackFs(n) => (Operation::RollingBack, true, n.clone()),
+            HistoryOp::SnapshotFs(n) => (Operation::Snapshotting, false, n.clone()),
+            other => {
+                return Err(ShimError::InvalidArgument(format!(
+                    "not a file-system operation: {other:?}"
+                )))
+            }
+        };
+        let slot = self.containers.get(id)?;
+        let _claim = slot.begin(operation)?;
+        // Held: the container is paused behind containerd's back meanwhile.
+        let inst = slot.lock().await?;
+        let running = inst.init.status == Status::RUNNING;
+        let (c, config) = (inst.container.clone(), inst.config.clone());
+        blocking(move || {
+            if running {
+                c.pause()?;
+            }
+            if rollback {
+                crab_runtime::inspect::taint(&c);
+            }
+            let done = c.history(&config, op);
+            if running {
+                c.resume()?;
+            }
+            done.map(|_| ())
+        })
+        .await?;
+        Ok((name, started.elapsed().as_secs_f64() * 1000.0))
     }
 
     /// `crabctl rollback`: the files, and (when the checkpoint has a process image)
     /// the processes, become those of the checkpoint; the task keeps its id.
     pub async fn crab_rollback(&self, id: &str, name: &str) -> ShimResult<Rollback> {
         let started = Instant::now();
-        let mut state = self.state.lock().await;
-        let inst = state.get_mut(id)?;
+        let slot = self.containers.get(id)?;
+        let _claim = slot.begin(Operation::RollingBack)?;
+        // Held throughout: the init's pid and stdio change.
+        let mut guard = slot.lock().await?;
+        let inst = &mut *guard;
         if !matches!(inst.init.status, Status::RUNNING | Status::PAUSED) {
             return Err(ShimError::FailedPrecondition(format!(
                 "cannot roll back container {id}: it is {}",
@@ -165,9 +223,10 @@ impl TaskService {
             )));
         }
         let key = ContainerKey::new(&self.namespace, id)?;
-        let entry = History::load(&history::dir(&inst.config, &key), &key)?
-            .find(name)?
-            .clone();
+        let entry = {
+            let (config, key, name) = (inst.config.clone(), key.clone(), name.to_string());
+            blocking(move || Ok(HistoryStore::open(&config, &key)?.find(&name)?.clone())).await?
+        };
         let snapshot = entry.fs_snapshot.clone().ok_or_else(|| {
             ShimError::FailedPrecondition(format!("checkpoint {name} has no file-system snapshot"))
         })?;

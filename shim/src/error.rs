@@ -21,6 +21,9 @@ pub enum ShimError {
     /// Not allowed in the current state.
     #[error("{0}")]
     FailedPrecondition(String),
+    /// Another operation on the container runs (a checkpoint, a rollback).
+    #[error("{0}")]
+    Busy(String),
     /// Anything else.
     #[error("{0}")]
     Other(String),
@@ -37,6 +40,7 @@ impl ShimError {
             ShimError::AlreadyExists(_) => Code::ALREADY_EXISTS,
             ShimError::InvalidArgument(_) => Code::INVALID_ARGUMENT,
             ShimError::FailedPrecondition(_) => Code::FAILED_PRECONDITION,
+            ShimError::Busy(_) => Code::UNAVAILABLE,
             ShimError::Other(_) => Code::UNKNOWN,
             ShimError::Runtime(e) => match e {
                 RuntimeError::NotFound(_) => Code::NOT_FOUND,

@@ -2,12 +2,14 @@
 //!
 //! - [`service`]: the shim process (start, delete, serve).
 //! - [`task`]: the task service, one method per RPC; [`task_impl`] is the ttrpc adapter.
+//! - [`containers`]: the containers a shim serves, each behind its own lock.
 //! - [`io`], [`console`]: stdio between containerd's fifos and the container.
 //! - [`events`], [`oom`], [`metrics`], [`rootfs`], [`options`]: what the names say.
 //! - [`error`]: the one mapping from errors to ttrpc codes.
 
 pub mod checkpoint;
 pub mod console;
+pub mod containers;
 pub mod control;
 pub mod error;
 pub mod events;

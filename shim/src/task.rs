@@ -1,26 +1,19 @@
 //! The task service: containerd's task API over [`crab_runtime`].
 //!
-//! All state sits behind one async mutex. Each operation holds it from start to end,
-//! including the publication of its event, so that the exit handler (which takes the
-//! same lock) can never report an exit before the start it follows.
+//! Each container sits behind a lock of its own ([`crate::containers`]). Each
+//! operation holds its container's lock from start to end, including the
+//! publication of its event, so that the exit handler (which takes the same lock)
+//! can never report an exit before the start it follows. Long operations
+//! (checkpoints, turns, rollbacks) claim the container first, and what would
+//! conflict with them fails as busy instead of waiting.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use containerd_shim::api::*;
-use containerd_shim::protos::api::{ProcessInfo, Status};
-use containerd_shim::protos::events::task::*;
-use containerd_shim::protos::protobuf::MessageField;
-use containerd_shim::ExitSignal;
-use crab_runtime::config::Config;
-use crab_runtime::container::{Container, CreateOpts};
-use crab_runtime::storage::ContainerKey;
-use nix::sys::signal::Signal;
-use tokio::sync::Mutex;
-
 use crate::console::{self, ConsoleSocket};
+use crate::containers::{Containers, Creating, TryLock};
 use crate::error::{ShimError, ShimResult};
 use crate::events::Events;
 use crate::instance::{status_name, Instance};
@@ -28,36 +21,31 @@ use crate::io::{PipeIo, ProcessIo, StdioPaths};
 use crate::options::RuntimeOptions;
 use crate::process::{Exit, Process};
 use crate::{metrics, oom, rootfs};
+use containerd_shim::api::*;
+use containerd_shim::protos::api::{ProcessInfo, Status};
+use containerd_shim::protos::events::task::*;
+use containerd_shim::protos::protobuf::MessageField;
+use containerd_shim::ExitSignal;
+use crab_runtime::config::Config;
 use crab_runtime::config::PolicyMode;
+use crab_runtime::container::{Container, CreateOpts};
+use crab_runtime::storage::ContainerKey;
+use nix::sys::signal::Signal;
 
 /// Name of the file beside the bundle that keeps the resolved config for `delete`.
 pub const BUNDLE_CONFIG: &str = "crab-config.toml";
 /// How long Delete waits for the last output to reach containerd.
 const OUTPUT_DRAIN: Duration = Duration::from_secs(2);
+/// How long an exec's start, or an agent's turn, waits for a running operation
+/// (a checkpoint, a rollback) on its container before it fails as busy.
+pub(crate) const OPERATION_WAIT: Duration = Duration::from_secs(60);
 /// How long the shim waits for a terminal's pty master.
 const CONSOLE_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// The shared state.
-#[derive(Debug, Default)]
-pub struct State {
-    /// Containers by id.
-    pub containers: HashMap<String, Instance>,
-}
-
-impl State {
-    pub(crate) fn get(&self, id: &str) -> ShimResult<&Instance> {
-        self.containers.get(id).ok_or_else(|| not_found(id))
-    }
-
-    pub(crate) fn get_mut(&mut self, id: &str) -> ShimResult<&mut Instance> {
-        self.containers.get_mut(id).ok_or_else(|| not_found(id))
-    }
-}
 
 /// The task service.
 #[derive(Clone)]
 pub struct TaskService {
-    pub(crate) state: Arc<Mutex<State>>,
+    pub(crate) containers: Arc<Containers>,
     pub(crate) events: Events,
     pub(crate) exit: Arc<ExitSignal>,
     pub(crate) namespace: String,
@@ -75,10 +63,6 @@ pub(crate) async fn blocking<T: Send + 'static>(
         .map_err(ShimError::from)
 }
 
-fn not_found(id: &str) -> ShimError {
-    ShimError::NotFound(format!("container {id} not found"))
-}
-
 impl TaskService {
     /// A service with no containers.
     pub fn new(
@@ -88,7 +72,7 @@ impl TaskService {
         address: &str,
     ) -> TaskService {
         TaskService {
-            state: Arc::new(Mutex::new(State::default())),
+            containers: Arc::default(),
             events,
             exit,
             namespace: namespace.to_string(),
@@ -99,13 +83,8 @@ impl TaskService {
 
     /// Create: mount the rootfs, create the container (its init waits for Start).
     pub async fn create(&self, req: CreateTaskRequest) -> ShimResult<CreateTaskResponse> {
-        let mut state = self.state.lock().await;
-        if state.containers.contains_key(&req.id) {
-            return Err(ShimError::AlreadyExists(format!(
-                "container {} already exists",
-                req.id
-            )));
-        }
+        let slot = self.containers.reserve(&req.id)?;
+        let creating = Creating::new(&self.containers, &slot).await;
         let restore = crate::options::restore_options(req.options.as_ref())
             .map_err(ShimError::InvalidArgument)?;
         let opts = match &restore {
@@ -132,13 +111,10 @@ impl TaskService {
             .map_err(|e| ShimError::Other(format!("write {BUNDLE_CONFIG}: {e}")))?;
 
         if !req.checkpoint.is_empty() || restore.is_some() {
-            let created = self
-                .create_restored(&mut state, &req, config, bundle, restore)
-                .await;
-            if created.is_ok() {
-                self.publish_create(&req, 0).await;
-            }
-            return created;
+            let instance = self.create_restored(&req, config, bundle, restore).await?;
+            let _held = creating.fill(instance);
+            self.publish_create(&req, 0).await;
+            return Ok(CreateTaskResponse::default());
         }
         crate::proxy::inject_env(&config, &bundle)?;
         let rootfs_mounted =
@@ -185,22 +161,19 @@ impl TaskService {
         let oom = oom::watch(&container, self.events.clone());
         rootfs::collect(&config);
         let control = self.serve_control(&config, &req.id).ok();
-        state.containers.insert(
-            req.id.clone(),
-            Instance {
-                container,
-                config,
-                bundle,
-                rootfs_mounted,
-                init,
-                execs: HashMap::new(),
-                oom,
-                image: crate::checkpoint::image_mounts(&req),
-                restore: None,
-                control,
-                proxy,
-            },
-        );
+        let _held = creating.fill(Instance {
+            container,
+            config,
+            bundle,
+            rootfs_mounted,
+            init,
+            execs: HashMap::new(),
+            oom,
+            image: crate::checkpoint::image_mounts(&req),
+            restore: None,
+            control,
+            proxy,
+        });
         self.publish_create(&req, pid).await;
         Ok(CreateTaskResponse {
             pid: pid as u32,
@@ -257,8 +230,11 @@ impl TaskService {
 
     /// Start the init, or an exec process added earlier.
     pub async fn start(&self, req: StartRequest) -> ShimResult<StartResponse> {
-        let mut state = self.state.lock().await;
-        let inst = state.get_mut(&req.id)?;
+        let slot = self.containers.get(&req.id)?;
+        // An exec (a platform's probe, say) waits for a checkpoint to end
+        // rather than fail.
+        let mut guard = slot.lock_idle(OPERATION_WAIT).await?;
+        let inst = &mut *guard;
         if req.exec_id.is_empty() {
             if inst.init.status != Status::CREATED {
                 return Err(ShimError::FailedPrecondition(format!(
@@ -337,8 +313,8 @@ impl TaskService {
 
     /// Register an exec process (started by a later Start).
     pub async fn exec(&self, req: ExecProcessRequest) -> ShimResult<()> {
-        let mut state = self.state.lock().await;
-        let inst = state.get_mut(&req.id)?;
+        let slot = self.containers.get(&req.id)?;
+        let mut inst = slot.lock().await?;
         inst.require_running("exec")?;
         if req.exec_id.is_empty() {
             return Err(ShimError::InvalidArgument(
@@ -385,8 +361,8 @@ impl TaskService {
 
     /// State of the init or an exec.
     pub async fn state(&self, req: StateRequest) -> ShimResult<StateResponse> {
-        let state = self.state.lock().await;
-        let inst = state.get(&req.id)?;
+        let slot = self.containers.get(&req.id)?;
+        let inst = slot.lock().await?;
         let p = inst.process(&req.exec_id)?;
         let exit = p.exit();
         Ok(StateResponse {
@@ -407,8 +383,8 @@ impl TaskService {
 
     /// Signal the init (or all processes), or an exec.
     pub async fn kill(&self, req: KillRequest) -> ShimResult<()> {
-        let state = self.state.lock().await;
-        let inst = state.get(&req.id)?;
+        let slot = self.containers.get(&req.id)?;
+        let inst = slot.lock().await?;
         let signal = Signal::try_from(req.signal as i32)
             .map_err(|_| ShimError::InvalidArgument(format!("invalid signal {}", req.signal)))?;
         let p = inst.process(&req.exec_id)?;
@@ -426,8 +402,9 @@ impl TaskService {
 
     /// Delete an exited exec, or the container once its init has exited.
     pub async fn delete(&self, req: DeleteRequest) -> ShimResult<DeleteResponse> {
-        let mut state = self.state.lock().await;
-        let inst = state.get_mut(&req.id)?;
+        let slot = self.containers.get(&req.id)?;
+        let mut guard = slot.lock().await?;
+        let inst = &mut *guard;
         if !req.exec_id.is_empty() {
             let p = inst.process(&req.exec_id)?;
             if matches!(p.status, Status::RUNNING | Status::PAUSED) {
@@ -449,7 +426,9 @@ impl TaskService {
                 req.id
             )));
         }
-        let mut inst = state.containers.remove(&req.id).expect("checked above");
+        // A checkpoint of a container that has exited may still be writing.
+        slot.require_idle()?;
+        self.containers.remove(&req.id);
         self.turns.forget(&req.id);
         if let Some(io) = inst.init.io.as_mut() {
             io.finish(OUTPUT_DRAIN).await;
@@ -499,8 +478,8 @@ impl TaskService {
 
     /// All pids of the container.
     pub async fn pids(&self, req: PidsRequest) -> ShimResult<PidsResponse> {
-        let state = self.state.lock().await;
-        let inst = state.get(&req.id)?;
+        let slot = self.containers.get(&req.id)?;
+        let inst = slot.lock().await?;
         let pids = inst.container.tracking().pids()?;
         Ok(PidsResponse {
             processes: pids
@@ -516,8 +495,9 @@ impl TaskService {
 
     /// Freeze the container.
     pub async fn pause(&self, req: PauseRequest) -> ShimResult<()> {
-        let mut state = self.state.lock().await;
-        let inst = state.get_mut(&req.id)?;
+        let slot = self.containers.get(&req.id)?;
+        slot.require_idle()?;
+        let mut inst = slot.lock().await?;
         inst.require_running("pause")?;
         let c = inst.container.clone();
         blocking(move || c.pause()).await?;
@@ -533,8 +513,9 @@ impl TaskService {
 
     /// Thaw the container.
     pub async fn resume(&self, req: ResumeRequest) -> ShimResult<()> {
-        let mut state = self.state.lock().await;
-        let inst = state.get_mut(&req.id)?;
+        let slot = self.containers.get(&req.id)?;
+        slot.require_idle()?;
+        let mut inst = slot.lock().await?;
         if inst.init.status != Status::PAUSED {
             return Err(ShimError::FailedPrecondition(format!(
                 "container {} is {}, not paused",
@@ -556,8 +537,8 @@ impl TaskService {
 
     /// Close a process's stdin.
     pub async fn close_io(&self, req: CloseIORequest) -> ShimResult<()> {
-        let state = self.state.lock().await;
-        let inst = state.get(&req.id)?;
+        let slot = self.containers.get(&req.id)?;
+        let inst = slot.lock().await?;
         let p = inst.process(&req.exec_id)?;
         if req.stdin {
             if let Some(io) = &p.io {
@@ -569,8 +550,8 @@ impl TaskService {
 
     /// Resize a process's terminal.
     pub async fn resize_pty(&self, req: ResizePtyRequest) -> ShimResult<()> {
-        let state = self.state.lock().await;
-        let inst = state.get(&req.id)?;
+        let slot = self.containers.get(&req.id)?;
+        let inst = slot.lock().await?;
         let p = inst.process(&req.exec_id)?;
         match p.io.as_ref().and_then(|io| io.console()) {
             Some(master) => console::resize(master, req.width, req.height),
@@ -582,8 +563,8 @@ impl TaskService {
 
     /// Apply new resources (an OCI `LinuxResources` JSON).
     pub async fn update(&self, req: UpdateTaskRequest) -> ShimResult<()> {
-        let state = self.state.lock().await;
-        let inst = state.get(&req.id)?;
+        let slot = self.containers.get(&req.id)?;
+        let inst = slot.lock().await?;
         let data = req
             .resources
             .as_ref()
@@ -597,8 +578,8 @@ impl TaskService {
 
     /// cgroup metrics.
     pub async fn stats(&self, req: StatsRequest) -> ShimResult<StatsResponse> {
-        let state = self.state.lock().await;
-        let inst = state.get(&req.id)?;
+        let slot = self.containers.get(&req.id)?;
+        let inst = slot.lock().await?;
         let c = inst.container.clone();
         let stats = blocking(move || c.stats()).await?;
         let any = metrics::to_any(&stats.into()).map_err(ShimError::Other)?;
@@ -611,8 +592,8 @@ impl TaskService {
     /// Wait for a process to exit.
     pub async fn wait(&self, req: WaitRequest) -> ShimResult<WaitResponse> {
         let mut rx = {
-            let state = self.state.lock().await;
-            let inst = state.get(&req.id)?;
+            let slot = self.containers.get(&req.id)?;
+            let inst = slot.lock().await?;
             inst.process(&req.exec_id)?.subscribe()
         };
         let exit = loop {
@@ -635,12 +616,10 @@ impl TaskService {
 
     /// Shim and init pids.
     pub async fn connect(&self, req: ConnectRequest) -> ShimResult<ConnectResponse> {
-        let state = self.state.lock().await;
-        let task_pid = state
-            .containers
-            .get(&req.id)
-            .map(|i| i.init.pid as u32)
-            .unwrap_or(0);
+        let task_pid = match self.containers.get(&req.id) {
+            Ok(slot) => slot.lock().await.map(|i| i.init.pid as u32).unwrap_or(0),
+            Err(_) => 0,
+        };
         Ok(ConnectResponse {
             shim_pid: std::process::id(),
             task_pid,
@@ -650,57 +629,84 @@ impl TaskService {
 
     /// Exit the shim once it serves no container.
     pub async fn shutdown(&self, _req: ShutdownRequest) -> ShimResult<()> {
-        let state = self.state.lock().await;
-        if state.containers.is_empty() {
+        if self.containers.is_empty() {
             self.exit.signal();
         }
         Ok(())
     }
 
-    /// Records a process exit the reaper saw and tells containerd.
+    /// Records a process exit the reaper saw and tells containerd. The containers
+    /// nobody holds are looked at at once; each held one is waited for on its own
+    /// task, so that a long operation on one container never delays the exits of
+    /// another.
     pub async fn process_exit(&self, pid: i32, code: i32) {
-        let mut state = self.state.lock().await;
-        for (id, inst) in state.containers.iter_mut() {
-            let proc = if inst.init.pid == pid {
-                Some(&mut inst.init)
-            } else {
-                inst.execs.values_mut().find(|p| p.pid == pid)
+        let mut held = Vec::new();
+        for slot in self.containers.all() {
+            let recorded = match slot.try_lock() {
+                TryLock::Locked(mut inst) => {
+                    self.record_exit(slot.id(), &mut inst, pid, code).await
+                }
+                TryLock::Gone => false,
+                TryLock::Held => {
+                    held.push(slot.clone());
+                    false
+                }
             };
-            let Some(proc) = proc else { continue };
-            if proc.exit().is_some() {
+            if recorded {
                 return;
             }
-            let exit = Exit::now(code as u32);
-            proc.set_exited(exit);
-            let exec_id = proc.exec_id.clone();
-            let policy = &inst.config.policy;
-            if !exec_id.is_empty() && policy.turn_on_exec && policy.mode == PolicyMode::Adaptive {
-                // An orchestrator's tool call ended: close the turn once the
-                // state lock is free (after this exit is recorded).
-                let (svc, id) = (self.clone(), id.clone());
-                tokio::spawn(async move {
-                    if let Err(e) = svc.crab_turn(&id, false, true).await {
-                        tracing::warn!(%id, error = %e, "turn after exec");
-                    }
-                });
-            }
-            tracing::info!(%id, %exec_id, pid, code, "process exited");
-            self.events
-                .publish(TaskExit {
-                    container_id: id.clone(),
-                    id: if exec_id.is_empty() {
-                        id.clone()
-                    } else {
-                        exec_id
-                    },
-                    pid: pid as u32,
-                    exit_status: code as u32,
-                    exited_at: MessageField::some(exit.timestamp()),
-                    ..Default::default()
-                })
-                .await;
-            return;
         }
+        for slot in held {
+            let service = self.clone();
+            tokio::spawn(async move {
+                if let Ok(mut inst) = slot.lock().await {
+                    service.record_exit(slot.id(), &mut inst, pid, code).await;
+                }
+            });
+        }
+    }
+
+    /// Records the exit of `pid` if it is one of `inst`'s processes.
+    async fn record_exit(&self, id: &str, inst: &mut Instance, pid: i32, code: i32) -> bool {
+        let proc = if inst.init.pid == pid {
+            Some(&mut inst.init)
+        } else {
+            inst.execs.values_mut().find(|p| p.pid == pid)
+        };
+        let Some(proc) = proc else { return false };
+        if proc.exit().is_some() {
+            return true;
+        }
+        let exit = Exit::now(code as u32);
+        proc.set_exited(exit);
+        let exec_id = proc.exec_id.clone();
+        let policy = &inst.config.policy;
+        if !exec_id.is_empty() && policy.turn_on_exec && policy.mode == PolicyMode::Adaptive {
+            // An orchestrator's tool call ended: close the turn once the
+            // container's lock is free (after this exit is recorded).
+            let (svc, id) = (self.clone(), id.to_string());
+            tokio::spawn(async move {
+                if let Err(e) = svc.crab_turn(&id, false, true).await {
+                    tracing::warn!(%id, error = %e, "turn after exec");
+                }
+            });
+        }
+        tracing::info!(%id, %exec_id, pid, code, "process exited");
+        self.events
+            .publish(TaskExit {
+                container_id: id.to_string(),
+                id: if exec_id.is_empty() {
+                    id.to_string()
+                } else {
+                    exec_id
+                },
+                pid: pid as u32,
+                exit_status: code as u32,
+                exited_at: MessageField::some(exit.timestamp()),
+                ..Default::default()
+            })
+            .await;
+        true
     }
 }
 

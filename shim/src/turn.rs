@@ -14,9 +14,10 @@ use crab_runtime::checkpoint::Kind;
 use crab_runtime::config::PolicyMode;
 use crab_runtime::inspect::{self, Classification};
 
+use crate::containers::Operation;
 use crate::control::check_dumpable;
 use crate::error::ShimResult;
-use crate::task::{blocking, TaskService};
+use crate::task::{blocking, TaskService, OPERATION_WAIT};
 
 /// Each container's pending turn (to promote) and metrics. Kept apart from the
 /// task state: a promotion must get through while the turn holds that lock.
@@ -109,10 +110,16 @@ impl TaskService {
         dry_run: bool,
         priority: Priority,
     ) -> ShimResult<(Classification, Option<(Entry, std::time::Duration)>)> {
-        let state = self.state.lock().await;
-        let inst = state.get(id)?;
-        check_dumpable(inst, id)?;
-        let (c, config) = (inst.container.clone(), inst.config.clone());
+        let slot = self.containers.get(id)?;
+        // A turn queues behind a running checkpoint or rollback of its container.
+        let _claim = slot
+            .begin_after(Operation::TakingTurn, OPERATION_WAIT)
+            .await?;
+        let (c, config) = {
+            let inst = slot.lock().await?;
+            check_dumpable(&inst, id)?;
+            (inst.container.clone(), inst.config.clone())
+        };
         blocking(move || {
             let class = match config.policy.mode {
                 PolicyMode::Adaptive => {

@@ -12,6 +12,7 @@ pub mod archive;
 pub mod engine;
 pub mod fs_diff;
 pub mod history;
+pub mod history_store;
 pub mod net_images;
 pub mod ops;
 pub mod restore_helper;

@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use super::engine::{dump_request, image_files, stdio_keys, Dumped};
 use super::history::{self, create_private_dir, Entry, History};
+use super::history_store::HistoryStore;
 use super::{dir_bytes, sync_path, sync_tree, Kind, Timings, CRIU_DIR};
 use crate::config::Config;
 use crate::container::{load_spec, Container};
@@ -46,6 +47,9 @@ pub enum HistoryOp {
     /// Roll the container's files back to a snapshot (the caller has frozen or
     /// stopped its processes).
     RollbackFs(String),
+    /// Take a snapshot of the container's files (the caller has frozen its
+    /// processes); answers its name.
+    SnapshotFs(String),
 }
 
 impl Container {
@@ -93,15 +97,21 @@ impl Container {
                 Container::open_store(config)?.rollback(&self.key()?, &snapshot)?;
                 Ok(serde_json::Value::Null)
             }
+            HistoryOp::SnapshotFs(name) => {
+                let info = Container::open_store(config)?.snapshot(&self.key()?, &name)?;
+                Ok(serde_json::Value::String(info.name))
+            }
         }
     }
 
     fn checkpoint_into_history(&self, config: &Config, req: &CheckpointRequest) -> Result<Entry> {
         let key = self.key()?;
         let store = Container::open_store(config)?;
-        let dir = history::dir(config, &key);
+        // Held until the entry is recorded and retention has run.
+        let mut locked = HistoryStore::open(config, &key)?;
+        let dir = locked.dir().to_path_buf();
         create_private_dir(&dir)?;
-        let mut history = History::load(&dir, &key)?;
+        let history = locked.history_mut();
         let seq = history.next_seq;
         let name = req.name.clone().unwrap_or_else(|| seq.to_string());
         names::check_snapshot_name(&name)?;
@@ -249,7 +259,7 @@ impl Container {
         let dropped = history.retain_last(config.checkpoint.keep_last as usize);
         if !dropped.is_empty() {
             history.save(&dir)?;
-            collect(&history, &dir, &dropped, store.as_ref(), &key);
+            collect(history, &dir, &dropped, store.as_ref(), &key);
         }
         Ok(entry)
     }
@@ -257,13 +267,12 @@ impl Container {
     fn remove_checkpoint(&self, config: &Config, name: &str) -> Result<Entry> {
         let key = self.key()?;
         let store = Container::open_store(config)?;
-        let dir = history::dir(config, &key);
-        let mut history = History::load(&dir, &key)?;
-        let removed = history.remove(name)?;
-        history.save(&dir)?;
+        let mut locked = HistoryStore::open(config, &key)?;
+        let removed = locked.history_mut().remove(name)?;
+        locked.save()?;
         collect(
-            &history,
-            &dir,
+            locked.history(),
+            locked.dir(),
             std::slice::from_ref(&removed),
             store.as_ref(),
             &key,
