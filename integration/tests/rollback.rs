@@ -441,3 +441,53 @@ fn rollback_in_place_works_on_every_backend() {
         );
     }
 }
+
+#[test]
+fn a_container_recreated_under_a_deleted_ones_id_starts_a_fresh_history() {
+    let id = unique_id("rb");
+    let store = std::path::Path::new("/var/lib/crab/checkpoints")
+        .join(namespace())
+        .join(&id);
+    for round in 1..=3 {
+        let g = Guard::new(&id);
+        // Right after the last round's delete: containerd has not collected
+        // that container's snapshot yet.
+        ctr_ok(&[
+            "run",
+            "-d",
+            "--runtime",
+            CRAB,
+            BUSYBOX,
+            &id,
+            "sh",
+            "-c",
+            COUNTER,
+        ]);
+        assert!(wait_until(Duration::from_secs(10), || count(&g) >= 2));
+        g.exec_ok(&["mkdir", "-p", "/data"]);
+        crabctl_ok(&["checkpoint", &id]);
+        assert_eq!(
+            seqs(&id),
+            vec![1],
+            "round {round}: the history is not fresh"
+        );
+        let images: Vec<String> = std::fs::read_dir(&store)
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| !n.starts_with('.') && n != "history.json")
+                    .collect()
+            })
+            .unwrap_or_default();
+        assert_eq!(images, vec!["1"], "round {round}: old process images left");
+        g.exec_ok(&["sh", "-c", "echo junk > /data/g"]);
+        crabctl_ok(&["rollback", &id, "1"]);
+        let left = g.exec(&["test", "-e", "/data/g"]);
+        assert_eq!(
+            left.status.code(),
+            Some(1),
+            "round {round}: a file made after the checkpoint survived its rollback"
+        );
+        drop(g);
+    }
+}

@@ -337,6 +337,17 @@ impl Store for BtrfsStore {
         ioctl::delete(&p)
     }
 
+    fn existing(&self, key: &ContainerKey, image: &ImageSource) -> Result<Option<work::Existing>> {
+        if !self.live(key).exists() {
+            return Ok(None);
+        }
+        let recorded = work::read_owner(&self.owner_file(key));
+        Ok(Some(work::existing_tree(
+            recorded.as_deref(),
+            image.owner.as_deref(),
+        )))
+    }
+
     fn set_owner(&self, key: &ContainerKey, owner: &Path) -> Result<()> {
         self.rootfs(key)?;
         write_durably(&self.owner_file(key), owner.as_os_str().as_encoded_bytes())

@@ -10,7 +10,9 @@ use std::path::{Path, PathBuf};
 use nix::mount::{mount, MsFlags};
 use serde::{Deserialize, Serialize};
 
+use super::work::Existing;
 use super::{ContainerKey, ImageSource};
+use crate::checkpoint::history_store::HistoryStore;
 use crate::config::Config;
 use crate::helper::{self, ChildStdio, Request};
 use crate::{Error, Result};
@@ -77,6 +79,14 @@ pub(crate) fn serve(config: &Config, op: StoreOp) -> Result<serde_json::Value> {
     let null = serde_json::Value::Null;
     match op {
         StoreOp::Prepare { key, image, target } => {
+            // A new tree is a new container (perhaps under the id of a removed
+            // one): its history starts afresh. Removed first, so that a crash in
+            // between leaves no history beside a tree it does not describe.
+            match store.existing(&key, &image)? {
+                None | Some(Existing::Replace) => forget_history(config, &key)?,
+                // The same container's tree; or another's, which prepare refuses.
+                Some(Existing::Reuse | Existing::Conflict) => {}
+            }
             let live = store.prepare(&key, &image)?;
             bind_at(&live, &target).map(|()| null)
         }
@@ -87,6 +97,7 @@ pub(crate) fn serve(config: &Config, op: StoreOp) -> Result<serde_json::Value> {
             image,
             target,
         } => {
+            forget_history(config, &key)?;
             let live = match store.clone_snapshot(&src, &snapshot, &key) {
                 // A tree left by a removed container of the same id: collect, retry.
                 Err(Error::AlreadyExists(_)) => {
@@ -109,7 +120,9 @@ pub(crate) fn serve(config: &Config, op: StoreOp) -> Result<serde_json::Value> {
             let keys = store.collect()?;
             // Their checkpoint histories go with them (their snapshots already did).
             for key in &keys {
-                let _ = std::fs::remove_dir_all(crate::checkpoint::history::dir(config, key));
+                if let Err(e) = forget_history(config, key) {
+                    tracing::warn!(%key, error = %e, "remove the history of a removed container");
+                }
             }
             Ok(
                 serde_json::to_value(keys.iter().map(|k| k.to_string()).collect::<Vec<_>>())
@@ -117,6 +130,17 @@ pub(crate) fn serve(config: &Config, op: StoreOp) -> Result<serde_json::Value> {
             )
         }
     }
+}
+
+/// Removes the checkpoint history of `key` (its process images and manifest), under
+/// its lock.
+fn forget_history(config: &Config, key: &ContainerKey) -> Result<()> {
+    let history = HistoryStore::open(config, key)?;
+    if !history.history().entries.is_empty() {
+        tracing::info!(%key, entries = history.history().entries.len(),
+            "a new tree: the history of the container that had this id is removed");
+    }
+    history.remove(config, key)
 }
 
 /// Bind-mounts the store's tree `live` on `target` (made if missing).

@@ -98,6 +98,10 @@ pub trait Store: Send + Sync {
     /// when that owner is gone.
     fn set_owner(&self, key: &ContainerKey, owner: &std::path::Path) -> Result<()>;
 
+    /// What [`Store::prepare`] would do with the container's existing tree for
+    /// `image` (`None`: the container has no tree, so prepare makes one).
+    fn existing(&self, key: &ContainerKey, image: &ImageSource) -> Result<Option<work::Existing>>;
+
     /// Deletes one snapshot.
     fn delete_snapshot(&self, key: &ContainerKey, name: &str) -> Result<()>;
 

@@ -422,6 +422,18 @@ impl Store for OverlayStore {
         )
     }
 
+    fn existing(&self, key: &ContainerKey, image: &ImageSource) -> Result<Option<work::Existing>> {
+        let dir = self.dir(key);
+        if !dir.exists() {
+            return Ok(None);
+        }
+        let recorded = work::read_owner(&dir.join("owner"));
+        Ok(Some(work::existing_tree(
+            recorded.as_deref(),
+            image.owner.as_deref(),
+        )))
+    }
+
     fn set_owner(&self, key: &ContainerKey, owner: &Path) -> Result<()> {
         self.rootfs(key)?;
         write_durably(

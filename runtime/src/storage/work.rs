@@ -39,12 +39,33 @@ pub enum Existing {
 }
 
 /// Decides from the owner the tree recorded and the owner of the new request.
+///
+/// An owner is a snapshot directory of containerd's snapshotter
+/// (`<root>/snapshots/<n>/fs`). A request from the same snapshotter with another
+/// owner is a new container under the id of one containerd has removed (ids are
+/// unique in a namespace), whose snapshot containerd has not garbage-collected
+/// yet: its tree is replaced. A live owner of another snapshotter (another
+/// containerd on this host) keeps its tree.
 pub fn existing_tree(recorded: Option<&Path>, requested: Option<&Path>) -> Existing {
     match (recorded, requested) {
         (Some(r), Some(o)) if r == o => Existing::Reuse,
         (Some(r), _) if !r.exists() => Existing::Replace,
+        (Some(r), Some(o)) if snapshotter_of(r).is_some_and(|s| Some(s) == snapshotter_of(o)) => {
+            Existing::Replace
+        }
         _ => Existing::Conflict,
     }
+}
+
+/// The snapshots directory an owner (`<snapshots>/<n>/fs`) belongs to.
+fn snapshotter_of(owner: &Path) -> Option<&Path> {
+    let snapshot = owner.parent()?;
+    snapshot
+        .file_name()?
+        .to_str()?
+        .bytes()
+        .all(|b| b.is_ascii_digit())
+        .then(|| snapshot.parent())?
 }
 
 /// The recorded owner file's content as a path, if there is one.
@@ -74,5 +95,26 @@ mod tests {
         assert_eq!(existing_tree(Some(gone), Some(here)), Existing::Replace);
         assert_eq!(existing_tree(Some(here), Some(gone)), Existing::Conflict);
         assert_eq!(existing_tree(None, Some(here)), Existing::Conflict);
+    }
+
+    #[test]
+    fn test_a_new_owner_of_the_same_snapshotter_replaces_a_tree_not_yet_collected() {
+        let root = tempfile::tempdir().unwrap();
+        let snapshot = |root: &Path, n: u32| {
+            let p = root.join("snapshots").join(n.to_string()).join("fs");
+            std::fs::create_dir_all(&p).unwrap();
+            p
+        };
+        let (old, new) = (snapshot(root.path(), 7), snapshot(root.path(), 8));
+        assert_eq!(existing_tree(Some(&old), Some(&new)), Existing::Replace);
+        // Another containerd's live container keeps its tree.
+        let other = tempfile::tempdir().unwrap();
+        let theirs = snapshot(other.path(), 7);
+        assert_eq!(existing_tree(Some(&theirs), Some(&new)), Existing::Conflict);
+        // An owner that is no snapshot directory is never taken for one.
+        assert_eq!(
+            existing_tree(Some(root.path()), Some(&new)),
+            Existing::Conflict
+        );
     }
 }

@@ -837,6 +837,17 @@ impl Store for ZfsStore {
         self.clone_into(&base, key, image.owner.as_deref())
     }
 
+    fn existing(&self, key: &ContainerKey, image: &ImageSource) -> Result<Option<Existing>> {
+        let ds = self.dataset(key)?;
+        Ok(self.state(&ds)?.map(|st| {
+            match work::existing_tree(st.owner.as_deref(), image.owner.as_deref()) {
+                // Reused only with its tree (see prepare).
+                Existing::Reuse if !st.tree => Existing::Conflict,
+                other => other,
+            }
+        }))
+    }
+
     fn rootfs(&self, key: &ContainerKey) -> Result<PathBuf> {
         let ds = self.dataset(key)?;
         match self.state(&ds)? {
