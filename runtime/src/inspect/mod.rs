@@ -7,10 +7,17 @@
 //! what a checkpoint of the turn must hold. docs/inspector.md argues why the
 //! decision is sound and lists what it does not cover.
 //!
+//! Classifying is two steps: `observe.rs` reads the eBPF maps, /proc and the
+//! mount table into a [`policy::Observation`] (all the I/O); then
+//! [`policy::decide`], a pure function, turns it and the last dump's
+//! [`Baseline`] into a [`Classification`].
+//!
 //! After a checkpoint, [`captured`] forgets what it holds (while the container
 //! is still frozen) and writes the new process [`Baseline`].
 
 pub mod mounts;
+mod observe;
+pub mod policy;
 pub mod procs;
 pub mod softdirty;
 
@@ -24,7 +31,7 @@ use crate::checkpoint::Kind;
 use crate::config::{Config, PolicyMode};
 use crate::container::{load_spec, Container};
 use crate::{Error, Result};
-use crab_bpf::{FsFlags, Inspector};
+use crab_bpf::Inspector;
 use mounts::{MountMap, Place};
 use procs::{Queue, Task};
 
@@ -192,194 +199,9 @@ fn classify_against(
     hist: Option<&History>,
 ) -> Result<Classification> {
     let started = Instant::now();
-    let cgid = c.state.cgroup_id;
-    let counters = insp.counters(cgid)?.ok_or_else(|| Error::WrongState {
-        id: c.state.id.clone(),
-        state: "not watched by the eBPF inspector".into(),
-        operation: "classify a turn",
-    })?;
-    let mut out = Classification {
-        kind: Kind::Skip,
-        reasons: Vec::new(),
-        paths: Vec::new(),
-        tasks: Vec::new(),
-        external: Vec::new(),
-        transient_tasks: counters.transient,
-        elapsed_us: 0,
-    };
-    let (mut fs, mut proc) = (false, false);
-
-    if let Some(hist) = hist {
-        if !hist.entries.iter().any(|e| e.fs_snapshot.is_some()) {
-            fs = true;
-            out.reasons.push("no snapshot of the files yet".into());
-        }
-        if !hist.entries.iter().any(|e| e.process_image.is_some()) {
-            proc = true;
-            out.reasons.push("no process image yet".into());
-        }
-    }
-    if counters.overflow > 0 {
-        (fs, proc) = (true, true);
-        out.reasons.push(format!(
-            "{} records did not fit the inspector's maps",
-            counters.overflow
-        ));
-    }
-    if counters.opaque & crab_bpf::opaque::ASYNC_IO != 0 {
-        (fs, proc) = (true, true);
-        out.reasons
-            .push("asynchronous I/O (io_uring, AIO) in use".into());
-    }
-    if counters.opaque & crab_bpf::opaque::UNTRACKED != 0 {
-        (fs, proc) = (true, true);
-        out.reasons.push(
-            "not every change since the container started or was rolled back is known".into(),
-        );
-    }
-    // The MOUNT bit is not used: exec'd processes mount in namespaces of their
-    // own while they join the container. The container's own mount table is
-    // compared with the last dump's below.
-
-    let pid = c.init_pid()?;
-    let map = mount_map(c, pid)?;
-    if counters.fs_entries > 0 {
-        let (mut rootfs, mut internal) = (0, 0);
-        let mut unlinked = 0;
-        for ch in insp.fs_changes(cgid, usize::MAX)? {
-            if ch.flags.has(FsFlags::UNLINKED) {
-                unlinked += 1;
-                continue;
-            }
-            let (place, _) = map.place(&ch.path, ch.dev);
-            match place {
-                Place::Rootfs => rootfs += 1,
-                Place::Internal => internal += 1,
-                Place::External => {
-                    if out.external.len() < DETAIL_LIMIT {
-                        out.external.push(ch.path.clone());
-                    }
-                    continue;
-                }
-                Place::Ignored => continue,
-            }
-            if out.paths.len() < DETAIL_LIMIT {
-                out.paths.push(PathChange {
-                    path: ch.path,
-                    what: FsFlags(ch.flags.0).label(),
-                    place,
-                });
-            }
-        }
-        if rootfs > 0 {
-            fs = true;
-            out.reasons
-                .push(format!("{rootfs} paths changed on the rootfs"));
-        }
-        if internal > 0 {
-            proc = true;
-            out.reasons.push(format!(
-                "{internal} paths changed on internal mounts (tmpfs)"
-            ));
-        }
-        // A file written while it had no name is state only while a process
-        // still holds it open (CRIU's ghost files); otherwise it is gone.
-        if unlinked > 0 && procs::holds_deleted_files(&procs::processes(c.tracking().path())) {
-            proc = true;
-            out.reasons.push(format!(
-                "{unlinked} files without a name were written, and a process holds deleted files open"
-            ));
-        }
-    }
-
-    let base = load_baseline(c).unwrap_or_default();
-    if !base.mounts.is_empty() && base.mounts != map.signature() {
-        (fs, proc) = (true, true);
-        out.reasons
-            .push("the mount table differs from the last dump".into());
-    }
-    let tracking = c.tracking();
-    let now = procs::tasks(tracking.path());
-    let mut changed = Vec::new();
-    for t in &now {
-        match base
-            .tasks
-            .iter()
-            .find(|b| b.tid == t.tid && b.start == t.start)
-        {
-            None => changed.push((t, "born")),
-            Some(b) if b.runtime_ns != t.runtime_ns => changed.push((t, "ran")),
-            Some(_) => {}
-        }
-    }
-    let mut died = Vec::new();
-    for b in &base.tasks {
-        if !now.iter().any(|t| t.tid == b.tid && t.start == b.start) {
-            died.push(b);
-        }
-    }
-    if counters.births > 0 && changed.iter().all(|(_, w)| *w != "born") {
-        out.reasons.push(format!(
-            "{} tasks born and alive (eBPF) that /proc did not show",
-            counters.births
-        ));
-        proc = true;
-    }
-    let queues = procs::queues(&procs::processes(tracking.path()));
-    let queue_changed = queues != base.queues;
-    if !changed.is_empty() || !died.is_empty() {
-        proc = true;
-        out.reasons.push(format!(
-            "{} tasks born or ran, {} died",
-            changed.len(),
-            died.len()
-        ));
-    }
-    if queue_changed {
-        proc = true;
-        out.reasons
-            .push("input queued on pipes or sockets changed".into());
-    }
-    // A task that ran with a file mapped shared and writable may have changed
-    // that file with plain stores, which no syscall shows.
-    if !fs
-        && changed
-            .iter()
-            .any(|(t, w)| *w == "ran" && procs::maps_file_shared_writable(t.tid))
-    {
-        fs = true;
-        out.reasons
-            .push("a task that ran maps a file shared and writable".into());
-    }
-    for (t, what) in changed.iter().take(DETAIL_LIMIT) {
-        // Where the kernel tracks them: how many pages its process wrote since
-        // the last dump (threads share the count of their process).
-        let what = match softdirty::dirty_pages(t.tid) {
-            Some(n) if *what == "ran" => format!("ran, {n} pages written"),
-            _ => what.to_string(),
-        };
-        out.tasks.push(TaskChange {
-            tid: t.tid,
-            comm: t.comm.clone(),
-            what,
-        });
-    }
-    for b in died
-        .iter()
-        .take(DETAIL_LIMIT.saturating_sub(out.tasks.len()))
-    {
-        out.tasks.push(TaskChange {
-            tid: b.tid,
-            comm: b.comm.clone(),
-            what: "died".into(),
-        });
-    }
-    out.kind = match (fs, proc) {
-        (false, false) => Kind::Skip,
-        (true, false) => Kind::FsOnly,
-        (false, true) => Kind::ProcessOnly,
-        (true, true) => Kind::Full,
-    };
+    let base = load_baseline(c);
+    let obs = observe::observe(c, insp, hist, base.as_ref())?;
+    let mut out = policy::decide(&obs, base.as_ref());
     out.elapsed_us = started.elapsed().as_micros() as u64;
     Ok(out)
 }

@@ -1,0 +1,73 @@
+//! Gathers a turn's [`Observation`]: the inspector's maps, /proc and the
+//! container's mounts. All the reading is here; the decision is in `policy.rs`.
+
+use crab_bpf::{FsFlags, Inspector};
+
+use super::policy::{compare, Change, Observation, Taken};
+use super::{mount_map, procs, softdirty, Baseline, DETAIL_LIMIT};
+use crate::checkpoint::history::History;
+use crate::container::Container;
+use crate::{Error, Result};
+
+/// Reads what [`super::policy::decide`] needs to classify the turn of `c`.
+/// `hist`: the history to classify against (None: since the last checkpoint
+/// of any kind); `base`: the last dump's baseline, which says which tasks ran
+/// and so which to look at more closely.
+pub(super) fn observe(
+    c: &Container,
+    insp: &Inspector,
+    hist: Option<&History>,
+    base: Option<&Baseline>,
+) -> Result<Observation> {
+    let cgid = c.state.cgroup_id;
+    let counters = insp.counters(cgid)?.ok_or_else(|| Error::WrongState {
+        id: c.state.id.clone(),
+        state: "not watched by the eBPF inspector".into(),
+        operation: "classify a turn",
+    })?;
+    let taken = hist.map(|h| Taken {
+        fs_snapshot: h.entries.iter().any(|e| e.fs_snapshot.is_some()),
+        process_image: h.entries.iter().any(|e| e.process_image.is_some()),
+    });
+    let mounts = mount_map(c, c.init_pid()?)?;
+    let fs_changes = if counters.fs_entries > 0 {
+        insp.fs_changes(cgid, usize::MAX)?
+    } else {
+        Vec::new()
+    };
+    let tracking = c.tracking();
+    let processes = procs::processes(tracking.path());
+    // Deleted files held open matter only to a file written without a name.
+    let holds_deleted_files = fs_changes.iter().any(|ch| ch.flags.has(FsFlags::UNLINKED))
+        && procs::holds_deleted_files(&processes);
+    let tasks = procs::tasks(tracking.path());
+    let queues = procs::queues(&processes);
+
+    let (changed, _) = compare(&tasks, base);
+    let ran = |(_, c): &&(&procs::Task, Change)| *c == Change::Ran;
+    let shared_writable = changed
+        .iter()
+        .filter(ran)
+        .map(|(t, _)| t.tid)
+        .find(|&tid| procs::maps_file_shared_writable(tid))
+        .into_iter()
+        .collect();
+    let dirty_pages = changed
+        .iter()
+        .take(DETAIL_LIMIT)
+        .filter(ran)
+        .filter_map(|(t, _)| softdirty::dirty_pages(t.tid).map(|n| (t.tid, n)))
+        .collect();
+
+    Ok(Observation {
+        taken,
+        counters,
+        fs_changes,
+        mounts,
+        holds_deleted_files,
+        tasks,
+        queues,
+        shared_writable,
+        dirty_pages,
+    })
+}
