@@ -26,7 +26,8 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use crate::checkpoint::history::{self, History};
+use crate::checkpoint::history::History;
+use crate::checkpoint::history_store::HistoryStore;
 use crate::checkpoint::Kind;
 use crate::config::{Config, PolicyMode};
 use crate::container::{load_spec, Container};
@@ -182,8 +183,8 @@ fn mount_map(c: &Container, pid: i32) -> Result<MountMap> {
 
 /// Classifies the turn of container `c` (since its last checkpoint).
 pub fn classify(c: &Container, config: &Config, insp: &Inspector) -> Result<Classification> {
-    let key = c.key()?;
-    let hist = History::load(&history::dir(config, &key), &key)?;
+    // Read, then let go: the turn's checkpoint (in the helper) takes the lock next.
+    let hist = HistoryStore::open(config, &c.key()?)?.history().clone();
     classify_against(c, insp, Some(&hist))
 }
 
