@@ -9,13 +9,14 @@ use crab_runtime::checkpoint::ops::CheckpointRequest;
 use crab_runtime::checkpoint::Kind;
 use crab_runtime::config::Config;
 use crab_runtime::control::{self, Request, Response};
+use crab_runtime::error::Failure;
 
 /// Longest a request may take (a large dump).
 const TIMEOUT: Duration = Duration::from_secs(600);
 
 pub(crate) fn call(config: &Config, request: Request) -> Result<Response> {
     match control::call(config, &request, TIMEOUT)? {
-        Response::Error { message } => bail!("{message}"),
+        Response::Error { kind, message } => Err(Failure::new(kind, message).into()),
         r => Ok(r),
     }
 }

@@ -17,6 +17,7 @@ use clap::Subcommand;
 use crab_runtime::config::{Backend, Config};
 use crab_runtime::container::Container;
 use crab_runtime::control::{self, Request, Response};
+use crab_runtime::error::Failure;
 use crab_runtime::storage::{self, ContainerKey, Store};
 
 #[derive(clap::Args)]
@@ -108,7 +109,7 @@ fn frozen<T>(c: Option<&Container>, f: impl FnOnce() -> Result<T>) -> Result<T> 
 fn through_shim(config: &Config, request: Request) -> Result<Option<(String, f64)>> {
     match control::call(config, &request, std::time::Duration::from_secs(600)) {
         Ok(Response::Fs { name, ms }) => Ok(Some((name, ms))),
-        Ok(Response::Error { message }) => bail!("{message}"),
+        Ok(Response::Error { kind, message }) => Err(Failure::new(kind, message).into()),
         Ok(other) => bail!("unexpected answer from the shim: {other:?}"),
         Err(crab_runtime::Error::NotFound(_)) => Ok(None),
         Err(e) => Err(e.into()),

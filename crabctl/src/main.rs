@@ -14,6 +14,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use crab_runtime::config::Config;
+use crab_runtime::error::{ErrorKind, Failure};
 
 #[derive(Parser)]
 #[command(
@@ -182,7 +183,33 @@ enum Command {
     },
 }
 
-fn main() -> Result<()> {
+/// Runs the command; a failure exits with the code of its kind (see
+/// docs/checkpoint.md: 3 not found, 4 exists, 5 precondition, 6 invalid, 7 busy,
+/// 8 unavailable, 1 anything else).
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("Error: {e:?}");
+            std::process::ExitCode::from(kind_of(&e).exit_code() as u8)
+        }
+    }
+}
+
+/// The kind of a failure: the first cause that knows its own.
+pub(crate) fn kind_of(e: &anyhow::Error) -> ErrorKind {
+    e.chain()
+        .find_map(|cause| {
+            cause.downcast_ref::<Failure>().map(|f| f.kind).or_else(|| {
+                cause
+                    .downcast_ref::<crab_runtime::Error>()
+                    .map(|r| r.kind())
+            })
+        })
+        .unwrap_or(ErrorKind::Internal)
+}
+
+fn run() -> Result<()> {
     let cli = Cli::parse();
     let (config, source) =
         Config::load_with_env(None, cli.config.as_deref()).context("load configuration")?;

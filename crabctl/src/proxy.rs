@@ -24,6 +24,7 @@ use crab_runtime::checkpoint::Kind;
 use crab_runtime::config::Config;
 use crab_runtime::container::Container;
 use crab_runtime::control::{self, Request, Response};
+use crab_runtime::error::{ErrorKind, Failure};
 use serde_json::Value;
 
 /// A turn's checkpoint can take a while under load.
@@ -57,11 +58,15 @@ struct Target {
 }
 
 impl Target {
-    fn call(&self, request: Request, timeout: Duration) -> Result<Response, String> {
+    fn call(&self, request: Request, timeout: Duration) -> Result<Response, Failure> {
         match control::call(&self.config, &request, timeout) {
-            Ok(Response::Error { message }) => Err(message),
+            Ok(Response::Error { kind, message }) => Err(Failure::new(kind, message)),
             Ok(r) => Ok(r),
-            Err(e) => Err(e.to_string()),
+            // No shim answers: the sandbox's runtime is gone for now.
+            Err(e @ crab_runtime::Error::NotFound(_)) => {
+                Err(Failure::new(ErrorKind::Unavailable, e.to_string()))
+            }
+            Err(e) => Err(Failure::new(e.kind(), e.to_string())),
         }
     }
 
@@ -99,7 +104,7 @@ impl Boundary for Target {
             match call.await {
                 Ok(Ok(Response::Turn { .. })) => Ok(()),
                 Ok(Ok(other)) => Err(format!("unexpected answer {other:?}")),
-                Ok(Err(e)) => Err(e),
+                Ok(Err(e)) => Err(e.message),
                 Err(e) => Err(e.to_string()),
             }
         })
@@ -116,7 +121,7 @@ impl Boundary for Target {
 }
 
 impl Sandbox for Target {
-    fn list(&self) -> Result<Value, String> {
+    fn list(&self) -> Result<Value, Failure> {
         match self.call(
             Request::List {
                 namespace: self.namespace.clone(),
@@ -125,11 +130,11 @@ impl Sandbox for Target {
             TURN_TIMEOUT,
         )? {
             Response::Entries { entries } => json(&entries),
-            other => Err(format!("unexpected answer {other:?}")),
+            other => Err(unexpected(&other)),
         }
     }
 
-    fn checkpoint(&self, name: Option<String>) -> Result<Value, String> {
+    fn checkpoint(&self, name: Option<String>) -> Result<Value, Failure> {
         let request = Request::Checkpoint {
             namespace: self.namespace.clone(),
             id: self.id.clone(),
@@ -141,11 +146,11 @@ impl Sandbox for Target {
         };
         match self.call(request, TURN_TIMEOUT)? {
             Response::Entry { entry } => json(&entry),
-            other => Err(format!("unexpected answer {other:?}")),
+            other => Err(unexpected(&other)),
         }
     }
 
-    fn rollback(&self, checkpoint: &str) -> Result<Value, String> {
+    fn rollback(&self, checkpoint: &str) -> Result<Value, Failure> {
         let request = Request::Rollback {
             namespace: self.namespace.clone(),
             id: self.id.clone(),
@@ -154,11 +159,11 @@ impl Sandbox for Target {
         // The shim tells this proxy (SIGHUP) to listen in the new namespace.
         match self.call(request, TURN_TIMEOUT)? {
             Response::RolledBack { report } => json(&report),
-            other => Err(format!("unexpected answer {other:?}")),
+            other => Err(unexpected(&other)),
         }
     }
 
-    fn fork(&self, checkpoint: Option<String>, count: u32) -> Result<Vec<String>, String> {
+    fn fork(&self, checkpoint: Option<String>, count: u32) -> Result<Vec<String>, Failure> {
         let t = self.clone();
         let prefix = format!(
             "{}-fork{}",
@@ -177,15 +182,19 @@ impl Sandbox for Target {
                 Some(&prefix),
             )
             .map(|f| f.made.into_iter().map(|(id, _, _)| id).collect())
-            .map_err(|e| format!("{e:#}"))
+            .map_err(|e| Failure::new(crate::kind_of(&e), format!("{e:#}")))
         })
         .join()
-        .map_err(|_| "fork thread panicked".to_string())?
+        .map_err(|_| Failure::new(ErrorKind::Internal, "fork thread panicked"))?
     }
 }
 
-fn json<T: serde::Serialize>(v: &T) -> Result<Value, String> {
-    serde_json::to_value(v).map_err(|e| e.to_string())
+fn json<T: serde::Serialize>(v: &T) -> Result<Value, Failure> {
+    serde_json::to_value(v).map_err(|e| Failure::new(ErrorKind::Internal, e.to_string()))
+}
+
+fn unexpected(answer: &Response) -> Failure {
+    Failure::new(ErrorKind::Internal, format!("unexpected answer {answer:?}"))
 }
 
 fn netns_inode(path: &str) -> Result<u64> {

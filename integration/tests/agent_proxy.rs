@@ -8,7 +8,9 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use crab_integration::llm::{self, SSE};
-use crab_integration::{config_with, crabctl_ok, ctr_ok, wait_until, Guard, CRAB, PYTHON};
+use crab_integration::{
+    config_with, crabctl, crabctl_ok, ctr_ok, text, wait_until, Guard, CRAB, PYTHON,
+};
 use serde_json::{json, Value};
 
 /// Where the shim's proxy listens by default, inside the container.
@@ -171,6 +173,17 @@ fn an_agent_checkpoints_rolls_back_and_forks_its_sandbox_and_carries_on() {
     let (status, body) = agent.request("POST", "/.crab/v1/checkpoints", &json!({"name": "before"}));
     assert_eq!(status, 201, "{body}");
     assert_eq!(json_of(&body)["checkpoint"]["name"], "before");
+    // A checkpoint that does not exist: not found, from the agent API and crabctl alike.
+    let (status, body) = agent.request(
+        "POST",
+        "/.crab/v1/rollback",
+        &json!({"checkpoint": "never-taken"}),
+    );
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(json_of(&body)["kind"], "not-found", "{body}");
+    let out = crabctl(&["rollback", &g.id, "never-taken"], &[]);
+    assert_eq!(out.status.code(), Some(3), "crabctl: {}", text(&out).1);
+    assert!(text(&out).1.contains("never-taken"), "{}", text(&out).1);
 
     g.exec_ok(&["sh", "-c", "echo oops > /root/mistake"]);
     let (status, body) = agent.request(

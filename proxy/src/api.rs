@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
+use crab_errkind::{ErrorKind, Failure};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
@@ -21,22 +22,23 @@ pub(crate) const MAX_FORKS: u32 = 64;
 
 /// What an agent may do to the proxy's own container (and only that one: there
 /// is no id parameter). The methods block (they talk to the runtime); the
-/// proxy calls them on tokio's blocking pool. An `Err` is a message for the
-/// agent: it is sent back as is.
+/// proxy calls them on tokio's blocking pool. An `Err` is sent back to the
+/// agent as is, with the HTTP status of its kind (404 for a missing
+/// checkpoint, 409 while another operation runs, ...).
 pub trait Sandbox: Send + Sync + 'static {
     /// The container's checkpoints, as a JSON array.
-    fn list(&self) -> std::result::Result<Value, String>;
+    fn list(&self) -> std::result::Result<Value, Failure>;
     /// Takes a checkpoint now, optionally named; returns its entry.
-    fn checkpoint(&self, name: Option<String>) -> std::result::Result<Value, String>;
+    fn checkpoint(&self, name: Option<String>) -> std::result::Result<Value, Failure>;
     /// Rolls the container back to `checkpoint` (a name or a sequence number).
-    fn rollback(&self, checkpoint: &str) -> std::result::Result<Value, String>;
+    fn rollback(&self, checkpoint: &str) -> std::result::Result<Value, Failure>;
     /// Starts `count` copies of the container from `checkpoint` (the latest
     /// when `None`); returns the new containers' ids.
     fn fork(
         &self,
         checkpoint: Option<String>,
         count: u32,
-    ) -> std::result::Result<Vec<String>, String>;
+    ) -> std::result::Result<Vec<String>, Failure>;
 }
 
 /// One thing the agent asked for, its arguments checked.
@@ -112,7 +114,10 @@ impl Op {
 
     /// Runs the operation on the blocking pool; the answer is the JSON object
     /// both the REST routes and the MCP tools give back.
-    pub(crate) async fn run(self, sandbox: Arc<dyn Sandbox>) -> std::result::Result<Value, String> {
+    pub(crate) async fn run(
+        self,
+        sandbox: Arc<dyn Sandbox>,
+    ) -> std::result::Result<Value, Failure> {
         tokio::task::spawn_blocking(move || {
             Ok(match self {
                 Op::List => json!({ "checkpoints": sandbox.list()? }),
@@ -126,7 +131,7 @@ impl Op {
             })
         })
         .await
-        .map_err(|e| format!("the sandbox call failed: {e}"))?
+        .map_err(|e| Failure::new(ErrorKind::Internal, format!("the sandbox call failed: {e}")))?
     }
 }
 
@@ -257,9 +262,14 @@ pub(crate) async fn handle(
     match op.run(sandbox).await {
         Ok(v) if created => json_response(StatusCode::CREATED, &v),
         Ok(v) => json_response(StatusCode::OK, &v),
-        Err(msg) => {
-            tracing::warn!(%method, %path, error = %msg, "agent API call failed");
-            error(StatusCode::INTERNAL_SERVER_ERROR, msg)
+        Err(failure) => {
+            tracing::warn!(%method, %path, kind = %failure.kind, error = %failure, "agent API call failed");
+            let status = StatusCode::from_u16(failure.kind.http_status())
+                .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            json_response(
+                status,
+                &json!({ "error": failure.message, "kind": failure.kind }),
+            )
         }
     }
 }

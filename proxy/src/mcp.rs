@@ -170,7 +170,7 @@ async fn call(
             // Bad arguments and sandbox failures are the tool's result, so the
             // LLM sees them and can correct its call.
             let outcome = match Op::parse(*kind, args) {
-                Ok(op) => op.run(sandbox).await,
+                Ok(op) => op.run(sandbox).await.map_err(|f| f.message),
                 Err(why) => Err(format!("bad arguments: {why}")),
             };
             Ok(match outcome {

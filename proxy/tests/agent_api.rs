@@ -164,10 +164,13 @@ async fn rest_errors_are_json_with_the_right_status() {
         "no bad request reached the sandbox"
     );
 
-    // The sandbox's own failures are 500s that say why.
+    // The sandbox's own failures say why, with the status of their kind.
     let got = send(p, "POST", "/.crab/v1/checkpoints", "{\"name\":\"fail\"}").await;
     assert_eq!(got.status, StatusCode::INTERNAL_SERVER_ERROR);
     assert_eq!(error(&got), "disk full");
+    let got = send(p, "POST", "/.crab/v1/checkpoints", "{\"name\":\"busy\"}").await;
+    assert_eq!(got.status, StatusCode::CONFLICT);
+    assert!(error(&got).contains("busy"), "{}", got.text());
     let got = send(
         p,
         "POST",
@@ -175,7 +178,7 @@ async fn rest_errors_are_json_with_the_right_status() {
         "{\"checkpoint\":\"missing\"}",
     )
     .await;
-    assert_eq!(got.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(got.status, StatusCode::NOT_FOUND);
     assert!(error(&got).contains("missing"));
     s.assert_local();
 }

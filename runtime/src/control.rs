@@ -17,6 +17,7 @@ use crate::checkpoint::history::Entry;
 use crate::checkpoint::ops::CheckpointRequest;
 use crate::checkpoint::stats::TurnStats;
 use crate::config::Config;
+use crate::error::ErrorKind;
 use crate::inspect::Classification;
 use crate::{Error, Result};
 
@@ -197,6 +198,9 @@ pub enum Response {
     },
     /// The request failed.
     Error {
+        /// What kind of failure (answers from older shims have none: internal).
+        #[serde(default)]
+        kind: ErrorKind,
         /// What went wrong.
         message: String,
     },

@@ -1,6 +1,10 @@
-//! Errors of the runtime crate: one variant per failure site.
+//! Errors of the runtime crate: one variant per failure site, each of one
+//! [`ErrorKind`] (which every door, containerd's, the control socket's,
+//! crabctl's and the agent API's, spells its own way).
 
 use std::path::PathBuf;
+
+pub use crab_errkind::{ErrorKind, Failure};
 
 /// Convenience alias.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -50,6 +54,14 @@ pub enum Error {
         operation: &'static str,
         /// The helper's own error text.
         message: String,
+    },
+    /// The helper process reported a failure of a known kind.
+    #[error("helper process failed to {operation}: {}", failure.message)]
+    InHelper {
+        /// What the helper was asked to do.
+        operation: &'static str,
+        /// Its kind and text, as the helper gave them.
+        failure: Failure,
     },
     /// A libcontainer call failed.
     #[error("libcontainer {operation} failed: {source}")]
@@ -165,6 +177,33 @@ pub enum Error {
 }
 
 impl Error {
+    /// What kind of failure this is.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::Config { .. }
+            | Error::InvalidSpec { .. }
+            | Error::MissingRootfs(_)
+            | Error::BadName { .. }
+            | Error::BadCheckpoint { .. } => ErrorKind::InvalidArgument,
+            Error::AlreadyExists(_) | Error::SnapshotExists { .. } => ErrorKind::AlreadyExists,
+            Error::NotFound(_) | Error::SnapshotNotFound { .. } => ErrorKind::NotFound,
+            Error::WrongState { .. } | Error::CriuMissing(_) | Error::NoTree(_) => {
+                ErrorKind::FailedPrecondition
+            }
+            Error::PoolFull { .. } => ErrorKind::Unavailable,
+            Error::InHelper { failure, .. } => failure.kind,
+            Error::Helper { .. }
+            | Error::Libcontainer { .. }
+            | Error::Cgroup { .. }
+            | Error::Command { .. }
+            | Error::Storage { .. }
+            | Error::Criu { .. }
+            | Error::Io { .. }
+            | Error::Inspector(_)
+            | Error::Sys { .. } => ErrorKind::Internal,
+        }
+    }
+
     /// Wraps an I/O error with what was being done.
     /// A full file system becomes [`Error::PoolFull`].
     pub fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {

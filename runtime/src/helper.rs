@@ -19,6 +19,7 @@ use std::process::{Command, Stdio as ProcessStdio};
 
 use serde::{Deserialize, Serialize};
 
+use crate::error::Failure;
 use crate::tracking::TrackingCgroup;
 use crate::{Error, Result};
 
@@ -239,16 +240,28 @@ pub fn run_reply(make: Box<RequestFn>, stdio: ChildStdio) -> Result<Reply> {
     // The shim's reaper may have collected the helper already (ECHILD): the reply on
     // stdout is what counts, not the exit status.
     let _ = child.wait();
-    match out
-        .lines()
-        .find_map(|l| serde_json::from_str::<Reply>(l).ok())
-    {
-        Some(reply) => Ok(reply),
-        None => Err(Error::Helper {
-            operation,
-            message: last_error_line(&err),
-        }),
+    for line in out.lines() {
+        if let Ok(reply) = serde_json::from_str::<Reply>(line) {
+            return Ok(reply);
+        }
+        if let Ok(failed) = serde_json::from_str::<Failed>(line) {
+            return Err(Error::InHelper {
+                operation,
+                failure: failed.failure,
+            });
+        }
     }
+    Err(Error::Helper {
+        operation,
+        message: last_error_line(&err),
+    })
+}
+
+/// The helper's answer when its request failed: the error's kind and text, so
+/// that the caller answers its own client with the same kind.
+#[derive(Debug, Serialize, Deserialize)]
+struct Failed {
+    failure: Failure,
 }
 
 fn last_error_line(stderr: &str) -> String {
@@ -269,6 +282,10 @@ pub fn main(args: &[String]) -> ! {
                 0
             }
             Err(e) => {
+                let failed = Failed {
+                    failure: Failure::new(e.kind(), error_chain(&e)),
+                };
+                println!("{}", serde_json::to_string(&failed).expect("failure"));
                 eprintln!("{}", error_chain(&e));
                 1
             }

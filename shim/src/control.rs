@@ -16,6 +16,7 @@ use crab_runtime::checkpoint::history_store::HistoryStore;
 use crab_runtime::checkpoint::ops::{self, CheckpointRequest, HistoryOp};
 use crab_runtime::config::Config;
 use crab_runtime::control::{self, Request, Response, Rollback};
+use crab_runtime::error::ErrorKind;
 use crab_runtime::storage::ContainerKey;
 use nix::sys::signal::Signal;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -56,6 +57,7 @@ impl TaskService {
                     let response = match serde_json::from_str::<Request>(&line) {
                         Ok(req) => service.control(&id, req).await,
                         Err(e) => Response::Error {
+                            kind: ErrorKind::InvalidArgument,
                             message: format!("bad request: {e}"),
                         },
                     };
@@ -71,6 +73,7 @@ impl TaskService {
         let (namespace, id) = req.target();
         if namespace != self.namespace || id != served {
             return Response::Error {
+                kind: ErrorKind::InvalidArgument,
                 message: format!(
                     "this socket serves {}/{served}, not {namespace}/{id}",
                     self.namespace
@@ -126,6 +129,7 @@ impl TaskService {
                 .map(|(name, ms)| Response::Fs { name, ms }),
         };
         result.unwrap_or_else(|e| Response::Error {
+            kind: e.kind(),
             message: crab_runtime::helper::error_chain(&e),
         })
     }

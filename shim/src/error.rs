@@ -1,6 +1,7 @@
 //! The one mapping from Crab's errors to ttrpc status codes.
 
 use containerd_shim::protos::ttrpc::{self, Code};
+use crab_runtime::error::ErrorKind;
 use crab_runtime::Error as RuntimeError;
 
 /// Errors of the task service.
@@ -33,26 +34,28 @@ pub enum ShimError {
 pub type ShimResult<T> = Result<T, ShimError>;
 
 impl ShimError {
+    /// What kind of failure this is (for the control socket's answers too).
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            ShimError::NotFound(_) => ErrorKind::NotFound,
+            ShimError::AlreadyExists(_) => ErrorKind::AlreadyExists,
+            ShimError::InvalidArgument(_) => ErrorKind::InvalidArgument,
+            ShimError::FailedPrecondition(_) => ErrorKind::FailedPrecondition,
+            ShimError::Busy(_) => ErrorKind::Busy,
+            ShimError::Other(_) => ErrorKind::Internal,
+            ShimError::Runtime(e) => e.kind(),
+        }
+    }
+
     /// The ttrpc code containerd turns into its errdefs.
     pub fn code(&self) -> Code {
-        match self {
-            ShimError::NotFound(_) => Code::NOT_FOUND,
-            ShimError::AlreadyExists(_) => Code::ALREADY_EXISTS,
-            ShimError::InvalidArgument(_) => Code::INVALID_ARGUMENT,
-            ShimError::FailedPrecondition(_) => Code::FAILED_PRECONDITION,
-            ShimError::Busy(_) => Code::UNAVAILABLE,
-            ShimError::Other(_) => Code::UNKNOWN,
-            ShimError::Runtime(e) => match e {
-                RuntimeError::NotFound(_) => Code::NOT_FOUND,
-                RuntimeError::AlreadyExists(_) => Code::ALREADY_EXISTS,
-                RuntimeError::Config { .. }
-                | RuntimeError::InvalidSpec { .. }
-                | RuntimeError::MissingRootfs(_)
-                | RuntimeError::BadCheckpoint { .. } => Code::INVALID_ARGUMENT,
-                RuntimeError::CriuMissing(_) => Code::FAILED_PRECONDITION,
-                RuntimeError::WrongState { .. } => Code::FAILED_PRECONDITION,
-                _ => Code::UNKNOWN,
-            },
+        match self.kind() {
+            ErrorKind::NotFound => Code::NOT_FOUND,
+            ErrorKind::AlreadyExists => Code::ALREADY_EXISTS,
+            ErrorKind::InvalidArgument => Code::INVALID_ARGUMENT,
+            ErrorKind::FailedPrecondition => Code::FAILED_PRECONDITION,
+            ErrorKind::Busy | ErrorKind::Unavailable => Code::UNAVAILABLE,
+            ErrorKind::Internal => Code::UNKNOWN,
         }
     }
 }
@@ -93,6 +96,21 @@ mod tests {
         for (err, code) in cases {
             assert_eq!(ShimError::from(err).code(), code);
         }
+    }
+
+    #[test]
+    fn test_a_helper_failure_keeps_its_kind_across_the_shim() {
+        let failure = crab_runtime::error::Failure::new(ErrorKind::NotFound, "no checkpoint x");
+        let e = ShimError::from(RuntimeError::InHelper {
+            operation: "roll back",
+            failure,
+        });
+        assert_eq!(e.kind(), ErrorKind::NotFound);
+        assert_eq!(e.code(), Code::NOT_FOUND);
+        assert_eq!(
+            ShimError::Busy("container a is busy: checkpointing".into()).code(),
+            Code::UNAVAILABLE
+        );
     }
 
     #[test]

@@ -8,7 +8,7 @@
 //! reaches EOF, which is how the client learns the output is complete.
 
 use std::fs::File;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -230,7 +230,10 @@ fn open_output_fifo(path: &str) -> ShimResult<pipe::Sender> {
 }
 
 /// Copies output to the fifo (`None`: containerd wants none; it is read and dropped, so
-/// that the process never blocks on a full pipe).
+/// that the process never blocks on a full pipe). At the end of the output it waits
+/// until the client has read everything from the fifo: a client deletes the process
+/// once it has exited and then stops reading at once (containerd's `cio` closes its
+/// end), so what it has not read by then would be lost.
 async fn copy_output(mut src: impl AsyncRead + Unpin, mut dst: Option<pipe::Sender>) {
     let mut buf = vec![0u8; 32 * 1024];
     loop {
@@ -243,6 +246,24 @@ async fn copy_output(mut src: impl AsyncRead + Unpin, mut dst: Option<pipe::Send
                 break;
             }
         }
+    }
+    if let Some(d) = &dst {
+        while unread(d) > 0 {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+}
+
+/// Bytes in the fifo that no reader has taken yet (0 if it cannot tell).
+fn unread(fifo: &pipe::Sender) -> i32 {
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one int through the pointer, which points at `n`, a
+    // live local; the fd is owned by `fifo` for the whole call.
+    let rc = unsafe { libc::ioctl(fifo.as_raw_fd(), libc::FIONREAD, &mut n) };
+    if rc == 0 {
+        n
+    } else {
+        0
     }
 }
 

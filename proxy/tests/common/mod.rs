@@ -10,6 +10,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use crab_errkind::{ErrorKind, Failure};
 use crab_proxy::{Boundary, Gate, Proxy, Sandbox, Upstream};
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
@@ -221,25 +222,32 @@ impl TestSandbox {
 }
 
 impl Sandbox for TestSandbox {
-    fn list(&self) -> Result<Value, String> {
+    fn list(&self) -> Result<Value, Failure> {
         self.record("list".into());
         Ok(json!([{"seq": 1, "name": "first"}]))
     }
-    fn checkpoint(&self, name: Option<String>) -> Result<Value, String> {
+    fn checkpoint(&self, name: Option<String>) -> Result<Value, Failure> {
         self.record(format!("checkpoint {name:?}"));
         match name.as_deref() {
-            Some("fail") => Err("disk full".into()),
+            Some("fail") => Err(Failure::new(ErrorKind::Internal, "disk full")),
+            Some("busy") => Err(Failure::new(
+                ErrorKind::Busy,
+                "container web is busy: rolling back",
+            )),
             _ => Ok(json!({"seq": 2, "name": name})),
         }
     }
-    fn rollback(&self, checkpoint: &str) -> Result<Value, String> {
+    fn rollback(&self, checkpoint: &str) -> Result<Value, Failure> {
         self.record(format!("rollback {checkpoint}"));
         match checkpoint {
-            "missing" => Err("no checkpoint \"missing\"".into()),
+            "missing" => Err(Failure::new(
+                ErrorKind::NotFound,
+                "no checkpoint \"missing\"",
+            )),
             _ => Ok(json!({"seq": 1})),
         }
     }
-    fn fork(&self, checkpoint: Option<String>, count: u32) -> Result<Vec<String>, String> {
+    fn fork(&self, checkpoint: Option<String>, count: u32) -> Result<Vec<String>, Failure> {
         self.record(format!("fork {checkpoint:?} {count}"));
         Ok((0..count).map(|i| format!("web-fork-{i}")).collect())
     }
