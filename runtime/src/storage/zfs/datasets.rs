@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, UNIX_EPOCH};
 
 use super::fuse::{zfs_unmounted, DaemonTurn};
-use super::{already_exists, not_found, ZfsStore, BASE, OWNER, TREE};
+use super::{ZfsStore, BASE, OWNER, TREE};
+use crate::storage::names::{snapshot_not_found, tree_exists, CONTAINERS, IMAGES};
 use crate::storage::{cmd, fault, tree, work, ContainerKey, ImageSource, SnapshotInfo};
 use crate::{Error, Result};
 
@@ -32,6 +33,58 @@ pub(super) fn is_missing(e: &Error) -> bool {
     matches!(e, Error::Command { message, .. } if message.contains("does not exist"))
 }
 
+/// The value of property `prop` of dataset or snapshot `name` (numbers exact).
+pub(super) fn value(name: &str, prop: &str) -> Result<String> {
+    zfs(&["get", "-H", "-p", "-o", "value", prop, name]).map(|v| v.trim().to_string())
+}
+
+/// `zfs get -r` of property `prop` on `ds` and everything below it, snapshots
+/// included, narrowed by `options` (`-d 1`, `-s local`): each one's name and value.
+pub(super) fn values_below(
+    ds: &str,
+    prop: &str,
+    options: &[&str],
+) -> Result<Vec<(String, String)>> {
+    let mut args = vec!["get", "-H", "-p", "-r"];
+    args.extend_from_slice(options);
+    args.extend(["-o", "name,value", prop, ds]);
+    Ok(zfs(&args)?
+        .lines()
+        .filter_map(|l| l.split_once('\t'))
+        .map(|(n, v)| (n.to_string(), v.to_string()))
+        .collect())
+}
+
+/// `zfs list` of the file systems below `parent` (not `parent` itself), down to `depth`
+/// levels (all of them with `None`): each one's name and the value of `column` (empty
+/// without one).
+fn file_systems(
+    parent: &str,
+    depth: Option<&str>,
+    column: Option<&str>,
+) -> Result<Vec<(String, String)>> {
+    let columns = column.map_or("name".to_string(), |c| format!("name,{c}"));
+    let mut args = vec!["list", "-H", "-o", &columns, "-t", "filesystem", "-r"];
+    if let Some(d) = depth {
+        args.extend(["-d", d]);
+    }
+    args.push(parent);
+    Ok(zfs(&args)?
+        .lines()
+        .map(|l| l.split_once('\t').unwrap_or((l, "")))
+        .filter(|(name, _)| *name != parent)
+        .map(|(name, v)| (name.to_string(), v.to_string()))
+        .collect())
+}
+
+/// The file systems right below `parent`.
+pub(super) fn children(parent: &str) -> Result<Vec<String>> {
+    Ok(file_systems(parent, Some("1"), None)?
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect())
+}
+
 impl ZfsStore {
     /// Creates a file system; one that another process created meanwhile is fine.
     pub(super) fn create_fs(&self, ds: &str, options: &[&str]) -> Result<()> {
@@ -47,7 +100,7 @@ impl ZfsStore {
 
     /// Whether a dataset or snapshot exists.
     pub(super) fn exists(&self, name: &str) -> Result<bool> {
-        match zfs(&["get", "-H", "-o", "value", "type", name]) {
+        match value(name, "type") {
             Ok(_) => Ok(true),
             Err(e) if is_missing(&e) => Ok(false),
             Err(e) => Err(e),
@@ -108,8 +161,7 @@ impl ZfsStore {
 
     /// Unmounts `ds` if it is mounted (zfs-fuse cannot rename or destroy it otherwise).
     pub(super) fn unmount(&self, ds: &str) -> Result<()> {
-        let mounted = zfs(&["get", "-H", "-o", "value", "mounted", ds])?;
-        if mounted.trim() == "yes" {
+        if value(ds, "mounted")? == "yes" {
             zfs(&["unmount", ds])?;
         }
         Ok(())
@@ -124,28 +176,14 @@ impl ZfsStore {
     /// The snapshots of `ds` (short names, hidden ones included) with their creation
     /// times, oldest first; `None` if `ds` does not exist.
     pub(super) fn snapshots(&self, ds: &str) -> Result<Option<Vec<(String, i64)>>> {
-        let out = match zfs(&[
-            "get",
-            "-H",
-            "-p",
-            "-r",
-            "-d",
-            "1",
-            "-o",
-            "name,value",
-            "creation",
-            ds,
-        ]) {
-            Ok(out) => out,
+        let created = match values_below(ds, "creation", &["-d", "1"]) {
+            Ok(v) => v,
             Err(e) if is_missing(&e) => return Ok(None),
             Err(e) => return Err(e),
         };
         let prefix = format!("{ds}@");
         let mut snaps = Vec::new();
-        for line in out.lines() {
-            let Some((name, value)) = line.split_once('\t') else {
-                continue;
-            };
+        for (name, value) in created {
             let Some(short) = name.strip_prefix(&prefix) else {
                 continue;
             };
@@ -163,24 +201,10 @@ impl ZfsStore {
 
     /// Snapshots that clones depend on → those clones (in the whole pool).
     pub(super) fn dependents(&self) -> Result<HashMap<String, Vec<String>>> {
-        let out = zfs(&[
-            "list",
-            "-H",
-            "-o",
-            "name,origin",
-            "-t",
-            "filesystem",
-            "-r",
-            &self.pool,
-        ])?;
         let mut deps: HashMap<String, Vec<String>> = HashMap::new();
-        for line in out.lines() {
-            if let Some((name, origin)) = line.split_once('\t') {
-                if origin != "-" {
-                    deps.entry(origin.to_string())
-                        .or_default()
-                        .push(name.to_string());
-                }
+        for (name, origin) in file_systems(&self.pool, None, Some("origin"))? {
+            if origin != "-" {
+                deps.entry(origin).or_default().push(name);
             }
         }
         Ok(deps)
@@ -188,12 +212,12 @@ impl ZfsStore {
 
     pub(super) fn info(&self, key: &ContainerKey, name: &str) -> Result<SnapshotInfo> {
         let snap = self.snapshot_name(key, name)?;
-        let created = match zfs(&["get", "-H", "-p", "-o", "value", "creation", &snap]) {
+        let created = match value(&snap, "creation") {
             Ok(v) => v,
-            Err(e) if is_missing(&e) => return Err(not_found(key, name)),
+            Err(e) if is_missing(&e) => return Err(snapshot_not_found(key, name)),
             Err(e) => return Err(e),
         };
-        let secs = created.trim().parse::<u64>().map_err(|_| Error::Storage {
+        let secs = created.parse::<u64>().map_err(|_| Error::Storage {
             operation: "read a snapshot's creation time",
             message: format!("{snap}: {created:?}"),
         })?;
@@ -205,7 +229,7 @@ impl ZfsStore {
 
     /// Makes `<root>/containers/<ns>` for `key`.
     pub(super) fn ensure_parent(&self, key: &ContainerKey) -> Result<()> {
-        let ns = format!("{}/containers/{}", self.root, key.namespace());
+        let ns = format!("{}/{}", self.area(CONTAINERS), key.namespace());
         if self.exists(&ns)? {
             return Ok(());
         }
@@ -214,16 +238,12 @@ impl ZfsStore {
 
     /// The `@base` snapshot of the image's copy, made on first use.
     pub(super) fn image(&self, image: &ImageSource) -> Result<String> {
-        let dst = format!("{}/images/{}", self.root, image.key);
+        let dst = format!("{}/{}", self.area(IMAGES), image.key);
         let base = format!("{dst}@{BASE}");
         if self.exists(&base)? {
             return Ok(base);
         }
-        let work = format!(
-            "{}/tmp/{}",
-            self.root,
-            work::tmp_name(&format!("image-{}", image.key))
-        );
+        let work = self.tmp(&format!("image-{}", image.key));
         let mnt = self.tmp_dir.join(work::tmp_name("mnt"));
         std::fs::create_dir_all(&mnt).map_err(Error::io(format!("create {}", mnt.display())))?;
         let result = (|| {
@@ -260,7 +280,7 @@ impl ZfsStore {
     ) -> Result<PathBuf> {
         let ds = self.dataset(key)?;
         if self.exists(&ds)? {
-            return Err(already_exists(key));
+            return Err(tree_exists(key));
         }
         self.ensure_parent(key)?;
         let owner = owner.map(|o| format!("{OWNER}={}", o.display()));
@@ -272,7 +292,7 @@ impl ZfsStore {
         match zfs(&args) {
             Ok(_) => {}
             Err(e) if !matches!(e, Error::PoolFull { .. }) && self.exists(&ds)? => {
-                return Err(already_exists(key))
+                return Err(tree_exists(key))
             }
             Err(e) => return Err(e),
         }

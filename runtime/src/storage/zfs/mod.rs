@@ -58,15 +58,18 @@ mod reconcile;
 mod rollback;
 mod streams;
 
-use std::collections::HashSet;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, UNIX_EPOCH};
 
-use self::datasets::{is_missing, zfs};
+use self::datasets::{children, is_missing, value, zfs};
 use self::fuse::{served_by_fuse, zfs_unmounted};
+use self::streams::send;
+use super::names::{
+    self, snapshot_exists, snapshot_not_found, tree_exists, CONTAINERS, IMAGES, TMP,
+};
 use super::work::{self, Existing};
-use super::{fault, names, ContainerKey, ImageSource, ReconcileReport, SnapshotInfo, Store};
+use super::{fault, ContainerKey, ImageSource, ReconcileReport, SnapshotInfo, Store};
 use crate::config::Backend;
 use crate::{Error, Result};
 
@@ -82,6 +85,8 @@ const OWNER: &str = "crab:owner";
 const DELETED: &str = ".deleted.";
 /// The snapshot of an image that containers are cloned from.
 const BASE: &str = "base";
+/// Where destroyed containers wait for the clones of their snapshots to go.
+const RETIRED: &str = "retired";
 
 /// A ZFS pool (more precisely: the dataset in one that holds everything Crab stores).
 #[derive(Debug)]
@@ -104,17 +109,6 @@ fn check_len(name: &str) -> Result<()> {
     Ok(())
 }
 
-fn already_exists(key: &ContainerKey) -> Error {
-    Error::AlreadyExists(format!("{key} (its tree in the store)"))
-}
-
-fn not_found(key: &ContainerKey, name: &str) -> Error {
-    Error::SnapshotNotFound {
-        container: key.to_string(),
-        name: name.to_string(),
-    }
-}
-
 impl ZfsStore {
     /// Opens the store in dataset `root` (e.g. `crab/crab`), which must exist and have
     /// a mount point, and makes its top-level datasets if they are missing.
@@ -129,9 +123,9 @@ impl ZfsStore {
             )));
         }
         check_len(root)?;
-        match zfs(&["get", "-H", "-o", "value", "type", root]) {
-            Ok(t) if t.trim() == "filesystem" => {}
-            Ok(t) => return Err(bad(format!("{root} is a {}, not a file system", t.trim()))),
+        match value(root, "type") {
+            Ok(t) if t == "filesystem" => {}
+            Ok(t) => return Err(bad(format!("{root} is a {t}, not a file system"))),
             Err(e) if is_missing(&e) => {
                 return Err(bad(format!(
                     "dataset {root} does not exist (is its pool imported?)"
@@ -147,17 +141,14 @@ impl ZfsStore {
         };
         let at = store.mountpoint(root)?;
         store.fuse = served_by_fuse(&at)?;
-        let have: HashSet<String> = zfs(&["list", "-H", "-o", "name", "-d", "1", "-r", root])?
-            .lines()
-            .map(str::to_string)
-            .collect();
-        for child in ["images", "containers", "tmp", "retired"] {
-            let ds = format!("{root}/{child}");
+        let have = children(root)?;
+        for area in [IMAGES, CONTAINERS, TMP, RETIRED] {
+            let ds = store.area(area);
             if !have.contains(&ds) {
                 store.create_fs(&ds, &["-o", "atime=off"])?;
             }
         }
-        store.tmp_dir = store.mountpoint(&format!("{root}/tmp"))?;
+        store.tmp_dir = store.mountpoint(&store.area(TMP))?;
         Ok(store)
     }
 
@@ -168,9 +159,19 @@ impl ZfsStore {
 
     /// The container's dataset name.
     pub fn dataset(&self, key: &ContainerKey) -> Result<String> {
-        let ds = format!("{}/containers/{}/{}", self.root, key.namespace(), key.id());
+        let ds = format!("{}/{}", self.root, key.place(CONTAINERS));
         check_len(&ds)?;
         Ok(ds)
+    }
+
+    /// `<root>/<area>`: one of the store's top-level datasets.
+    fn area(&self, area: &str) -> String {
+        format!("{}/{area}", self.root)
+    }
+
+    /// A fresh `<root>/tmp/<pid>.<n>.<what>`, for work of this process.
+    fn tmp(&self, what: &str) -> String {
+        format!("{}/{}", self.area(TMP), work::tmp_name(what))
     }
 
     fn snapshot_name(&self, key: &ContainerKey, name: &str) -> Result<String> {
@@ -184,7 +185,7 @@ impl ZfsStore {
     fn existing_snapshot(&self, key: &ContainerKey, name: &str) -> Result<String> {
         let snap = self.snapshot_name(key, name)?;
         if !self.exists(&snap)? {
-            return Err(not_found(key, name));
+            return Err(snapshot_not_found(key, name));
         }
         Ok(snap)
     }
@@ -201,7 +202,7 @@ impl Store for ZfsStore {
             match work::existing_tree(st.owner.as_deref(), image.owner.as_deref()) {
                 Existing::Reuse if st.tree => return self.mount(&ds, &st),
                 Existing::Replace => self.destroy(key)?,
-                _ => return Err(already_exists(key)),
+                _ => return Err(tree_exists(key)),
             }
         }
         let base = self.image(image)?;
@@ -233,17 +234,13 @@ impl Store for ZfsStore {
         if !self.state(&ds)?.is_some_and(|st| st.tree) {
             return Err(Error::NoTree(key.to_string()));
         }
-        let taken = || Error::SnapshotExists {
-            container: key.to_string(),
-            name: name.to_string(),
-        };
         if self.exists(&snap)? {
-            return Err(taken());
+            return Err(snapshot_exists(key, name));
         }
         match zfs(&["snapshot", &snap]) {
             Ok(_) => {}
             Err(Error::Command { message, .. }) if message.contains("exists") => {
-                return Err(taken())
+                return Err(snapshot_exists(key, name))
             }
             Err(e) => return Err(e),
         }
@@ -310,7 +307,7 @@ impl Store for ZfsStore {
             if held {
                 // Clones use some of its snapshots: move it out of the way; what the
                 // clones do not use goes now, the rest with them.
-                let retired = format!("{}/retired/{}", self.root, work::tmp_name("retired"));
+                let retired = format!("{}/{}", self.area(RETIRED), work::tmp_name("retired"));
                 self.unmount(&ds)?;
                 zfs_unmounted(&["rename", &ds, &retired])?;
                 fault::point("zfs.destroy.retired");
@@ -328,8 +325,8 @@ impl Store for ZfsStore {
         if !self.state(&ds)?.is_some_and(|st| st.tree) {
             return Err(Error::NoTree(key.to_string()));
         }
-        let out = zfs(&["get", "-H", "-p", "-o", "value", "referenced", &ds])?;
-        out.trim().parse::<u64>().map_err(|_| Error::Storage {
+        let out = value(&ds, "referenced")?;
+        out.parse::<u64>().map_err(|_| Error::Storage {
             operation: "read space used",
             message: format!("{ds}: {out:?}"),
         })
@@ -342,7 +339,9 @@ impl Store for ZfsStore {
         parent: Option<&str>,
         out: &mut dyn Write,
     ) -> Result<()> {
-        self.send(key, name, parent, out)
+        let snap = self.existing_snapshot(key, name)?;
+        let parent = parent.map(|p| self.existing_snapshot(key, p)).transpose()?;
+        send(&snap, parent.as_deref(), out)
     }
 
     fn import(&self, key: &ContainerKey, input: &mut dyn Read) -> Result<SnapshotInfo> {

@@ -4,30 +4,19 @@
 
 use std::path::Path;
 
-use super::datasets::{is_missing, zfs};
-use super::{ZfsStore, DELETED, OWNER, ROLLBACK};
+use super::datasets::{children, is_missing, values_below, zfs};
+use super::{ZfsStore, DELETED, OWNER, RETIRED, ROLLBACK};
+use crate::storage::dirs::dead_work_in;
+use crate::storage::names::{self, CONTAINERS, TMP};
 use crate::storage::work::{owner_alive, pid_alive};
-use crate::storage::{names, ContainerKey, ReconcileReport, Store};
+use crate::storage::{ContainerKey, ReconcileReport, Store};
 use crate::{Error, Result};
 
 impl ZfsStore {
     /// Destroys what retired containers hold that no clone uses any more. Returns the
     /// names of what it destroyed.
     pub(super) fn collect_retired(&self) -> Result<Vec<String>> {
-        let retired = format!("{}/retired", self.root);
-        let list = zfs(&[
-            "list",
-            "-H",
-            "-o",
-            "name",
-            "-t",
-            "filesystem",
-            "-d",
-            "1",
-            "-r",
-            &retired,
-        ])?;
-        let datasets: Vec<&str> = list.lines().filter(|l| *l != retired).collect();
+        let datasets = children(&self.area(RETIRED))?;
         let mut removed = Vec::new();
         if datasets.is_empty() {
             return Ok(removed);
@@ -38,7 +27,7 @@ impl ZfsStore {
             Err(e) if is_missing(&e) => Ok(false),
             other => other.map(|()| true),
         };
-        for ds in datasets {
+        for ds in &datasets {
             let mut left = 0;
             for (s, _) in self.snapshots(ds)?.unwrap_or_default() {
                 let snap = format!("{ds}@{s}");
@@ -57,29 +46,17 @@ impl ZfsStore {
 
     /// Container datasets with a local value of `property` → that value.
     fn marked(&self, property: &str) -> Result<Vec<(String, String)>> {
-        let containers = format!("{}/containers", self.root);
-        let out = zfs(&[
-            "get",
-            "-H",
-            "-r",
-            "-s",
-            "local",
-            "-o",
-            "name,value",
-            property,
-            &containers,
-        ])?;
-        Ok(out
-            .lines()
-            .filter_map(|l| l.split_once('\t'))
-            .filter(|(ds, _)| !ds.contains('@'))
-            .map(|(ds, v)| (ds.to_string(), v.to_string()))
-            .collect())
+        Ok(
+            values_below(&self.area(CONTAINERS), property, &["-s", "local"])?
+                .into_iter()
+                .filter(|(ds, _)| !ds.contains('@'))
+                .collect(),
+        )
     }
 
     /// The key of a container dataset name.
     fn key_of(&self, ds: &str) -> Option<ContainerKey> {
-        let rest = ds.strip_prefix(&format!("{}/containers/", self.root))?;
+        let rest = ds.strip_prefix(&format!("{}/", self.area(CONTAINERS)))?;
         let (ns, id) = rest.split_once('/')?;
         ContainerKey::new(ns, id).ok()
     }
@@ -89,45 +66,26 @@ impl ZfsStore {
         let mut report = ReconcileReport::default();
         // Work of dead processes: datasets first (their mount points go with them),
         // then plain directories (the mount points of image copies).
-        let tmp = format!("{}/tmp", self.root);
-        let list = zfs(&[
-            "list",
-            "-H",
-            "-o",
-            "name",
-            "-t",
-            "filesystem",
-            "-d",
-            "1",
-            "-r",
-            &tmp,
-        ])?;
-        for ds in list.lines().filter(|l| *l != tmp) {
-            let short = ds.rsplit('/').next().unwrap_or(ds);
+        for ds in children(&self.area(TMP))? {
+            let short = ds.rsplit('/').next().unwrap_or(&ds);
             if owner_alive(short) {
                 continue;
             }
-            match self.destroy_fs(ds) {
-                Ok(()) => report.removed.push(ds.to_string()),
+            match self.destroy_fs(&ds) {
+                Ok(()) => report.removed.push(ds),
                 Err(e) if is_missing(&e) => {} // another reconcile was quicker
                 Err(e) => return Err(e),
             }
         }
-        if let Ok(entries) = std::fs::read_dir(&self.tmp_dir) {
-            for e in entries.flatten() {
-                let name = e.file_name().to_string_lossy().into_owned();
-                if owner_alive(&name) {
-                    continue;
-                }
-                let p = e.path();
-                let _ = nix::mount::umount2(&p, nix::mount::MntFlags::MNT_DETACH);
-                // Only ever an empty mount point: never remove what is in it (an image
-                // layer could still be mounted there).
-                match std::fs::remove_dir(&p) {
-                    Ok(()) => report.removed.push(p.display().to_string()),
-                    Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
-                    Err(err) => return Err(Error::io(format!("remove {}", p.display()))(err)),
-                }
+        for e in dead_work_in(&self.tmp_dir).unwrap_or_default() {
+            let p = e.path();
+            let _ = nix::mount::umount2(&p, nix::mount::MntFlags::MNT_DETACH);
+            // Only ever an empty mount point: never remove what is in it (an image
+            // layer could still be mounted there).
+            match std::fs::remove_dir(&p) {
+                Ok(()) => report.removed.push(p.display().to_string()),
+                Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+                Err(err) => return Err(Error::io(format!("remove {}", p.display()))(err)),
             }
         }
         // Interrupted rollbacks.
@@ -158,22 +116,9 @@ impl ZfsStore {
                 .push(format!("rollback of {key} to {name}"));
         }
         // Deleted snapshots whose deferred destruction was not asked for yet.
-        let containers = format!("{}/containers", self.root);
-        let deferred = zfs(&[
-            "get",
-            "-H",
-            "-r",
-            "-o",
-            "name,value",
-            "defer_destroy",
-            &containers,
-        ])?;
-        for line in deferred.lines() {
-            let Some((snap, value)) = line.split_once('\t') else {
-                continue;
-            };
+        for (snap, value) in values_below(&self.area(CONTAINERS), "defer_destroy", &[])? {
             if snap.contains(&format!("@{DELETED}")) && value.trim() == "off" {
-                zfs(&["destroy", "-d", snap])?;
+                zfs(&["destroy", "-d", &snap])?;
                 report.completed.push(format!("deletion of {snap}"));
             }
         }

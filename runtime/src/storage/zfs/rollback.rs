@@ -15,8 +15,9 @@ use std::path::Path;
 
 use super::datasets::zfs;
 use super::fuse::{coarse_times, drop_changed_since};
-use super::{not_found, ZfsStore, ROLLBACK, TREE};
-use crate::storage::{fault, tree, work, ContainerKey};
+use super::{ZfsStore, ROLLBACK, TREE};
+use crate::storage::names::snapshot_not_found;
+use crate::storage::{fault, tree, ContainerKey};
 use crate::{Error, Result};
 
 impl ZfsStore {
@@ -24,10 +25,14 @@ impl ZfsStore {
     pub(super) fn rollback_to(&self, key: &ContainerKey, name: &str) -> Result<()> {
         let snap = self.snapshot_name(key, name)?;
         let ds = self.dataset(key)?;
-        let st = self.state(&ds)?.ok_or_else(|| not_found(key, name))?;
-        let snaps = self.snapshots(&ds)?.ok_or_else(|| not_found(key, name))?;
+        let st = self
+            .state(&ds)?
+            .ok_or_else(|| snapshot_not_found(key, name))?;
+        let snaps = self
+            .snapshots(&ds)?
+            .ok_or_else(|| snapshot_not_found(key, name))?;
         let Some(pos) = snaps.iter().position(|s| s.0 == name) else {
-            return Err(not_found(key, name));
+            return Err(snapshot_not_found(key, name));
         };
         // zfs-fuse rolls a mounted file system back under the kernel's FUSE caches:
         // entries still cached (a process's cwd, a file open a moment ago) then name
@@ -73,7 +78,7 @@ impl ZfsStore {
         let (view, clone) = if !self.fuse && served.is_dir() && dev(&served) != dev(live) {
             (served, None)
         } else {
-            let clone = format!("{}/tmp/{}", self.root, work::tmp_name("view"));
+            let clone = self.tmp("view");
             zfs(&["clone", "-o", "readonly=on", snap, &clone])?;
             match self.mountpoint(&clone) {
                 Ok(p) => (p, Some(clone)),

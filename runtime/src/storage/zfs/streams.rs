@@ -16,8 +16,9 @@ use std::io::{Read, Write};
 
 use super::datasets::zfs;
 use super::fuse::{zfs_unmounted, DaemonTurn};
-use super::{already_exists, ZfsStore, TREE};
-use crate::storage::{cmd, fault, work, ContainerKey, SnapshotInfo};
+use super::{ZfsStore, TREE};
+use crate::storage::names::{snapshot_exists, tree_exists};
+use crate::storage::{cmd, fault, ContainerKey, SnapshotInfo};
 use crate::{Error, Result};
 
 /// What the first record of a `zfs send` stream says.
@@ -98,28 +99,20 @@ fn read_stream_head(input: &mut dyn Read) -> Result<[u8; STREAM_HEAD_LEN]> {
     Ok(b)
 }
 
-impl ZfsStore {
-    /// Writes snapshot `name` of `key` as a `zfs send` stream, incremental from
-    /// `parent` if given.
-    pub(super) fn send(
-        &self,
-        key: &ContainerKey,
-        name: &str,
-        parent: Option<&str>,
-        out: &mut dyn Write,
-    ) -> Result<()> {
-        let snap = self.existing_snapshot(key, name)?;
-        let parent = parent.map(|p| self.existing_snapshot(key, p)).transpose()?;
-        let mut args = vec!["send"];
-        if let Some(p) = &parent {
-            args.extend(["-i", p.as_str()]);
-        }
-        args.push(&snap);
-        let _turn = DaemonTurn::take()?;
-        cmd::run_with_output("zfs", &args, out)
+/// Writes snapshot `snap` (a full name) as a `zfs send` stream, incremental from the
+/// earlier snapshot `parent` if given.
+pub(super) fn send(snap: &str, parent: Option<&str>, out: &mut dyn Write) -> Result<()> {
+    let mut args = vec!["send"];
+    if let Some(p) = parent {
+        args.extend(["-i", p]);
     }
+    args.push(snap);
+    let _turn = DaemonTurn::take()?;
+    cmd::run_with_output("zfs", &args, out)
+}
 
-    /// Receives a stream written by [`ZfsStore::send`] as a snapshot of `key`.
+impl ZfsStore {
+    /// Receives a stream written by [`send`] as a snapshot of `key`.
     pub(super) fn receive(&self, key: &ContainerKey, input: &mut dyn Read) -> Result<SnapshotInfo> {
         let ds = self.dataset(key)?;
         let head_bytes = read_stream_head(input)?;
@@ -152,10 +145,7 @@ impl ZfsStore {
         stream: &mut dyn Read,
     ) -> Result<SnapshotInfo> {
         if self.exists(snap)? {
-            return Err(Error::SnapshotExists {
-                container: key.to_string(),
-                name: name.to_string(),
-            });
+            return Err(snapshot_exists(key, name));
         }
         // Receiving changes the file system in place: on zfs-fuse, not under the
         // kernel's caches of a mounted tree (see `rollback_to`).
@@ -194,7 +184,7 @@ impl ZfsStore {
         name: &str,
         stream: &mut dyn Read,
     ) -> Result<SnapshotInfo> {
-        let work = format!("{}/tmp/{}", self.root, work::tmp_name("receive"));
+        let work = self.tmp("receive");
         let result = (|| {
             {
                 let _turn = DaemonTurn::take()?;
@@ -208,7 +198,7 @@ impl ZfsStore {
             match zfs_unmounted(&["rename", &work, ds]) {
                 Ok(_) => {}
                 Err(e) if !matches!(e, Error::PoolFull { .. }) && self.exists(ds)? => {
-                    return Err(already_exists(key))
+                    return Err(tree_exists(key))
                 }
                 Err(e) => return Err(e),
             }
