@@ -212,13 +212,11 @@ impl Store for BtrfsStore {
 
     fn prepare(&self, key: &ContainerKey, image: &ImageSource) -> Result<PathBuf> {
         let live = self.live(key);
-        if live.exists() {
-            let recorded = work::read_owner(&self.owner_file(key));
-            match work::existing_tree(recorded.as_deref(), image.owner.as_deref()) {
-                work::Existing::Reuse => return Ok(live),
-                work::Existing::Replace => self.destroy(key)?,
-                work::Existing::Conflict => return Err(names::tree_exists(key)),
-            }
+        match self.existing(key, image)? {
+            Some(work::Existing::Reuse) => return Ok(live),
+            Some(work::Existing::Replace) => self.destroy(key)?,
+            Some(work::Existing::Conflict) => return Err(names::tree_exists(key)),
+            None => {}
         }
         let base = self.image(image)?;
         mkdirs(live.parent().expect("has a parent"))?;
@@ -301,14 +299,8 @@ impl Store for BtrfsStore {
     }
 
     fn existing(&self, key: &ContainerKey, image: &ImageSource) -> Result<Option<work::Existing>> {
-        if !self.live(key).exists() {
-            return Ok(None);
-        }
-        let recorded = work::read_owner(&self.owner_file(key));
-        Ok(Some(work::existing_tree(
-            recorded.as_deref(),
-            image.owner.as_deref(),
-        )))
+        let (live, owner) = (self.live(key), self.owner_file(key));
+        Ok(work::existing_at(&live, &owner, image.owner.as_deref()))
     }
 
     fn set_owner(&self, key: &ContainerKey, owner: &Path) -> Result<()> {

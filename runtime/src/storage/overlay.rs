@@ -292,13 +292,11 @@ impl Store for OverlayStore {
 
     fn prepare(&self, key: &ContainerKey, image: &ImageSource) -> Result<PathBuf> {
         let dir = self.dir(key);
-        if dir.exists() {
-            let recorded = work::read_owner(&dir.join("owner"));
-            match work::existing_tree(recorded.as_deref(), image.owner.as_deref()) {
-                work::Existing::Reuse => return self.ensure_mounted(key),
-                work::Existing::Replace => self.destroy(key)?,
-                work::Existing::Conflict => return Err(names::tree_exists(key)),
-            }
+        match self.existing(key, image)? {
+            Some(work::Existing::Reuse) => return self.ensure_mounted(key),
+            Some(work::Existing::Replace) => self.destroy(key)?,
+            Some(work::Existing::Conflict) => return Err(names::tree_exists(key)),
+            None => {}
         }
         let merged = self.create_tree(key, &image.layers, None)?;
         if let Some(owner) = &image.owner {
@@ -381,14 +379,11 @@ impl Store for OverlayStore {
 
     fn existing(&self, key: &ContainerKey, image: &ImageSource) -> Result<Option<work::Existing>> {
         let dir = self.dir(key);
-        if !dir.exists() {
-            return Ok(None);
-        }
-        let recorded = work::read_owner(&dir.join("owner"));
-        Ok(Some(work::existing_tree(
-            recorded.as_deref(),
+        Ok(work::existing_at(
+            &dir,
+            &dir.join("owner"),
             image.owner.as_deref(),
-        )))
+        ))
     }
 
     fn set_owner(&self, key: &ContainerKey, owner: &Path) -> Result<()> {
