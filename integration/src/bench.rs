@@ -1,61 +1,13 @@
-//! What the bench binaries share: argument parsing, timing, percentiles, formatting.
+//! What the bench binaries share: argument parsing ([`args`]), timing, percentiles,
+//! formatting.
 
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use crate::{ctr_run, text};
 
-/// `--name value` pairs from the command line, checked against `known` (name, default).
-pub struct Args(HashMap<String, String>);
+pub mod args;
 
-impl Args {
-    /// Parses `std::env::args()`; panics with a usage line on an unknown flag.
-    pub fn parse(known: &[(&str, &str)]) -> Args {
-        let mut map: HashMap<String, String> = known
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        let argv: Vec<String> = std::env::args().skip(1).collect();
-        for pair in argv.chunks(2) {
-            let name = pair[0].trim_start_matches("--");
-            if !map.contains_key(name) || pair.len() < 2 {
-                let usage: Vec<String> =
-                    known.iter().map(|(k, v)| format!("[--{k} {v}]")).collect();
-                panic!("bad argument {:?}; usage: {}", pair[0], usage.join(" "));
-            }
-            map.insert(name.to_string(), pair[1].clone());
-        }
-        Args(map)
-    }
-
-    /// A numeric argument.
-    pub fn number(&self, name: &str) -> usize {
-        self.0[name]
-            .parse()
-            .unwrap_or_else(|_| panic!("--{name} needs a number"))
-    }
-
-    /// A comma-separated list of words.
-    pub fn words(&self, name: &str) -> Vec<String> {
-        self.0[name]
-            .split(',')
-            .map(|v| v.trim().to_string())
-            .filter(|v| !v.is_empty())
-            .collect()
-    }
-
-    /// A comma-separated list of numbers.
-    pub fn numbers(&self, name: &str) -> Vec<usize> {
-        self.0[name]
-            .split(',')
-            .map(|v| {
-                v.trim()
-                    .parse()
-                    .unwrap_or_else(|_| panic!("--{name}: {v:?}"))
-            })
-            .collect()
-    }
-}
+pub use args::{Iterations, List, Quick};
 
 /// Times `ctr ARGS`, which must succeed.
 pub fn time_ctr(args: &[&str], timeout: Duration) -> Duration {
@@ -92,6 +44,20 @@ pub fn percentile_index(len: usize, p: f64) -> usize {
 /// The `p` quantile (0 to 1) of `sorted` (which must not be empty), by nearest rank.
 pub fn nearest_rank<T: Copy>(sorted: &[T], p: f64) -> T {
     sorted[percentile_index(sorted.len(), p)]
+}
+
+/// `v` sorted, in the total order of floats.
+pub fn sorted(mut v: Vec<f64>) -> Vec<f64> {
+    v.sort_by(f64::total_cmp);
+    v
+}
+
+/// The `p` quantile (0 to 1) of `sorted` by nearest rank; 0 when it is empty.
+pub fn pct(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    nearest_rank(sorted, p)
 }
 
 /// Milliseconds with one decimal.

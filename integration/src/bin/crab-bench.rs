@@ -7,8 +7,19 @@
 
 use std::time::Duration;
 
+use clap::Parser;
 use crab_integration::bench::*;
 use crab_integration::*;
+
+/// Start-up, exec and shim memory of crab next to runc.
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    iterations: Iterations<30>,
+    /// Running containers per runtime for the memory figure.
+    #[arg(long, value_name = "K", default_value_t = 10)]
+    containers: usize,
+}
 
 fn time_ok(args: &[&str]) -> Duration {
     time_ctr(args, Duration::from_secs(60))
@@ -78,8 +89,8 @@ fn shim_memory(k: usize) -> (f64, f64) {
 }
 
 fn main() {
-    let a = Args::parse(&[("iterations", "30"), ("containers", "10")]);
-    let (iterations, containers) = (a.number("iterations"), a.number("containers"));
+    let cli = Cli::parse();
+    let (iterations, containers) = (cli.iterations.iterations, cli.containers);
     // Warm up both runtimes (page cache, snapshotter).
     let _ = start_latency(2);
     let (sc, sr) = start_latency(iterations);

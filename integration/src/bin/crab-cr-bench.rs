@@ -8,8 +8,19 @@
 
 use std::time::Duration;
 
+use clap::Parser;
 use crab_integration::bench::*;
 use crab_integration::*;
+
+/// Checkpoint and restore through containerd, crab next to runc.
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    iterations: Iterations<5>,
+    /// Written memory of the workload, MB (comma-separated).
+    #[arg(long, value_name = "MB,...", default_value = "10,100,500")]
+    sizes: List<usize>,
+}
 
 const TIMEOUT: Duration = Duration::from_secs(300);
 
@@ -70,13 +81,13 @@ fn one(runtime: &str, mb: usize) -> Sample {
 }
 
 fn main() {
-    let a = Args::parse(&[("iterations", "5"), ("sizes", "10,100,500")]);
-    let (iterations, sizes) = (a.number("iterations"), a.numbers("sizes"));
+    let cli = Cli::parse();
+    let (iterations, sizes) = (cli.iterations.iterations, cli.sizes);
     let _ = one(CRAB, 1);
     let _ = one(RUNC, 1);
     println!("| written memory | measure | crab | runc | crab / runc |");
     println!("|---|---|---|---|---|");
-    for mb in sizes {
+    for &mb in sizes.iter() {
         let (mut crab, mut runc) = (Vec::new(), Vec::new());
         for _ in 0..iterations {
             crab.push(one(CRAB, mb));

@@ -22,13 +22,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
-use crab_integration::bench::{percentile_index, stats};
+use clap::Parser;
+use crab_integration::bench::{cores, percentile_index, stats, Iterations, Quick};
 use crab_integration::*;
 use crab_runtime::config::{Backend, Config};
 use crab_runtime::storage::{self, ContainerKey, Store, BACKEND_ANNOTATION};
 
 /// Backends measured when `--backend` is not given.
-const DEFAULT_BACKENDS: &[&str] = &["btrfs"];
+const DEFAULT_BACKENDS: &str = "btrfs";
 
 /// The targets the figures are reported against (set for btrfs; not asserted).
 const TARGET_SNAPSHOT_MS: f64 = 10.0;
@@ -38,20 +39,34 @@ const TARGET_CLONE_MS: f64 = 30.0;
 /// Writing 1 GB or 10 000 files, or checkpointing them, takes a while on 2 cores.
 const SLOW: Duration = Duration::from_secs(1800);
 
+/// File-system snapshot figures of crab's store next to containerd's and runc's.
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    iterations: Iterations<5>,
+    // --quick skips the 1 GB and 10 000-file workloads.
+    #[command(flatten)]
+    quick: Quick,
+    /// Storage backends to measure (comma-separated, or the flag again).
+    #[arg(
+        long = "backend",
+        value_name = "NAME,...",
+        value_delimiter = ',',
+        default_value = DEFAULT_BACKENDS,
+        value_parser = parse_backend
+    )]
+    backends: Vec<Backend>,
+    /// Where the tar archives go [default: the temporary directory].
+    #[arg(long, value_name = "DIR")]
+    tmp_dir: Option<PathBuf>,
+}
+
+/// What the command line asks for.
 struct Args {
     iterations: usize,
     quick: bool,
     backends: Vec<Backend>,
     tmp_dir: PathBuf,
-}
-
-fn usage() -> ! {
-    eprintln!(
-        "usage: crab-fs-bench [--iterations N] [--quick] [--backend NAME[,NAME...]] \
-         [--tmp-dir DIR]\n  default: --iterations 5 --backend {}",
-        DEFAULT_BACKENDS.join(",")
-    );
-    std::process::exit(2)
 }
 
 fn parse_backend(name: &str) -> Result<Backend> {
@@ -66,48 +81,20 @@ fn backend_name(b: Backend) -> String {
         .to_string()
 }
 
-fn parse_args() -> Result<Args> {
-    let mut a = Args {
-        iterations: 5,
-        quick: false,
-        backends: Vec::new(),
-        tmp_dir: std::env::temp_dir(),
-    };
-    let argv: Vec<String> = std::env::args().skip(1).collect();
-    let mut i = 0;
-    while i < argv.len() {
-        let value = || argv.get(i + 1).cloned().unwrap_or_else(|| usage());
-        match argv[i].as_str() {
-            "--iterations" => {
-                a.iterations = value().parse().unwrap_or_else(|_| usage());
-                ensure!(a.iterations > 0, "--iterations must be at least 1");
-                i += 1;
-            }
-            "--quick" => a.quick = true,
-            "--backend" => {
-                for name in value().split(',').filter(|n| !n.is_empty()) {
-                    let b = parse_backend(name)?;
-                    if !a.backends.contains(&b) {
-                        a.backends.push(b);
-                    }
-                }
-                i += 1;
-            }
-            "--tmp-dir" => {
-                a.tmp_dir = PathBuf::from(value());
-                i += 1;
-            }
-            "-h" | "--help" => usage(),
-            other => bail!("unknown argument {other} (see --help)"),
-        }
-        i += 1;
-    }
-    if a.backends.is_empty() {
-        for name in DEFAULT_BACKENDS {
-            a.backends.push(parse_backend(name)?);
+fn parse_args() -> Args {
+    let cli = Cli::parse();
+    let mut backends: Vec<Backend> = Vec::new();
+    for b in cli.backends {
+        if !backends.contains(&b) {
+            backends.push(b);
         }
     }
-    Ok(a)
+    Args {
+        iterations: cli.iterations.iterations,
+        quick: cli.quick.quick,
+        backends,
+        tmp_dir: cli.tmp_dir.unwrap_or_else(std::env::temp_dir),
+    }
 }
 
 // ---------------------------------------------------------------------------------
@@ -629,9 +616,7 @@ fn measure(
 // Report.
 
 fn machine() -> String {
-    let cores = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(0);
+    let cores = cores();
     let mem_gib = std::fs::read_to_string("/proc/meminfo")
         .unwrap_or_default()
         .lines()
@@ -796,7 +781,7 @@ fn report_backend(backend: Backend, pool: &str, rows: &[Row]) {
 }
 
 fn main() -> Result<()> {
-    let a = parse_args()?;
+    let a = parse_args();
     catch_signals()?;
     ensure!(
         nix::unistd::geteuid().is_root(),

@@ -30,9 +30,29 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
+use clap::Parser;
 use crab_integration::bench::*;
 use crab_integration::*;
 use crab_runtime::config::Config;
+
+/// The eBPF inspector's cost.
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    iterations: Iterations<9>,
+    /// Watched containers on the host, one table row each (comma-separated).
+    #[arg(long, value_name = "K,...", default_value = "1,32")]
+    containers: List<usize>,
+    /// Workloads to time (comma-separated).
+    #[arg(
+        long,
+        value_name = "NAME,...",
+        value_delimiter = ',',
+        default_value = "build,writes,syscalls,find",
+        value_parser = ["build", "writes", "syscalls", "find"]
+    )]
+    workloads: Vec<String>,
+}
 
 const WORKLOAD: &str = r#"
 import compileall, os, shutil, subprocess, sys, time
@@ -100,8 +120,7 @@ fn cpu_used(id: &str) -> Duration {
 /// Percent changes at the 25th, 50th and 75th percentile of the ratios
 /// `on[i] / off[i]` (one pair per iteration).
 fn paired(on: &[Duration], off: &[Duration]) -> [f64; 3] {
-    let mut r: Vec<f64> = on.iter().zip(off).map(|(a, b)| ratio(*a, *b)).collect();
-    r.sort_by(f64::total_cmp);
+    let r = sorted(on.iter().zip(off).map(|(a, b)| ratio(*a, *b)).collect());
     [0.25, 0.5, 0.75].map(|p| (nearest_rank(&r, p) - 1.0) * 100.0)
 }
 
@@ -228,13 +247,8 @@ fn kernel_cost(
 }
 
 fn main() {
-    let a = Args::parse(&[
-        ("iterations", "9"),
-        ("containers", "1,32"),
-        ("workloads", "build,writes,syscalls,find"),
-    ]);
-    let (n, densities) = (a.number("iterations"), a.numbers("containers"));
-    let workloads = a.words("workloads");
+    let cli = Cli::parse();
+    let (n, densities, workloads) = (cli.iterations.iterations, cli.containers, cli.workloads);
     let config = Config::default();
     let insp = crab_runtime::inspect::inspector(&config).expect("the inspector loads");
     let g = Guard::run_detached(CRAB, PYTHON, &[], &["sleep", "infinity"]);
@@ -246,7 +260,7 @@ fn main() {
         "| workload | watched containers | not watched (median) | watched (median) | wall-clock slowdown (middle half) | CPU-time slowdown (middle half) |"
     );
     println!("|---|---|---|---|---|---|");
-    for &d in &densities {
+    for &d in densities.iter() {
         while others.len() + 1 < d {
             let o = Guard::run_detached(CRAB, PYTHON, &[], &["sleep", "infinity"]);
             // Checkpointed once, so that the inspector records for it.

@@ -10,8 +10,19 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use clap::Parser;
 use crab_integration::bench::*;
 use crab_integration::*;
+
+/// Crab's own operations through `crabctl`.
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    iterations: Iterations<10>,
+    /// Clones per fork (comma-separated).
+    #[arg(long, value_name = "K,...", default_value = "1,10,50")]
+    forks: List<usize>,
+}
 
 const COUNTER: &str = "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.2; done";
 
@@ -40,8 +51,8 @@ fn second_containerd(action: &str) {
 }
 
 fn main() {
-    let a = Args::parse(&[("iterations", "10"), ("forks", "1,10,50")]);
-    let (n, forks) = (a.number("iterations"), a.numbers("forks"));
+    let cli = Cli::parse();
+    let (n, forks) = (cli.iterations.iterations, cli.forks);
     let g = Guard::run_detached(CRAB, BUSYBOX, &[], &["sh", "-c", COUNTER]);
     std::thread::sleep(Duration::from_secs(1));
     println!("| operation (small container) | median | p95 | |");
@@ -74,7 +85,7 @@ fn main() {
         "same task, new init",
     );
 
-    for k in forks {
+    for &k in forks.iter() {
         let prefix = unique_id("bf");
         let guards: Vec<Guard> = (1..=k)
             .map(|i| Guard::new(&format!("{prefix}-{i}")))

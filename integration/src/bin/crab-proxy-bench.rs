@@ -10,12 +10,12 @@
 //!    finished within the LLM's think time, and how long answers were held.
 //! 3. **density**: the same with 1, 8, 32... containers turning at once.
 //!
-//! `crab-proxy-bench [--requests 2000] [--chunks 100] [--think 0.5,2,5] [--turns 10]
-//! [--containers 1,8,32] [--density-think 2] [--parts latency,hidden,density] [--quick]`;
+//! `crab-proxy-bench [--requests 2000] [--chunks 100] [--streams 20] [--think 0.5,2,5]
+//! [--turns 10] [--containers 1,8,32] [--density-think 2] [--parts latency,hidden,density]
+//! [--quick]` (`--help` lists them);
 //! the container parts need the private containerd of `hack/containerd.sh`
 //! (see `hack/bench.sh proxy`).
 
-use std::collections::HashMap;
 use std::convert::Infallible;
 use std::io::Write;
 use std::net::TcpListener;
@@ -25,7 +25,8 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use crab_integration::bench::{cores, nearest_rank};
+use clap::Parser;
+use crab_integration::bench::{cores, pct, sorted, List, Quick};
 use crab_integration::*;
 use crab_proxy::{Boundary, Gate, Proxy, Upstream};
 use crab_runtime::checkpoint::stats::{Summary, TurnStats};
@@ -39,85 +40,50 @@ use serde_json::Value;
 
 // ---------------------------------------------------------------- arguments
 
-/// `--name value` pairs and the `--quick` flag.
-struct Opts {
-    values: HashMap<String, String>,
-    quick: bool,
+/// The turn proxy's costs.
+#[derive(Parser)]
+struct Cli {
+    /// Requests of each kind, for the latency part [default: 2000; --quick: 500]
+    #[arg(long, value_name = "N")]
+    requests: Option<usize>,
+    /// SSE chunks per streamed answer, for the latency part.
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    chunks: usize,
+    /// Streamed answers, for the latency part [default: 20; --quick: 5]
+    #[arg(long, value_name = "N")]
+    streams: Option<usize>,
+    /// The LLM's think times in seconds, one row each, for the hidden part
+    /// [default: 0.5,2,5; --quick: 0.5,2]
+    #[arg(long, value_name = "S,...")]
+    think: Option<List<f64>>,
+    /// Turns per container, for the hidden and density parts [default: 10; --quick: 6]
+    #[arg(long, value_name = "N")]
+    turns: Option<usize>,
+    /// Containers turning at once, one row each, for the density part
+    /// [default: 1,8,32; --quick: 1,8]
+    #[arg(long, value_name = "K,...")]
+    containers: Option<List<usize>>,
+    /// The LLM's think time in seconds, for the density part.
+    #[arg(long, value_name = "S", default_value_t = 2.0)]
+    density_think: f64,
+    /// The parts to run.
+    #[arg(
+        long,
+        value_name = "PART,...",
+        value_delimiter = ',',
+        default_value = "latency,hidden,density"
+    )]
+    parts: Vec<Part>,
+    #[command(flatten)]
+    quick: Quick,
 }
 
-impl Opts {
-    fn parse(known: &[(&str, &str)]) -> Opts {
-        let usage = || {
-            let u: Vec<String> = known.iter().map(|(k, v)| format!("[--{k} {v}]")).collect();
-            format!("usage: crab-proxy-bench {} [--quick]", u.join(" "))
-        };
-        let mut values: HashMap<String, String> = known
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        let mut quick = false;
-        let mut argv = std::env::args().skip(1);
-        while let Some(a) = argv.next() {
-            let name = a.trim_start_matches("--");
-            if name == "quick" {
-                quick = true;
-                continue;
-            }
-            match (values.contains_key(name), argv.next()) {
-                (true, Some(v)) => {
-                    values.insert(name.to_string(), v);
-                }
-                _ => panic!("bad argument {a:?}; {}", usage()),
-            }
-        }
-        Opts { values, quick }
-    }
-
-    fn given(&self, name: &str) -> bool {
-        std::env::args().any(|a| a.trim_start_matches("--") == name)
-    }
-
-    /// `name`, or `quick` in quick mode unless `name` was given.
-    fn pick(&self, name: &str, quick: &str) -> String {
-        if self.quick && !self.given(name) {
-            quick.to_string()
-        } else {
-            self.values[name].clone()
-        }
-    }
-
-    fn list<T: std::str::FromStr>(&self, name: &str, quick: &str) -> Vec<T> {
-        self.pick(name, quick)
-            .split(',')
-            .filter(|v| !v.trim().is_empty())
-            .map(|v| {
-                v.trim()
-                    .parse()
-                    .unwrap_or_else(|_| panic!("--{name}: {v:?}"))
-            })
-            .collect()
-    }
-
-    fn number(&self, name: &str, quick: &str) -> usize {
-        let v = self.pick(name, quick);
-        v.parse()
-            .unwrap_or_else(|_| panic!("--{name} needs a number, not {v:?}"))
-    }
-}
-
-// ---------------------------------------------------------------- statistics
-
-/// Nearest-rank percentile `q` of sorted `v` (0 when empty).
-fn pct(v: &[f64], q: f64) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    nearest_rank(v, q)
-}
-
-fn sorted(mut v: Vec<f64>) -> Vec<f64> {
-    v.sort_by(f64::total_cmp);
-    v
+/// A part of the bench (see the module docs).
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum Part {
+    Latency,
+    Hidden,
+    Density,
 }
 
 // ---------------------------------------------------------------- 1. added latency
@@ -729,40 +695,29 @@ fn density(sizes: &[usize], turns: usize, think: f64) {
 }
 
 fn main() {
-    let o = Opts::parse(&[
-        ("requests", "2000"),
-        ("chunks", "100"),
-        ("streams", "20"),
-        ("think", "0.5,2,5"),
-        ("turns", "10"),
-        ("containers", "1,8,32"),
-        ("density-think", "2"),
-        ("parts", "latency,hidden,density"),
-    ]);
-    let parts: Vec<String> = o.list("parts", "latency,hidden,density");
-    let think: f64 = o
-        .pick("density-think", "2")
-        .parse()
-        .expect("--density-think");
-    for part in &parts {
-        match part.as_str() {
-            "latency" => {
+    let cli = Cli::parse();
+    let q = cli.quick;
+    let turns = q.or(cli.turns, 10, 6);
+    let think = q.or(cli.think, List(vec![0.5, 2.0, 5.0]), List(vec![0.5, 2.0]));
+    let sizes = q.or(cli.containers, List(vec![1, 8, 32]), List(vec![1, 8]));
+    for part in &cli.parts {
+        match part {
+            Part::Latency => {
                 println!("### Added latency\n");
                 added_latency(
-                    o.number("requests", "500"),
-                    o.number("chunks", "100"),
-                    o.number("streams", "5"),
+                    q.or(cli.requests, 2000, 500),
+                    cli.chunks,
+                    q.or(cli.streams, 20, 5),
                 );
             }
-            "hidden" => {
+            Part::Hidden => {
                 println!("\n### Hidden checkpoints\n");
-                hidden_checkpoints(&o.list("think", "0.5,2"), o.number("turns", "6"));
+                hidden_checkpoints(&think, turns);
             }
-            "density" => {
+            Part::Density => {
                 println!("\n### Gating at density\n");
-                density(&o.list("containers", "1,8"), o.number("turns", "6"), think);
+                density(&sizes, turns, cli.density_think);
             }
-            other => panic!("--parts: unknown part {other:?} (latency, hidden, density)"),
         }
     }
 }

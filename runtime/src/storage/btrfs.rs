@@ -12,6 +12,8 @@ use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
+use super::dirs::{complete_snapshots, mkdirs, read_dir_lossy, write_durably, PoolDirs};
+use super::names::{CONTAINERS, IMAGES, SNAPSHOTS, TMP};
 use super::{
     btrfs_ioctl as ioctl, cmd, fault, names, send_stream, tree, work, ContainerKey, ImageSource,
     ReconcileReport, SnapshotInfo, Store,
@@ -24,11 +26,7 @@ const BTRFS_SUPER_MAGIC: i64 = 0x9123_683E;
 /// A btrfs pool.
 #[derive(Debug)]
 pub struct BtrfsStore {
-    root: PathBuf,
-}
-
-fn mkdirs(p: &Path) -> Result<()> {
-    std::fs::create_dir_all(p).map_err(Error::io(format!("create {}", p.display())))
+    dirs: PoolDirs,
 }
 
 impl BtrfsStore {
@@ -43,64 +41,43 @@ impl BtrfsStore {
                 message: format!("{} is not a btrfs file system", root.display()),
             });
         }
-        for d in ["images", "containers", "snapshots", "tmp"] {
-            mkdirs(&root.join(d))?;
-        }
-        Ok(BtrfsStore { root })
+        let dirs = PoolDirs::open(root, &[IMAGES, CONTAINERS, SNAPSHOTS, TMP])?;
+        Ok(BtrfsStore { dirs })
     }
 
     fn live(&self, key: &ContainerKey) -> PathBuf {
-        self.root
-            .join("containers")
-            .join(key.namespace())
-            .join(key.id())
+        self.dirs.container(key)
     }
 
     fn marker(&self, key: &ContainerKey) -> PathBuf {
-        self.root
-            .join("containers")
-            .join(key.namespace())
-            .join(format!("{}.rollback", key.id()))
+        self.dirs.beside(key, "rollback")
     }
 
     /// Records which containerd writable layer the tree belongs to.
     fn owner_file(&self, key: &ContainerKey) -> PathBuf {
-        self.root
-            .join("containers")
-            .join(key.namespace())
-            .join(format!("{}.owner", key.id()))
-    }
-
-    fn snapshots_dir(&self, key: &ContainerKey) -> PathBuf {
-        self.root
-            .join("snapshots")
-            .join(key.namespace())
-            .join(key.id())
-    }
-
-    fn snapshot_path(&self, key: &ContainerKey, name: &str) -> Result<PathBuf> {
-        names::check_snapshot_name(name)?;
-        Ok(self.snapshots_dir(key).join(name))
+        self.dirs.beside(key, "owner")
     }
 
     fn existing_snapshot(&self, key: &ContainerKey, name: &str) -> Result<PathBuf> {
-        let p = self.snapshot_path(key, name)?;
+        let p = self.dirs.snapshot(key, name)?;
         if !is_snapshot(&p) {
-            return Err(Error::SnapshotNotFound {
-                container: key.to_string(),
-                name: name.to_string(),
-            });
+            return Err(names::snapshot_not_found(key, name));
         }
         Ok(p)
     }
 
     fn tmp(&self, what: &str) -> PathBuf {
-        self.root.join("tmp").join(work::tmp_name(what))
+        self.dirs.tmp(what)
+    }
+
+    /// The read-only copy of the image with key `image`.
+    fn image_copy(&self, image: &str) -> PathBuf {
+        self.dirs.area(IMAGES).join(image)
     }
 
     /// The read-only copy of `image`, made on first use.
     fn image(&self, image: &ImageSource) -> Result<PathBuf> {
-        let dst = self.root.join("images").join(&image.key);
+        let dst = self.image_copy(&image.key);
         if ioctl::is_subvolume(&dst) {
             return Ok(dst);
         }
@@ -134,7 +111,7 @@ impl BtrfsStore {
 
     /// Names of every subvolume in the container's snapshots dir (complete or not).
     fn snapshot_names(&self, key: &ContainerKey) -> Result<Vec<String>> {
-        let dir = self.snapshots_dir(key);
+        let dir = self.dirs.snapshots(key);
         Ok(std::fs::read_dir(&dir)
             .map_err(Error::io(format!("read {}", dir.display())))?
             .flatten()
@@ -222,7 +199,7 @@ impl Store for BtrfsStore {
         key: &ContainerKey,
         image: &ImageSource,
     ) -> Result<Option<BTreeSet<String>>> {
-        let (base, live) = (self.root.join("images").join(&image.key), self.live(key));
+        let (base, live) = (self.image_copy(&image.key), self.live(key));
         if !ioctl::is_subvolume(&base) || !ioctl::is_subvolume(&live) {
             return Ok(None);
         }
@@ -235,17 +212,11 @@ impl Store for BtrfsStore {
 
     fn prepare(&self, key: &ContainerKey, image: &ImageSource) -> Result<PathBuf> {
         let live = self.live(key);
-        if live.exists() {
-            let recorded = work::read_owner(&self.owner_file(key));
-            match work::existing_tree(recorded.as_deref(), image.owner.as_deref()) {
-                work::Existing::Reuse => return Ok(live),
-                work::Existing::Replace => self.destroy(key)?,
-                work::Existing::Conflict => {
-                    return Err(Error::AlreadyExists(format!(
-                        "{key} (its tree in the store)"
-                    )))
-                }
-            }
+        match self.existing(key, image)? {
+            Some(work::Existing::Reuse) => return Ok(live),
+            Some(work::Existing::Replace) => self.destroy(key)?,
+            Some(work::Existing::Conflict) => return Err(names::tree_exists(key)),
+            None => {}
         }
         let base = self.image(image)?;
         mkdirs(live.parent().expect("has a parent"))?;
@@ -266,36 +237,28 @@ impl Store for BtrfsStore {
     }
 
     fn snapshot(&self, key: &ContainerKey, name: &str) -> Result<SnapshotInfo> {
-        let dst = self.snapshot_path(key, name)?;
+        let dst = self.dirs.snapshot(key, name)?;
         let live = self.rootfs(key)?;
         if dst.exists() {
-            return Err(Error::SnapshotExists {
-                container: key.to_string(),
-                name: name.to_string(),
-            });
+            return Err(names::snapshot_exists(key, name));
         }
-        mkdirs(&self.snapshots_dir(key))?;
+        mkdirs(&self.dirs.snapshots(key))?;
         ioctl::snapshot(&live, &dst, true)?;
         self.info(key, name)
     }
 
     fn list(&self, key: &ContainerKey) -> Result<Vec<SnapshotInfo>> {
-        let dir = self.snapshots_dir(key);
+        let dir = self.dirs.snapshots(key);
         let entries = match std::fs::read_dir(&dir) {
             Ok(e) => e,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
             Err(e) => return Err(Error::io(format!("read {}", dir.display()))(e)),
         };
-        let mut out = Vec::new();
-        for e in entries {
-            let e = e.map_err(Error::io(format!("read {}", dir.display())))?;
-            let name = e.file_name().to_string_lossy().into_owned();
-            if names::check_snapshot_name(&name).is_ok() && is_snapshot(&e.path()) {
-                out.push(self.info(key, &name)?);
-            }
-        }
-        out.sort_by(|a, b| a.created.cmp(&b.created).then(a.name.cmp(&b.name)));
-        Ok(out)
+        complete_snapshots(
+            entries.map(|e| e.map_err(Error::io(format!("read {}", dir.display())))),
+            is_snapshot,
+            |name| self.info(key, name),
+        )
     }
 
     fn rollback(&self, key: &ContainerKey, name: &str) -> Result<()> {
@@ -323,9 +286,7 @@ impl Store for BtrfsStore {
         let snap = self.existing_snapshot(key, name)?;
         let live = self.live(new_key);
         if live.exists() {
-            return Err(Error::AlreadyExists(format!(
-                "{new_key} (its tree in the store)"
-            )));
+            return Err(names::tree_exists(new_key));
         }
         mkdirs(live.parent().expect("has a parent"))?;
         ioctl::snapshot(&snap, &live, false)?;
@@ -338,14 +299,8 @@ impl Store for BtrfsStore {
     }
 
     fn existing(&self, key: &ContainerKey, image: &ImageSource) -> Result<Option<work::Existing>> {
-        if !self.live(key).exists() {
-            return Ok(None);
-        }
-        let recorded = work::read_owner(&self.owner_file(key));
-        Ok(Some(work::existing_tree(
-            recorded.as_deref(),
-            image.owner.as_deref(),
-        )))
+        let (live, owner) = (self.live(key), self.owner_file(key));
+        Ok(work::existing_at(&live, &owner, image.owner.as_deref()))
     }
 
     fn set_owner(&self, key: &ContainerKey, owner: &Path) -> Result<()> {
@@ -354,7 +309,7 @@ impl Store for BtrfsStore {
     }
 
     fn destroy(&self, key: &ContainerKey) -> Result<()> {
-        let dir = self.snapshots_dir(key);
+        let dir = self.dirs.snapshots(key);
         if let Ok(entries) = std::fs::read_dir(&dir) {
             for e in entries.flatten() {
                 if ioctl::is_subvolume(&e.path()) {
@@ -415,7 +370,7 @@ impl Store for BtrfsStore {
         // received UUID that later incremental streams look their parent up by. It
         // makes the subvolume read-only as its last step, so a writable subvolume in a
         // snapshots directory is an interrupted receive; the marker says whose.
-        let dir = self.snapshots_dir(key);
+        let dir = self.dirs.snapshots(key);
         mkdirs(&dir)?;
         let before = self.snapshot_names(key)?;
         let marker = dir.join(format!(".receiving-{}", std::process::id()));
@@ -443,96 +398,63 @@ impl Store for BtrfsStore {
 
     fn collect(&self) -> Result<Vec<ContainerKey>> {
         let mut gone = Vec::new();
-        let containers = self.root.join("containers");
-        for ns in std::fs::read_dir(&containers)
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            for e in std::fs::read_dir(ns.path()).into_iter().flatten().flatten() {
-                let file = e.file_name().to_string_lossy().into_owned();
-                let Some(id) = file.strip_suffix(".owner") else {
-                    continue;
-                };
-                let Ok(owner) = std::fs::read_to_string(e.path()) else {
-                    continue;
-                };
-                if owner.is_empty() || Path::new(&owner).exists() {
-                    continue;
-                }
-                let key = ContainerKey::new(&ns.file_name().to_string_lossy(), id)?;
-                self.destroy(&key)?;
-                gone.push(key);
+        for (ns, e) in self.dirs.by_namespace(CONTAINERS) {
+            let file = e.file_name().to_string_lossy().into_owned();
+            let Some(id) = file.strip_suffix(".owner") else {
+                continue;
+            };
+            let Ok(owner) = std::fs::read_to_string(e.path()) else {
+                continue;
+            };
+            if owner.is_empty() || Path::new(&owner).exists() {
+                continue;
             }
+            let key = ContainerKey::new(&ns, id)?;
+            self.destroy(&key)?;
+            gone.push(key);
         }
         Ok(gone)
     }
 
     fn reconcile(&self) -> Result<ReconcileReport> {
         let mut report = ReconcileReport::default();
-        let tmp = self.root.join("tmp");
-        for e in std::fs::read_dir(&tmp)
-            .map_err(Error::io(format!("read {}", tmp.display())))?
-            .flatten()
-        {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if work::owner_alive(&name) {
-                continue; // still being worked on
-            }
+        for e in self.dirs.dead_work()? {
             remove_work(&e.path())?;
             report.removed.push(e.path().display().to_string());
         }
         // Writable subvolumes among snapshots are receives that died (see `import`).
-        let snapshots = self.root.join("snapshots");
-        for ns in std::fs::read_dir(&snapshots)
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            for c in std::fs::read_dir(ns.path()).into_iter().flatten().flatten() {
-                let busy = std::fs::read_dir(c.path())
-                    .into_iter()
-                    .flatten()
-                    .flatten()
-                    .any(|e| {
-                        let n = e.file_name().to_string_lossy().into_owned();
-                        n.strip_prefix(".receiving-")
-                            .and_then(|p| p.parse::<i32>().ok())
-                            .is_some_and(work::pid_alive)
-                    });
-                if busy {
-                    continue;
-                }
-                for e in std::fs::read_dir(c.path()).into_iter().flatten().flatten() {
-                    let p = e.path();
-                    if ioctl::is_subvolume(&p) && !is_snapshot(&p) {
-                        ioctl::delete(&p)?;
-                        report.removed.push(p.display().to_string());
-                    } else if e.file_name().to_string_lossy().starts_with(".receiving-") {
-                        let _ = std::fs::remove_file(&p);
-                    }
+        for (_, c) in self.dirs.by_namespace(SNAPSHOTS) {
+            let busy = read_dir_lossy(&c.path()).any(|e| {
+                let n = e.file_name().to_string_lossy().into_owned();
+                n.strip_prefix(".receiving-")
+                    .and_then(|p| p.parse::<i32>().ok())
+                    .is_some_and(work::pid_alive)
+            });
+            if busy {
+                continue;
+            }
+            for e in read_dir_lossy(&c.path()) {
+                let p = e.path();
+                if ioctl::is_subvolume(&p) && !is_snapshot(&p) {
+                    ioctl::delete(&p)?;
+                    report.removed.push(p.display().to_string());
+                } else if e.file_name().to_string_lossy().starts_with(".receiving-") {
+                    let _ = std::fs::remove_file(&p);
                 }
             }
         }
-        let containers = self.root.join("containers");
-        for ns in std::fs::read_dir(&containers)
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            for e in std::fs::read_dir(ns.path()).into_iter().flatten().flatten() {
-                let file = e.file_name().to_string_lossy().into_owned();
-                let Some(id) = file.strip_suffix(".rollback") else {
-                    continue;
-                };
-                let key = ContainerKey::new(&ns.file_name().to_string_lossy(), id)?;
-                let snap = std::fs::read_to_string(e.path())
-                    .map_err(Error::io(format!("read {}", e.path().display())))?;
-                self.rollback(&key, snap.trim())?;
-                report
-                    .completed
-                    .push(format!("rollback of {key} to {}", snap.trim()));
-            }
+        for (ns, e) in self.dirs.by_namespace(CONTAINERS) {
+            let file = e.file_name().to_string_lossy().into_owned();
+            let Some(id) = file.strip_suffix(".rollback") else {
+                continue;
+            };
+            let key = ContainerKey::new(&ns, id)?;
+            let snap = std::fs::read_to_string(e.path())
+                .map_err(Error::io(format!("read {}", e.path().display())))?;
+            self.rollback(&key, snap.trim())?;
+            report
+                .completed
+                .push(format!("rollback of {key} to {}", snap.trim()));
         }
         Ok(report)
     }
@@ -563,19 +485,4 @@ fn remove_work(p: &Path) -> Result<()> {
         Err(_) => Ok(()),
     }
     .map_err(Error::io(format!("remove {}", p.display())))
-}
-
-/// Writes `data` to `path` and makes it durable (file and directory entry).
-pub(crate) fn write_durably(path: &Path, data: &[u8]) -> Result<()> {
-    use std::io::Write as _;
-    let ctx = || format!("write {}", path.display());
-    let mut f = std::fs::File::create(path).map_err(Error::io(ctx()))?;
-    f.write_all(data).map_err(Error::io(ctx()))?;
-    f.sync_all().map_err(Error::io(ctx()))?;
-    if let Some(dir) = path.parent() {
-        std::fs::File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(Error::io(ctx()))?;
-    }
-    Ok(())
 }

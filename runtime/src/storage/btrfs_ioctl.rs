@@ -87,13 +87,19 @@ fn fill<const N: usize>(name: &[u8]) -> [u8; N] {
     out
 }
 
-/// Creates an empty subvolume at `path`.
-pub fn create(path: &Path) -> Result<()> {
+/// The parent directory of `path`, open, and the arguments that name `path` in it.
+fn vol_args(path: &Path) -> Result<(File, VolArgs)> {
     let (parent, name) = split(path)?;
     let args = VolArgs {
         fd: 0,
         name: fill(name),
     };
+    Ok((parent, args))
+}
+
+/// Creates an empty subvolume at `path`.
+pub fn create(path: &Path) -> Result<()> {
+    let (parent, args) = vol_args(path)?;
     // SAFETY: `args` is a valid, initialised VolArgs that outlives the call; the kernel
     // only reads it.
     unsafe { subvol_create(parent.as_raw_fd(), &args) }
@@ -124,11 +130,7 @@ pub fn snapshot(src: &Path, dst: &Path, readonly: bool) -> Result<()> {
 
 /// Deletes the subvolume at `path` (with everything in it).
 pub fn delete(path: &Path) -> Result<()> {
-    let (parent, name) = split(path)?;
-    let args = VolArgs {
-        fd: 0,
-        name: fill(name),
-    };
+    let (parent, args) = vol_args(path)?;
     // SAFETY: `args` is valid for the call; the kernel only reads it.
     unsafe { snap_destroy(parent.as_raw_fd(), &args) }
         .map(drop)

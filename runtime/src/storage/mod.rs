@@ -26,6 +26,7 @@ use crate::Result;
 pub mod btrfs;
 mod btrfs_ioctl;
 pub mod cmd;
+mod dirs;
 pub mod fault;
 pub mod in_helper;
 pub mod layers;

@@ -7,6 +7,15 @@ use std::fmt;
 
 use crate::{Error, Result};
 
+/// The area of a pool that holds the containers' trees.
+pub(crate) const CONTAINERS: &str = "containers";
+/// The area of a pool (btrfs, overlay) that holds the containers' snapshots.
+pub(crate) const SNAPSHOTS: &str = "snapshots";
+/// The area of a pool that holds in-flight work.
+pub(crate) const TMP: &str = "tmp";
+/// The area of a pool (btrfs, ZFS) that holds the images' read-only copies.
+pub(crate) const IMAGES: &str = "images";
+
 /// A container in the pool: its containerd namespace and id.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct ContainerKey {
@@ -34,6 +43,33 @@ impl ContainerKey {
     pub fn id(&self) -> &str {
         &self.id
     }
+
+    /// `<area>/<ns>/<id>`: the container's place below one of a store's areas
+    /// (`containers`, `snapshots`), as a relative path or the end of a dataset name.
+    pub fn place(&self, area: &str) -> String {
+        format!("{area}/{}/{}", self.namespace, self.id)
+    }
+}
+
+/// The container has no snapshot `name`.
+pub(crate) fn snapshot_not_found(key: &ContainerKey, name: &str) -> Error {
+    Error::SnapshotNotFound {
+        container: key.to_string(),
+        name: name.to_string(),
+    }
+}
+
+/// The container has a snapshot `name` already.
+pub(crate) fn snapshot_exists(key: &ContainerKey, name: &str) -> Error {
+    Error::SnapshotExists {
+        container: key.to_string(),
+        name: name.to_string(),
+    }
+}
+
+/// The container has a tree in the store already.
+pub(crate) fn tree_exists(key: &ContainerKey) -> Error {
+    Error::AlreadyExists(format!("{key} (its tree in the store)"))
 }
 
 impl fmt::Display for ContainerKey {
@@ -75,6 +111,12 @@ mod tests {
             check_snapshot_name(n).unwrap();
         }
         ContainerKey::new("k8s.io", "abc-123").unwrap();
+    }
+
+    #[test]
+    fn test_place_is_below_the_area() {
+        let k = ContainerKey::new("k8s.io", "abc").unwrap();
+        assert_eq!(k.place("containers"), "containers/k8s.io/abc");
     }
 
     #[test]

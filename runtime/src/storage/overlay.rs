@@ -28,7 +28,8 @@ use std::path::{Path, PathBuf};
 
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 
-use super::btrfs::write_durably;
+use super::dirs::{complete_snapshots, mkdirs, read_dir_lossy, write_durably, PoolDirs};
+use super::names::{CONTAINERS, SNAPSHOTS, TMP};
 use super::{
     cmd, fault, names, tree, work, ContainerKey, ImageSource, ReconcileReport, SnapshotInfo, Store,
 };
@@ -38,11 +39,7 @@ use crate::{Error, Result};
 /// An overlay pool: a directory on any file system.
 #[derive(Debug)]
 pub struct OverlayStore {
-    root: PathBuf,
-}
-
-fn mkdirs(p: &Path) -> Result<()> {
-    std::fs::create_dir_all(p).map_err(Error::io(format!("create {}", p.display())))
+    dirs: PoolDirs,
 }
 
 fn read_lower(file: &Path) -> Result<Vec<PathBuf>> {
@@ -132,45 +129,24 @@ fn unmount(p: &Path) {
 impl OverlayStore {
     /// Opens (creating its directories) the pool at `root`.
     pub fn open(root: impl AsRef<Path>) -> Result<OverlayStore> {
-        let root = root.as_ref().to_path_buf();
-        for d in ["containers", "snapshots", "tmp"] {
-            mkdirs(&root.join(d))?;
-        }
-        Ok(OverlayStore { root })
+        let dirs = PoolDirs::open(root.as_ref().to_path_buf(), &[CONTAINERS, SNAPSHOTS, TMP])?;
+        Ok(OverlayStore { dirs })
     }
 
     fn dir(&self, key: &ContainerKey) -> PathBuf {
-        self.root
-            .join("containers")
-            .join(key.namespace())
-            .join(key.id())
-    }
-
-    fn snapshots_dir(&self, key: &ContainerKey) -> PathBuf {
-        self.root
-            .join("snapshots")
-            .join(key.namespace())
-            .join(key.id())
-    }
-
-    fn snapshot_dir(&self, key: &ContainerKey, name: &str) -> Result<PathBuf> {
-        names::check_snapshot_name(name)?;
-        Ok(self.snapshots_dir(key).join(name))
+        self.dirs.container(key)
     }
 
     fn existing_snapshot(&self, key: &ContainerKey, name: &str) -> Result<PathBuf> {
-        let p = self.snapshot_dir(key, name)?;
+        let p = self.dirs.snapshot(key, name)?;
         if !p.join("lower").exists() {
-            return Err(Error::SnapshotNotFound {
-                container: key.to_string(),
-                name: name.to_string(),
-            });
+            return Err(names::snapshot_not_found(key, name));
         }
         Ok(p)
     }
 
     fn tmp(&self, what: &str) -> PathBuf {
-        self.root.join("tmp").join(work::tmp_name(what))
+        self.dirs.tmp(what)
     }
 
     /// Makes the container's directory from an upper dir to copy (or an empty one)
@@ -245,9 +221,7 @@ struct Sync {
 }
 
 fn entries(dir: &Path) -> BTreeSet<OsString> {
-    std::fs::read_dir(dir)
-        .map(|r| r.flatten().map(|e| e.file_name()).collect())
-        .unwrap_or_default()
+    read_dir_lossy(dir).map(|e| e.file_name()).collect()
 }
 
 fn xattrs(p: &Path) -> Vec<(OsString, Option<Vec<u8>>)> {
@@ -318,17 +292,11 @@ impl Store for OverlayStore {
 
     fn prepare(&self, key: &ContainerKey, image: &ImageSource) -> Result<PathBuf> {
         let dir = self.dir(key);
-        if dir.exists() {
-            let recorded = work::read_owner(&dir.join("owner"));
-            match work::existing_tree(recorded.as_deref(), image.owner.as_deref()) {
-                work::Existing::Reuse => return self.ensure_mounted(key),
-                work::Existing::Replace => self.destroy(key)?,
-                work::Existing::Conflict => {
-                    return Err(Error::AlreadyExists(format!(
-                        "{key} (its tree in the store)"
-                    )))
-                }
-            }
+        match self.existing(key, image)? {
+            Some(work::Existing::Reuse) => return self.ensure_mounted(key),
+            Some(work::Existing::Replace) => self.destroy(key)?,
+            Some(work::Existing::Conflict) => return Err(names::tree_exists(key)),
+            None => {}
         }
         let merged = self.create_tree(key, &image.layers, None)?;
         if let Some(owner) = &image.owner {
@@ -345,13 +313,10 @@ impl Store for OverlayStore {
     }
 
     fn snapshot(&self, key: &ContainerKey, name: &str) -> Result<SnapshotInfo> {
-        let dst = self.snapshot_dir(key, name)?;
+        let dst = self.dirs.snapshot(key, name)?;
         self.rootfs(key)?;
         if dst.exists() {
-            return Err(Error::SnapshotExists {
-                container: key.to_string(),
-                name: name.to_string(),
-            });
+            return Err(names::snapshot_exists(key, name));
         }
         let dir = self.dir(key);
         let work = self.tmp("snapshot");
@@ -360,7 +325,7 @@ impl Store for OverlayStore {
             tree::copy(&dir.join("upper"), &work.join("upper"))?;
             fault::point("overlay.snapshot.copied");
             write_lower(&work.join("lower"), &read_lower(&dir.join("lower"))?)?;
-            mkdirs(&self.snapshots_dir(key))?;
+            mkdirs(&self.dirs.snapshots(key))?;
             std::fs::rename(&work, &dst).map_err(Error::io(format!("rename to {}", dst.display())))
         })();
         if let Err(e) = made {
@@ -371,19 +336,11 @@ impl Store for OverlayStore {
     }
 
     fn list(&self, key: &ContainerKey) -> Result<Vec<SnapshotInfo>> {
-        let mut out = Vec::new();
-        for e in std::fs::read_dir(self.snapshots_dir(key))
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if names::check_snapshot_name(&name).is_ok() && e.path().join("lower").exists() {
-                out.push(self.info(key, &name)?);
-            }
-        }
-        out.sort_by(|a, b| a.created.cmp(&b.created).then(a.name.cmp(&b.name)));
-        Ok(out)
+        complete_snapshots(
+            read_dir_lossy(&self.dirs.snapshots(key)).map(Ok),
+            |p| p.join("lower").exists(),
+            |name| self.info(key, name),
+        )
     }
 
     fn rollback(&self, key: &ContainerKey, name: &str) -> Result<()> {
@@ -411,9 +368,7 @@ impl Store for OverlayStore {
     ) -> Result<PathBuf> {
         let snap = self.existing_snapshot(key, name)?;
         if self.dir(new_key).exists() {
-            return Err(Error::AlreadyExists(format!(
-                "{new_key} (its tree in the store)"
-            )));
+            return Err(names::tree_exists(new_key));
         }
         self.create_tree(
             new_key,
@@ -424,14 +379,11 @@ impl Store for OverlayStore {
 
     fn existing(&self, key: &ContainerKey, image: &ImageSource) -> Result<Option<work::Existing>> {
         let dir = self.dir(key);
-        if !dir.exists() {
-            return Ok(None);
-        }
-        let recorded = work::read_owner(&dir.join("owner"));
-        Ok(Some(work::existing_tree(
-            recorded.as_deref(),
+        Ok(work::existing_at(
+            &dir,
+            &dir.join("owner"),
             image.owner.as_deref(),
-        )))
+        ))
     }
 
     fn set_owner(&self, key: &ContainerKey, owner: &Path) -> Result<()> {
@@ -460,7 +412,7 @@ impl Store for OverlayStore {
             std::fs::remove_dir_all(&gone)
                 .map_err(Error::io(format!("remove {}", gone.display())))?;
         }
-        let snaps = self.snapshots_dir(key);
+        let snaps = self.dirs.snapshots(key);
         if snaps.exists() {
             let gone = self.tmp("destroyed");
             std::fs::rename(&snaps, &gone)
@@ -501,7 +453,7 @@ impl Store for OverlayStore {
             self.existing_snapshot(key, p)?;
         }
         let snap = self.existing_snapshot(key, name)?;
-        let base = self.snapshots_dir(key).display().to_string();
+        let base = self.dirs.snapshots(key).display().to_string();
         cmd::run_with_output(
             "tar",
             &[
@@ -546,14 +498,11 @@ impl Store for OverlayStore {
                 });
             };
             let name = name.to_string_lossy().into_owned();
-            let dst = self.snapshot_dir(key, &name)?;
+            let dst = self.dirs.snapshot(key, &name)?;
             if dst.exists() {
-                return Err(Error::SnapshotExists {
-                    container: key.to_string(),
-                    name,
-                });
+                return Err(names::snapshot_exists(key, &name));
             }
-            mkdirs(&self.snapshots_dir(key))?;
+            mkdirs(&self.dirs.snapshots(key))?;
             std::fs::rename(work.join(&name), &dst)
                 .map_err(Error::io(format!("rename to {}", dst.display())))?;
             self.info(key, &name)
@@ -564,15 +513,7 @@ impl Store for OverlayStore {
 
     fn reconcile(&self) -> Result<ReconcileReport> {
         let mut report = ReconcileReport::default();
-        let tmp = self.root.join("tmp");
-        for e in std::fs::read_dir(&tmp)
-            .map_err(Error::io(format!("read {}", tmp.display())))?
-            .flatten()
-        {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if work::owner_alive(&name) {
-                continue;
-            }
+        for e in self.dirs.dead_work()? {
             unmount(&e.path());
             if let Ok(m) = std::fs::symlink_metadata(e.path().join("merged")) {
                 if m.is_dir() {
@@ -583,50 +524,32 @@ impl Store for OverlayStore {
                 .map_err(Error::io(format!("remove {}", e.path().display())))?;
             report.removed.push(e.path().display().to_string());
         }
-        for ns in std::fs::read_dir(self.root.join("containers"))
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            for c in std::fs::read_dir(ns.path()).into_iter().flatten().flatten() {
-                let marker = c.path().join("rollback");
-                let Ok(snap) = std::fs::read_to_string(&marker) else {
-                    continue;
-                };
-                let key = ContainerKey::new(
-                    &ns.file_name().to_string_lossy(),
-                    &c.file_name().to_string_lossy(),
-                )?;
-                self.rollback(&key, snap.trim())?;
-                report
-                    .completed
-                    .push(format!("rollback of {key} to {}", snap.trim()));
-            }
+        for (ns, c) in self.dirs.by_namespace(CONTAINERS) {
+            let marker = c.path().join("rollback");
+            let Ok(snap) = std::fs::read_to_string(&marker) else {
+                continue;
+            };
+            let key = ContainerKey::new(&ns, &c.file_name().to_string_lossy())?;
+            self.rollback(&key, snap.trim())?;
+            report
+                .completed
+                .push(format!("rollback of {key} to {}", snap.trim()));
         }
         Ok(report)
     }
 
     fn collect(&self) -> Result<Vec<ContainerKey>> {
         let mut gone = Vec::new();
-        for ns in std::fs::read_dir(self.root.join("containers"))
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            for c in std::fs::read_dir(ns.path()).into_iter().flatten().flatten() {
-                let Ok(owner) = std::fs::read_to_string(c.path().join("owner")) else {
-                    continue;
-                };
-                if owner.is_empty() || Path::new(&owner).exists() {
-                    continue;
-                }
-                let key = ContainerKey::new(
-                    &ns.file_name().to_string_lossy(),
-                    &c.file_name().to_string_lossy(),
-                )?;
-                self.destroy(&key)?;
-                gone.push(key);
+        for (ns, c) in self.dirs.by_namespace(CONTAINERS) {
+            let Ok(owner) = std::fs::read_to_string(c.path().join("owner")) else {
+                continue;
+            };
+            if owner.is_empty() || Path::new(&owner).exists() {
+                continue;
             }
+            let key = ContainerKey::new(&ns, &c.file_name().to_string_lossy())?;
+            self.destroy(&key)?;
+            gone.push(key);
         }
         Ok(gone)
     }

@@ -57,6 +57,13 @@ pub fn existing_tree(recorded: Option<&Path>, requested: Option<&Path>) -> Exist
     }
 }
 
+/// What `prepare` does with the tree at `tree`, whose owner is recorded in the file
+/// `owner_file`, for a request by `requested`; `None` when there is no tree.
+pub fn existing_at(tree: &Path, owner_file: &Path, requested: Option<&Path>) -> Option<Existing> {
+    tree.exists()
+        .then(|| existing_tree(read_owner(owner_file).as_deref(), requested))
+}
+
 /// The snapshots directory an owner (`<snapshots>/<n>/fs`) belongs to.
 fn snapshotter_of(owner: &Path) -> Option<&Path> {
     let snapshot = owner.parent()?;
