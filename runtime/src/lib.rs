@@ -3,12 +3,18 @@
 //!
 //! - [`config`]: the runtime configuration (TOML) and how it is found.
 //! - [`container`]: one container driven through youki's `libcontainer`.
+//! - [`control`]: the control socket's requests and answers (the shim serves it).
+//! - [`error`]: the crate's errors, each of one [`error::ErrorKind`].
 //! - [`helper`]: the short-lived helper process in which `libcontainer` forks, so that
 //!   the multithreaded shim never forks without exec.
 //! - [`tracking`]: the per-container cgroup2 directory that identifies its tasks to eBPF.
-//! - [`metrics`]: cgroup statistics of a container.
+//! - [`metrics`]: cgroup statistics of a container; [`oom`]: its OOM events.
+//! - [`netns`]: network namespaces (what a restore puts back in them).
 //! - [`checkpoint`]: checkpoint directories (CRIU images, the file-system delta, the
-//!   manifest); [`criu`] runs CRIU.
+//!   manifest), a container's history ([`checkpoint::history_store`]), the host's
+//!   checkpoint queue; [`criu`] runs CRIU.
+//! - [`inspect`]: a turn's classification: what changed (observed) and
+//!   the pure decision ([`inspect::policy`]).
 //! - [`storage`]: snapshot-capable root file systems (btrfs, zfs, overlay).
 
 pub mod checkpoint;
