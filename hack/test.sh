@@ -34,15 +34,20 @@ trap '"$ROOT/hack/containerd.sh" stop >/dev/null 2>&1 || true' EXIT
 if [ ${#FILTER[@]} -eq 0 ]; then
     log "lint"
     cargo fmt --all -- --check
-    cargo clippy --release --workspace --all-targets -- -D warnings
-    log "unit tests"
-    cargo test --release --workspace --exclude crab-integration --exclude crab-runtime
-    cargo test --release -p crab-runtime --lib --bins --test btrfs_store --test overlay_store
+    # With every feature: the tests behind host-tests are linted too.
+    cargo clippy --release --workspace --all-targets --all-features -- -D warnings
+    log "unit tests, and the tests that need root, eBPF and the stores (host-tests)"
+    cargo test --release --workspace --exclude crab-integration --exclude crab-runtime \
+        --features crab-bpf/host-tests
+    cargo test --release -p crab-runtime --features host-tests \
+        --lib --bins --test btrfs_store --test overlay_store
     # zfs-fuse: one test at a time (its daemon is the slow, fragile part)
-    timeout --kill-after=10 1200 cargo test --release -p crab-runtime --test zfs_store -- --test-threads=1
+    timeout --kill-after=10 1200 cargo test --release -p crab-runtime --features host-tests \
+        --test zfs_store -- --test-threads=1
 fi
 log "integration tests (real containerd at $CRAB_CONTAINERD_ADDRESS)"
-cargo test --release --no-fail-fast -p crab-integration -- --test-threads=1 "${FILTER[@]}" 2>&1 | tee "$TEST_DIR/integration.log"
+cargo test --release --no-fail-fast -p crab-integration --features host-tests \
+    -- --test-threads=1 "${FILTER[@]}" 2>&1 | tee "$TEST_DIR/integration.log"
 status=${PIPESTATUS[0]}
 # One closing line that counts every integration test of the run.
 awk '/^test result:/ { p += $4; f += $6 } END { printf "integration: %d passed, %d failed\n", p, f }' \

@@ -2,6 +2,9 @@
 //! cgroup2 directory against a tmpfs mounted for the test, and the recorded net
 //! effects are compared with what the script did. Needs root, bpffs and cgroup2.
 
+// Needs root and eBPF in the kernel: built only with the `host-tests` feature (hack/test.sh enables it).
+#![cfg(feature = "host-tests")]
+
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};

@@ -2,6 +2,9 @@
 //! they watch a cgroup or another process holds their maps, unpinned once
 //! unused. Needs root and bpffs.
 
+// Needs root and eBPF in the kernel: built only with the `host-tests` feature (hack/test.sh enables it).
+#![cfg(feature = "host-tests")]
+
 use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;

@@ -105,8 +105,29 @@ fn frozen<T>(c: Option<&Container>, f: impl FnOnce() -> Result<T>) -> Result<T> 
     result
 }
 
-/// Sends a file-system request to the container's shim; `None` when no shim runs it.
-fn through_shim(config: &Config, request: Request) -> Result<Option<(String, f64)>> {
+/// Asks the container's shim for a snapshot (or a `rollback`) named `name`; `None`
+/// when no shim runs the container.
+fn through_shim(
+    config: &Config,
+    namespace: &str,
+    id: &str,
+    name: &str,
+    rollback: bool,
+) -> Result<Option<(String, f64)>> {
+    let (namespace, id, name) = (namespace.to_string(), id.to_string(), name.to_string());
+    let request = if rollback {
+        Request::FsRollback {
+            namespace,
+            id,
+            name,
+        }
+    } else {
+        Request::FsSnapshot {
+            namespace,
+            id,
+            name,
+        }
+    };
     match control::call(config, &request, std::time::Duration::from_secs(600)) {
         Ok(Response::Fs { name, ms }) => Ok(Some((name, ms))),
         Ok(Response::Error { kind, message }) => Err(Failure::new(kind, message).into()),
@@ -137,12 +158,7 @@ pub fn run(config: &Config, namespace: &str, args: FsArgs) -> Result<()> {
     let key = |id: &str| ContainerKey::new(namespace, id).map_err(anyhow::Error::from);
     match cmd {
         FsCommand::Snapshot { id, name } => {
-            let request = Request::FsSnapshot {
-                namespace: namespace.to_string(),
-                id: id.clone(),
-                name: name.clone(),
-            };
-            if let Some((name, ms)) = through_shim(config, request)? {
+            if let Some((name, ms)) = through_shim(config, namespace, &id, &name, false)? {
                 println!("{name} ({ms:.1} ms)");
                 return Ok(());
             }
@@ -161,12 +177,7 @@ pub fn run(config: &Config, namespace: &str, args: FsArgs) -> Result<()> {
             }
         }
         FsCommand::Rollback { id, name } => {
-            let request = Request::FsRollback {
-                namespace: namespace.to_string(),
-                id: id.clone(),
-                name: name.clone(),
-            };
-            if let Some((name, ms)) = through_shim(config, request)? {
+            if let Some((name, ms)) = through_shim(config, namespace, &id, &name, true)? {
                 println!("rolled back to {name} ({ms:.1} ms)");
                 return Ok(());
             }

@@ -1,6 +1,9 @@
 //! Checkpoint and restore through containerd's own API (`ctr task checkpoint`,
 //! `ctr container checkpoint` / `restore --live`), with real CRIU.
 
+// Needs root and the private containerd: built only with the `host-tests` feature (hack/test.sh enables it).
+#![cfg(feature = "host-tests")]
+
 use std::time::Duration;
 
 use crab_integration::*;

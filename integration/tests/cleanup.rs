@@ -7,6 +7,9 @@
 //! so the tests must run one at a time (`--test-threads=1`) with `CRAB_CONFIG` set, as
 //! `hack/test.sh` runs them.
 
+// Needs root and the private containerd: built only with the `host-tests` feature (hack/test.sh enables it).
+#![cfg(feature = "host-tests")]
+
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -3,6 +3,9 @@
 //! halfway (shim and processes killed), and recovered. Crab's restore ends in
 //! the fault-free run's state; a recovery with the files alone does not.
 
+// Needs root and the private containerd: built only with the `host-tests` feature (hack/test.sh enables it).
+#![cfg(feature = "host-tests")]
+
 use std::path::Path;
 use std::sync::Arc;
 

@@ -1,6 +1,9 @@
 //! `crabctl fork` and `crabctl restore`: new tasks from Crab's checkpoints, made through
 //! containerd and visible to every client.
 
+// Needs root and the private containerd: built only with the `host-tests` feature (hack/test.sh enables it).
+#![cfg(feature = "host-tests")]
+
 use std::time::Duration;
 
 use crab_integration::*;

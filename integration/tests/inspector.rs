@@ -13,6 +13,9 @@
 //! Each case also states the ground truth (what really changed). A
 //! classification above it is a false positive: counted and printed.
 
+// Needs root and the private containerd: built only with the `host-tests` feature (hack/test.sh enables it).
+#![cfg(feature = "host-tests")]
+
 use crab_integration::{crabctl, crabctl_ok, text, Guard, CRAB, PYTHON};
 use serde_json::Value;
 

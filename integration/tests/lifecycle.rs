@@ -1,6 +1,9 @@
 //! The task API through `ctr`: run, exit codes, stdio, terminals, exec, kill,
 //! pause/resume, ps, metrics, and the order of events.
 
+// Needs root and the private containerd: built only with the `host-tests` feature (hack/test.sh enables it).
+#![cfg(feature = "host-tests")]
+
 use std::time::Duration;
 
 use crab_integration::*;

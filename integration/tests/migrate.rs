@@ -1,6 +1,9 @@
 //! Migration: `crabctl export` on this host's containerd, `crabctl import` on a second
 //! containerd with its own root, state and socket (a second host on this machine).
 
+// Needs root and the private containerd: built only with the `host-tests` feature (hack/test.sh enables it).
+#![cfg(feature = "host-tests")]
+
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::Command;

@@ -2,6 +2,9 @@
 //! container's long checkpoint must not stall the task API of another, and a
 //! second conflicting operation on the checkpointing container fails as busy.
 
+// Needs root and the private containerd: built only with the `host-tests` feature (hack/test.sh enables it).
+#![cfg(feature = "host-tests")]
+
 use std::os::unix::fs::PermissionsExt;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

@@ -3,6 +3,9 @@
 //! the history), SSE bytes arrive unchanged, the answer is held until the
 //! checkpoint is durable, and other paths pass through without a turn.
 
+// Needs root and the private containerd: built only with the `host-tests` feature (hack/test.sh enables it).
+#![cfg(feature = "host-tests")]
+
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;

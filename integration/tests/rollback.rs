@@ -1,6 +1,9 @@
 //! Crab's own checkpoints through `crabctl` (the shim's control socket): history,
 //! retention, and rollback in place of processes and files.
 
+// Needs root and the private containerd: built only with the `host-tests` feature (hack/test.sh enables it).
+#![cfg(feature = "host-tests")]
+
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;

@@ -2,6 +2,9 @@
 //! = 1`, checkpoints of several containers asked for at once run one after
 //! another, each recorded in full.
 
+// Needs root and the private containerd: built only with the `host-tests` feature (hack/test.sh enables it).
+#![cfg(feature = "host-tests")]
+
 use std::time::Duration;
 
 use crab_integration::{config_with, crabctl_ok, wait_until, Guard, CRAB, PYTHON};

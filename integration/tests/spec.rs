@@ -10,6 +10,9 @@
 //! Bad input is sent to a shim that also serves a running "bystander" container (the
 //! sandbox annotation groups containers in one shim), which must keep working.
 
+// Needs root and the private containerd: built only with the `host-tests` feature (hack/test.sh enables it).
+#![cfg(feature = "host-tests")]
+
 use std::path::PathBuf;
 use std::process::Output;
 use std::time::Duration;

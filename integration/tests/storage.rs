@@ -2,6 +2,9 @@
 //! land in the pool, survive new tasks and a killed shim, and the tree of a removed
 //! container is collected.
 
+// Needs root and the private containerd: built only with the `host-tests` feature (hack/test.sh enables it).
+#![cfg(feature = "host-tests")]
+
 use std::path::PathBuf;
 use std::time::Duration;
 

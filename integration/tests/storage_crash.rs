@@ -3,6 +3,9 @@
 //! `crabctl fs reconcile` repairs the pool and the container's files are exactly those
 //! of a consistent state.
 
+// Needs root and the private containerd: built only with the `host-tests` feature (hack/test.sh enables it).
+#![cfg(feature = "host-tests")]
+
 use std::os::unix::process::ExitStatusExt;
 use std::time::Duration;
 

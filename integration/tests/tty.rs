@@ -2,6 +2,9 @@
 //! is dumped with its pty slave as external, and restored on a new pty whose master
 //! goes to the task's client; the restored shell answers what is typed at it.
 
+// Needs root and the private containerd: built only with the `host-tests` feature (hack/test.sh enables it).
+#![cfg(feature = "host-tests")]
+
 use std::time::Duration;
 
 use crab_integration::pty::Pty;

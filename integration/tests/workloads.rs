@@ -1,6 +1,9 @@
 //! The workloads an agent's sandbox holds, each checkpointed with `crabctl checkpoint`,
 //! disturbed, and rolled back in place: what comes back must be exactly what was there.
 
+// Needs root and the private containerd: built only with the `host-tests` feature (hack/test.sh enables it).
+#![cfg(feature = "host-tests")]
+
 use std::time::Duration;
 
 use crab_integration::*;

@@ -199,6 +199,8 @@ fn run(mut cmd: Command, operation: &'static str, criu: &Tool, log: &Path) -> Re
     cmd.stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(stderr);
+    // CRIU ends with the helper that runs it (killed with its shim).
+    crate::helper::die_with_parent(&mut cmd);
     let mut child = cmd.spawn().map_err(|e| missing(&criu.path, e))?;
     let deadline = Instant::now() + Duration::from_secs(criu.timeout_s.max(1));
     let status = loop {

@@ -225,6 +225,7 @@ pub fn run_reply(make: Box<RequestFn>, stdio: ChildStdio) -> Result<Reply> {
             Ok(())
         });
     }
+    die_with_parent(&mut cmd);
     let mut child = cmd
         .spawn()
         .map_err(Error::io(format!("spawn helper {}", exe.display())))?;
@@ -262,6 +263,30 @@ pub fn run_reply(make: Box<RequestFn>, stdio: ChildStdio) -> Result<Reply> {
 #[derive(Debug, Serialize, Deserialize)]
 struct Failed {
     failure: Failure,
+}
+
+/// Makes the process `cmd` starts die (SIGKILL) when the thread that started it
+/// dies. A helper, or a CRIU, whose shim was killed would otherwise run on, holding
+/// the container's history lock and the host's checkpoint slot for as long as it
+/// takes (a dump of a tree whose processes were killed waits for them for minutes),
+/// and the recovery that follows would wait behind it.
+pub(crate) fn die_with_parent(cmd: &mut Command) {
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: the closure runs in the forked child before exec and makes only the
+    // prctl and getppid system calls, which are async-signal-safe; it allocates
+    // nothing and touches no memory shared with other threads.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The parent died before the prctl: it would never be signalled.
+            if libc::getppid() != parent {
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
+        });
+    }
 }
 
 fn last_error_line(stderr: &str) -> String {
@@ -479,5 +504,37 @@ fn join_init_time_namespace(root: &std::path::Path, id: &str) -> Result<()> {
     match c.pid() {
         Some(pid) => join_time_namespace_of(pid.as_raw()),
         None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::process::ExitStatusExt;
+
+    #[test]
+    fn test_a_child_dies_with_the_thread_that_started_it() {
+        // The thread starts the child and ends without waiting for it, as a
+        // shim's thread does when the shim is killed.
+        let mut child = std::thread::spawn(|| {
+            let mut cmd = Command::new("sleep");
+            cmd.arg("1000");
+            die_with_parent(&mut cmd);
+            cmd.spawn().expect("spawn sleep")
+        })
+        .join()
+        .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let status = loop {
+            if let Some(status) = child.try_wait().expect("poll the child") {
+                break status;
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("the child outlived the thread that started it");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        };
+        assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
     }
 }

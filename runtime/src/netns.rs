@@ -89,6 +89,8 @@ mod tests {
         assert_eq!(interfaces(table).collect::<Vec<_>>(), ["lo", "eth0"]);
     }
 
+    // Needs root (it unshares a network namespace).
+    #[cfg(feature = "host-tests")]
     #[test]
     fn a_new_namespace_has_only_lo_and_a_gone_process_has_none() {
         let mut child = std::process::Command::new("unshare")

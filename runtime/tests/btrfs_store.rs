@@ -1,5 +1,8 @@
 //! The btrfs store against the real btrfs pool the set-up mounts (`hack/pool.sh`).
 
+// Needs root and the real store: built only with the `host-tests` feature (hack/test.sh enables it).
+#![cfg(feature = "host-tests")]
+
 mod support;
 
 use std::path::Path;

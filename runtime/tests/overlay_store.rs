@@ -1,6 +1,9 @@
 //! The overlay store, on a plain directory of the host file system (no reflinks) and
 //! on the btrfs pool's file system (reflinks).
 
+// Needs root and the real store: built only with the `host-tests` feature (hack/test.sh enables it).
+#![cfg(feature = "host-tests")]
+
 mod support;
 
 use crab_runtime::storage::overlay::OverlayStore;

@@ -5,6 +5,9 @@
 //! zfs-fuse keeps whole-second timestamps, so contents are compared with the shared
 //! fingerprint's mtimes cut to seconds (everything else must be equal).
 
+// Needs root and the real store: built only with the `host-tests` feature (hack/test.sh enables it).
+#![cfg(feature = "host-tests")]
+
 mod support;
 
 use std::fs;
