@@ -306,6 +306,35 @@ fn killed_shim_is_noticed_and_cleanup_removes_processes_mounts_cgroups_and_state
     assert_nothing_left(&g.id);
 }
 
+#[test]
+fn a_killed_shim_of_a_frozen_container_leaves_no_frozen_process() {
+    // Frozen as a checkpoint's dump freezes it, when the shim is killed.
+    let g = sleeper();
+    let init = g.pid();
+    ctr_ok(&["task", "pause", &g.id]);
+    let shims = shim_pids(&g.id);
+    assert_eq!(shims.len(), 1, "shims of {}: {shims:?}", g.id);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(shims[0]),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill shim");
+    assert!(
+        wait_until(Duration::from_secs(15), || {
+            matches!(
+                g.status().as_deref(),
+                None | Some("STOPPED") | Some("UNKNOWN")
+            )
+        }),
+        "containerd still reports {:?} after the shim died",
+        g.status()
+    );
+    let _ = ctr_run(&["task", "rm", "-f", &g.id], None, Duration::from_secs(30));
+    let dead = wait_until(Duration::from_secs(10), || is_dead(init));
+    assert!(dead, "the init of {} is still there (frozen?)", g.id);
+    assert!(!tracking_dir(&g.id).exists(), "tracking dir left");
+}
+
 /// `ctr run --rm` with the runtime configuration `toml`; returns the output.
 fn run_with_runtime_config(toml: &str) -> (String, std::process::Output) {
     let id = unique_id("cfg");

@@ -40,7 +40,11 @@ async fn a_crashed_sandbox_recovered_by_crab_ends_as_the_fault_free_run_and_file
 
     let k = t.turns.len() / 2;
     let crab = run(&env, t.clone(), Strategy::Crab, Some(k)).await;
-    assert!(crab.recovery.is_some(), "no crash happened");
+    assert!(
+        crab.recovery.is_some(),
+        "no crash happened: {:?}",
+        crab.ending
+    );
     assert!(
         correct(&crab, &plain),
         "crab after a crash at turn {k}: {:?}",

@@ -323,6 +323,14 @@ impl Container {
     /// Removes the container: kills what is left, removes its cgroups and state.
     /// Deleting a container that is already gone is not an error.
     pub fn delete(&self) -> Result<()> {
+        // A frozen process cannot die: a shim killed while the container was
+        // paused, or frozen by a checkpoint's dump (Crab's freeze or CRIU's, which
+        // libcontainer's status does not show), leaves it so. Thaw it first.
+        if let Ok(manager) = self.cgroup_manager() {
+            if let Err(e) = manager.freeze(libcgroups::common::FreezerState::Thawed) {
+                tracing::warn!(id = %self.state.id, error = %e, "thaw before delete");
+            }
+        }
         // Kill through the tracking cgroup first: it holds every process, including
         // execs that libcontainer does not know about.
         self.tracking().destroy()?;
