@@ -230,14 +230,22 @@ pub fn run_reply(make: Box<RequestFn>, stdio: ChildStdio) -> Result<Reply> {
         .spawn()
         .map_err(Error::io(format!("spawn helper {}", exe.display())))?;
     drop(stdio);
+    // stderr is drained beside stdout: a helper that logs more than a pipe holds
+    // before it answers would otherwise block for ever.
+    let stderr = child.stderr.take().map(|mut s| {
+        std::thread::spawn(move || {
+            let mut err = String::new();
+            let _ = s.read_to_string(&mut err);
+            err
+        })
+    });
     let mut out = String::new();
-    let mut err = String::new();
     if let Some(mut s) = child.stdout.take() {
         let _ = s.read_to_string(&mut out);
     }
-    if let Some(mut s) = child.stderr.take() {
-        let _ = s.read_to_string(&mut err);
-    }
+    let err = stderr
+        .map(|t| t.join().unwrap_or_default())
+        .unwrap_or_default();
     // The shim's reaper may have collected the helper already (ECHILD): the reply on
     // stdout is what counts, not the exit status.
     let _ = child.wait();
