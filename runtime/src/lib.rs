@@ -1,6 +1,9 @@
 //! Crab's container runtime: everything the shim needs to know about containers, with
 //! nothing about containerd or its wire protocol.
 //!
+//! - [`sandbox`]: the facade over one live container that Crab's operations go
+//!   through (checkpoint, turn, rollback of files and processes), with their
+//!   invariants (the host's slots, the inspector's taint, the history lock).
 //! - [`config`]: the runtime configuration (TOML) and how it is found.
 //! - [`container`]: one container driven through youki's `libcontainer`.
 //! - [`control`]: the control socket's requests and answers (the shim serves it).
@@ -28,6 +31,7 @@ pub mod inspect;
 pub mod metrics;
 pub mod netns;
 pub mod oom;
+pub mod sandbox;
 pub mod storage;
 pub mod tracking;
 

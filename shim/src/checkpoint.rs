@@ -11,10 +11,11 @@ use crab_runtime::checkpoint::history::Entry;
 use crab_runtime::checkpoint::history_store::HistoryStore;
 use crab_runtime::checkpoint::ops::{self, HistoryOp};
 use crab_runtime::checkpoint::source::{RestoreOptions, Source};
-use crab_runtime::checkpoint::{bounded, reuse, Manifest, CONTAINERD_UNPACKED_PREFIX};
+use crab_runtime::checkpoint::{reuse, Manifest, CONTAINERD_UNPACKED_PREFIX};
 use crab_runtime::config::{Backend, Config};
 use crab_runtime::container::{Container, CreateOpts};
 use crab_runtime::helper::ChildStdio;
+use crab_runtime::sandbox::Sandbox;
 use crab_runtime::storage::layers::MountSpec;
 use crab_runtime::storage::ContainerKey;
 use crab_runtime::storage::ImageSource;
@@ -106,7 +107,8 @@ impl TaskService {
         }
         let (dir, exit) = (copts.dir.clone(), opts.exit);
         let (c2, config2) = (c.clone(), config.clone());
-        let m = blocking(move || bounded(&config, || c.checkpoint(&copts))).await?;
+        let sandbox = Sandbox::new(c.clone(), config.clone());
+        let m = blocking(move || sandbox.checkpoint_to(&copts)).await?;
         if !exit {
             blocking(move || {
                 reuse::keep(&config2, &c2, &dir);
@@ -278,17 +280,13 @@ impl TaskService {
     /// `Start` of a container created from a checkpoint.
     pub(crate) async fn start_restored(&self, inst: &mut Instance) -> ShimResult<i32> {
         let pending = inst.restore.take().expect("caller checked");
-        let container = inst.container.clone();
-        let criu = crab_runtime::criu::Tool::from_config(&inst.config);
+        let sandbox = inst.sandbox();
         let (images, dumped) = (pending.images.clone(), pending.dumped.clone());
         let terminal = dumped.stdio.tty.is_some();
         let started = Instant::now();
-        let result = restore_process(
-            &inst.config,
-            &inst.init.stdio,
-            terminal,
-            move |cfg, child| bounded(cfg, || container.restore(&images, &dumped, &criu, child)),
-        )
+        let result = restore_process(&inst.config, &inst.init.stdio, terminal, move |_, child| {
+            sandbox.restore_processes(&images, &dumped, child)
+        })
         .await;
         let (pid, io) = match result {
             Ok(v) => v,

@@ -10,14 +10,12 @@ use std::time::{Duration, Instant};
 use containerd_shim::protos::api::Status;
 use containerd_shim::protos::events::task::TaskExit;
 use containerd_shim::protos::protobuf::MessageField;
-use crab_runtime::checkpoint::bounded;
 use crab_runtime::checkpoint::history::Entry;
-use crab_runtime::checkpoint::history_store::HistoryStore;
-use crab_runtime::checkpoint::ops::{self, CheckpointRequest, HistoryOp};
+use crab_runtime::checkpoint::ops::CheckpointRequest;
+use crab_runtime::checkpoint::sched::Priority;
 use crab_runtime::config::Config;
 use crab_runtime::control::{self, Request, Response, Rollback};
 use crab_runtime::error::ErrorKind;
-use crab_runtime::storage::ContainerKey;
 use nix::sys::signal::Signal;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixListener;
@@ -120,13 +118,13 @@ impl TaskService {
                 .await
                 .map(|report| Response::RolledBack { report }),
             Request::FsSnapshot { id, name, .. } => self
-                .crab_fs(&id, HistoryOp::SnapshotFs(name))
+                .crab_fs(&id, &name, false)
                 .await
-                .map(|(name, ms)| Response::Fs { name, ms }),
+                .map(|ms| Response::Fs { name, ms }),
             Request::FsRollback { id, name, .. } => self
-                .crab_fs(&id, HistoryOp::RollbackFs(name))
+                .crab_fs(&id, &name, true)
                 .await
-                .map(|(name, ms)| Response::Fs { name, ms }),
+                .map(|ms| Response::Fs { name, ms }),
         };
         result.unwrap_or_else(|e| Response::Error {
             kind: e.kind(),
@@ -138,12 +136,12 @@ impl TaskService {
     pub async fn crab_checkpoint(&self, id: &str, req: CheckpointRequest) -> ShimResult<Entry> {
         let slot = self.containers.get(id)?;
         let _claim = slot.begin(Operation::Checkpointing)?;
-        let (c, config) = {
+        let sandbox = {
             let inst = slot.lock().await?;
             check_dumpable(&inst, id)?;
-            (inst.container.clone(), inst.config.clone())
+            inst.sandbox()
         };
-        let entry = blocking(move || bounded(&config, || c.take_checkpoint(&config, req))).await?;
+        let (entry, _) = blocking(move || sandbox.checkpoint(req, &Priority::high())).await?;
         tracing::info!(%id, seq = entry.seq, kind = ?entry.kind, total_ms = entry.timings.total_ms,
             fs_ms = entry.timings.fs_ms, dump_ms = entry.timings.dump_ms, "checkpoint");
         Ok(entry)
@@ -151,64 +149,54 @@ impl TaskService {
 
     /// `crabctl ls`.
     pub async fn crab_list(&self, id: &str) -> ShimResult<Vec<Entry>> {
-        let config = self.containers.get(id)?.lock().await?.config.clone();
-        let key = ContainerKey::new(&self.namespace, id)?;
+        let sandbox = self.containers.get(id)?.lock().await?.sandbox();
         // Waits for a checkpoint being recorded, off the async threads.
-        blocking(move || Ok(HistoryStore::open(&config, &key)?.history().entries.clone())).await
+        blocking(move || sandbox.checkpoints()).await
     }
 
     /// `crabctl rm`.
     pub async fn crab_remove(&self, id: &str, name: &str) -> ShimResult<Entry> {
         let slot = self.containers.get(id)?;
         let _claim = slot.begin(Operation::RemovingCheckpoint)?;
-        let (c, config, name) = {
-            let inst = slot.lock().await?;
-            (
-                inst.container.clone(),
-                inst.config.clone(),
-                name.to_string(),
-            )
-        };
-        let value = blocking(move || c.history(&config, HistoryOp::Remove(name))).await?;
-        serde_json::from_value(value).map_err(|e| ShimError::Other(format!("remove: {e}")))
+        let sandbox = slot.lock().await?.sandbox();
+        let name = name.to_string();
+        blocking(move || sandbox.remove_checkpoint(&name)).await
     }
 
     /// `crabctl fs snapshot` and `crabctl fs rollback` of a container this shim
     /// runs: its processes frozen around the change, and after a rollback the
     /// inspector told that the tree is no longer the one it watched (so the next
     /// turn takes everything, not a skip).
-    pub async fn crab_fs(&self, id: &str, op: HistoryOp) -> ShimResult<(String, f64)> {
+    pub async fn crab_fs(&self, id: &str, name: &str, rollback: bool) -> ShimResult<f64> {
         let started = Instant::now();
-        let (operation, rollback, name) = match &op {
-            HistoryOp::RollbackFs(n) => (Operation::RollingBack, true, n.clone()),
-            HistoryOp::SnapshotFs(n) => (Operation::Snapshotting, false, n.clone()),
-            other => {
-                return Err(ShimError::InvalidArgument(format!(
-                    "not a file-system operation: {other:?}"
-                )))
-            }
+        let operation = if rollback {
+            Operation::RollingBack
+        } else {
+            Operation::Snapshotting
         };
         let slot = self.containers.get(id)?;
         let _claim = slot.begin(operation)?;
         // Held: the container is paused behind containerd's back meanwhile.
         let inst = slot.lock().await?;
         let running = inst.init.status == Status::RUNNING;
-        let (c, config) = (inst.container.clone(), inst.config.clone());
+        let (sandbox, name) = (inst.sandbox(), name.to_string());
         blocking(move || {
+            let c = sandbox.container();
             if running {
                 c.pause()?;
             }
-            if rollback {
-                crab_runtime::inspect::taint(&c);
-            }
-            let done = c.history(&config, op);
+            let done = if rollback {
+                sandbox.rollback_files(&name)
+            } else {
+                sandbox.snapshot_files(&name)
+            };
             if running {
                 c.resume()?;
             }
-            done.map(|_| ())
+            done
         })
         .await?;
-        Ok((name, started.elapsed().as_secs_f64() * 1000.0))
+        Ok(started.elapsed().as_secs_f64() * 1000.0)
     }
 
     /// `crabctl rollback`: the files, and (when the checkpoint has a process image)
@@ -226,25 +214,21 @@ impl TaskService {
                 status_name(inst.init.status)
             )));
         }
-        let key = ContainerKey::new(&self.namespace, id)?;
-        let entry = {
-            let (config, key, name) = (inst.config.clone(), key.clone(), name.to_string());
-            blocking(move || Ok(HistoryStore::open(&config, &key)?.find(&name)?.clone())).await?
+        let sandbox = inst.sandbox();
+        let (entry, image) = {
+            let (sandbox, name) = (sandbox.clone(), name.to_string());
+            blocking(move || sandbox.find(&name)).await?
         };
         let snapshot = entry.fs_snapshot.clone().ok_or_else(|| {
             ShimError::FailedPrecondition(format!("checkpoint {name} has no file-system snapshot"))
         })?;
-        let image = ops::process_image(&inst.config, &key, &entry)?;
-        let (c, config) = (inst.container.clone(), inst.config.clone());
+        let c = inst.container.clone();
         // The state becomes checkpoint `name`'s, which need not be the latest:
-        // until the next full checkpoint, every turn takes everything.
-        crab_runtime::inspect::taint(&c);
+        // the facade taints the inspector, so every turn takes everything until
+        // the next full checkpoint.
         let rollback_fs = {
-            let (c, config) = (c.clone(), config.clone());
-            move || {
-                c.history(&config, HistoryOp::RollbackFs(snapshot))
-                    .map(|_| ())
-            }
+            let sandbox = sandbox.clone();
+            move || sandbox.rollback_files(&snapshot)
         };
         let Some((images, dumped)) = image else {
             // Files only: the processes stay, frozen around the change.
@@ -295,10 +279,9 @@ impl TaskService {
         let restored = async {
             blocking(rollback_fs).await?;
             fs_done_ms = started.elapsed().as_millis() as u64;
-            let criu = crab_runtime::criu::Tool::from_config(&config);
             let terminal = dumped.stdio.tty.is_some();
-            restore_process(&config, &inst.init.stdio, terminal, move |cfg, child| {
-                bounded(cfg, || c.restore(&images, &dumped, &criu, child))
+            restore_process(&inst.config, &inst.init.stdio, terminal, move |_, child| {
+                sandbox.restore_processes(&images, &dumped, child)
             })
             .await
         }

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use containerd_shim::protos::api::Status;
 use crab_runtime::config::Config;
 use crab_runtime::container::Container;
+use crab_runtime::sandbox::Sandbox;
 use tokio::task::JoinHandle;
 
 use crab_runtime::storage::layers::MountSpec;
@@ -77,6 +78,11 @@ impl Instance {
                 status_name(self.init.status)
             )))
         }
+    }
+
+    /// The runtime's facade over this container, for Crab's own operations.
+    pub fn sandbox(&self) -> Sandbox {
+        Sandbox::new(self.container.clone(), self.config.clone())
     }
 
     /// Where exec process specs and console sockets go.

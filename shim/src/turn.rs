@@ -5,14 +5,10 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Instant;
 
-use crab_runtime::checkpoint::bounded_at;
 use crab_runtime::checkpoint::history::Entry;
-use crab_runtime::checkpoint::ops::CheckpointRequest;
 use crab_runtime::checkpoint::sched::Priority;
 use crab_runtime::checkpoint::stats::{Recorder, TurnStats};
-use crab_runtime::checkpoint::Kind;
-use crab_runtime::config::PolicyMode;
-use crab_runtime::inspect::{self, Classification};
+use crab_runtime::inspect::Classification;
 
 use crate::containers::Operation;
 use crate::control::check_dumpable;
@@ -115,34 +111,11 @@ impl TaskService {
         let _claim = slot
             .begin_after(Operation::TakingTurn, OPERATION_WAIT)
             .await?;
-        let (c, config) = {
+        let sandbox = {
             let inst = slot.lock().await?;
             check_dumpable(&inst, id)?;
-            (inst.container.clone(), inst.config.clone())
+            inst.sandbox()
         };
-        blocking(move || {
-            let class = match config.policy.mode {
-                PolicyMode::Adaptive => {
-                    let insp = inspect::inspector(&config)?;
-                    inspect::classify(&c, &config, &insp)?
-                }
-                PolicyMode::Full => inspect::Classification::full("policy mode is full"),
-            };
-            if dry_run {
-                return Ok((class, None));
-            }
-            let req = CheckpointRequest {
-                kind: class.kind,
-                name: None,
-                mark: false,
-            };
-            let taken = if class.kind == Kind::Skip {
-                (c.take_checkpoint(&config, req)?, std::time::Duration::ZERO)
-            } else {
-                bounded_at(&config, &priority, || c.take_checkpoint(&config, req))?
-            };
-            Ok::<_, crab_runtime::Error>((class, Some(taken)))
-        })
-        .await
+        blocking(move || sandbox.turn(dry_run, &priority)).await
     }
 }

@@ -141,12 +141,19 @@ mod tests {
             let mut input = std::io::Cursor::new(vec![7u8; 300_000]);
             run_with_input(
                 "sh",
-                &["-c", "head -c 300000 /dev/zero >&2; head -c 100000 /dev/zero; wc -c"],
+                &[
+                    "-c",
+                    "head -c 300000 /dev/zero >&2; head -c 100000 /dev/zero; wc -c",
+                ],
                 &mut input,
             )
         })
         .unwrap();
-        assert!(out.trim_end().ends_with("300000"), "{:?}", &out[out.len() - 20..]);
+        assert!(
+            out.trim_end().ends_with("300000"),
+            "{:?}",
+            &out[out.len() - 20..]
+        );
         assert_eq!(out.len(), 100_000 + "300000\n".len());
     }
 

@@ -1,0 +1,155 @@
+//! One live container as Crab's own operations see it: the facade the shim calls.
+//!
+//! Each operation keeps the invariants every caller used to have to remember:
+//! - a dump or a restore takes one of the host's checkpoint slots ([`bounded_at`]),
+//!   queued at the caller's priority; a skipped turn takes none;
+//! - a change Crab makes to the tree behind the inspector's back (a file-system
+//!   rollback) taints the inspector, so that the next turn takes everything;
+//! - the history is read and written under its lock ([`HistoryStore`]);
+//! - tools run in the helper process, never in the (multithreaded) caller.
+//!
+//! What only the shim knows (which exec processes run, whether another operation
+//! holds the container) stays in the shim.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::checkpoint::engine::{CheckpointOpts, Dumped};
+use crate::checkpoint::history::Entry;
+use crate::checkpoint::history_store::HistoryStore;
+use crate::checkpoint::ops::{self, CheckpointRequest, HistoryOp};
+use crate::checkpoint::sched::Priority;
+use crate::checkpoint::{bounded_at, Kind, Manifest};
+use crate::config::{Config, PolicyMode};
+use crate::container::Container;
+use crate::helper::ChildStdio;
+use crate::inspect::{self, Classification};
+use crate::{criu, Error, Result};
+
+/// A container and the configuration it was created with.
+#[derive(Debug, Clone)]
+pub struct Sandbox {
+    container: Container,
+    config: Config,
+}
+
+/// A checkpoint taken, and how long it waited for a slot.
+pub type Taken = (Entry, Duration);
+
+impl Sandbox {
+    /// The facade over `container`, created with `config`.
+    pub fn new(container: Container, config: Config) -> Sandbox {
+        Sandbox { container, config }
+    }
+
+    /// The container.
+    pub fn container(&self) -> &Container {
+        &self.container
+    }
+
+    /// Takes a checkpoint of `req.kind`, in the host's queue at `priority` (a skip
+    /// records an entry and takes no slot).
+    pub fn checkpoint(&self, req: CheckpointRequest, priority: &Priority) -> Result<Taken> {
+        let (c, config) = (&self.container, &self.config);
+        if req.kind == Kind::Skip {
+            return Ok((c.take_checkpoint(config, req)?, Duration::ZERO));
+        }
+        bounded_at(config, priority, || c.take_checkpoint(config, req))
+    }
+
+    /// A self-contained checkpoint into `opts.dir` (containerd's `Checkpoint`: CRIU
+    /// images and the file delta), in one of the host's slots.
+    pub fn checkpoint_to(&self, opts: &CheckpointOpts) -> Result<Manifest> {
+        bounded_at(&self.config, &Priority::high(), || {
+            self.container.checkpoint(opts)
+        })
+        .map(|(m, _)| m)
+    }
+
+    /// What the turn changed since the last checkpoint (every turn is full under
+    /// the `full` policy) and, unless `dry_run`, the checkpoint it needs.
+    pub fn turn(
+        &self,
+        dry_run: bool,
+        priority: &Priority,
+    ) -> Result<(Classification, Option<Taken>)> {
+        let class = match self.config.policy.mode {
+            PolicyMode::Adaptive => {
+                let insp = inspect::inspector(&self.config)?;
+                inspect::classify(&self.container, &self.config, &insp)?
+            }
+            PolicyMode::Full => Classification::full("policy mode is full"),
+        };
+        if dry_run {
+            return Ok((class, None));
+        }
+        let req = CheckpointRequest {
+            kind: class.kind,
+            name: None,
+            mark: false,
+        };
+        let taken = self.checkpoint(req, priority)?;
+        Ok((class, Some(taken)))
+    }
+
+    /// The checkpoints, oldest first.
+    pub fn checkpoints(&self) -> Result<Vec<Entry>> {
+        Ok(HistoryStore::open(&self.config, &self.container.key()?)?
+            .history()
+            .entries
+            .clone())
+    }
+
+    /// The checkpoint `name` (a name or a seq), and the process image a rollback
+    /// to it restores (none for a checkpoint of the files alone).
+    pub fn find(&self, name: &str) -> Result<(Entry, Option<(PathBuf, Dumped)>)> {
+        let key = self.container.key()?;
+        let entry = HistoryStore::open(&self.config, &key)?.find(name)?.clone();
+        let image = ops::process_image(&self.config, &key, &entry)?;
+        Ok((entry, image))
+    }
+
+    /// Removes the checkpoint `name`; answers its entry.
+    pub fn remove_checkpoint(&self, name: &str) -> Result<Entry> {
+        let value = self
+            .container
+            .history(&self.config, HistoryOp::Remove(name.to_string()))?;
+        serde_json::from_value(value).map_err(|e| Error::Helper {
+            operation: "remove a checkpoint",
+            message: format!("unexpected answer: {e}"),
+        })
+    }
+
+    /// Takes a snapshot `name` of the files (the caller has frozen the processes).
+    pub fn snapshot_files(&self, name: &str) -> Result<()> {
+        self.container
+            .history(&self.config, HistoryOp::SnapshotFs(name.to_string()))
+            .map(|_| ())
+    }
+
+    /// Makes the files those of snapshot `snapshot` (the caller has frozen or
+    /// stopped the processes). The tree is then no longer the one the inspector
+    /// watched: until the next checkpoint, every turn takes everything.
+    pub fn rollback_files(&self, snapshot: &str) -> Result<()> {
+        inspect::taint(&self.container);
+        self.container
+            .history(&self.config, HistoryOp::RollbackFs(snapshot.to_string()))
+            .map(|_| ())
+    }
+
+    /// Restores the processes of a process image into the container (its old
+    /// processes are gone), in one of the host's slots; answers the init's pid.
+    pub fn restore_processes(
+        &self,
+        images: &std::path::Path,
+        dumped: &Dumped,
+        stdio: ChildStdio,
+    ) -> Result<i32> {
+        let tool = criu::Tool::from_config(&self.config);
+        let high = Priority::high();
+        bounded_at(&self.config, &high, || {
+            self.container.restore(images, dumped, &tool, stdio)
+        })
+        .map(|(pid, _)| pid)
+    }
+}
