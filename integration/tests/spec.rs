@@ -317,3 +317,70 @@ fn starting_a_running_task_again_fails_and_it_keeps_running() {
     assert_fails_naming(&out, "a second start", &[&g.id, "already exists"]);
     assert_still_serving(&g, pid);
 }
+
+#[test]
+fn a_spec_without_path_runs_an_absolute_command_with_the_default_path() {
+    // As containerd makes a Kubernetes pod's sandbox (pause) container: no env.
+    let root = ImageRoot::mount();
+    let id = unique_id("s");
+    let _guard = Guard::new(&id);
+    let mut spec = root.spec(&id, &["/bin/sh", "-c", "echo $PATH"]);
+    spec["process"]
+        .as_object_mut()
+        .expect("process")
+        .remove("env");
+    let out = root.run(&id, &spec);
+    let (o, e) = text(&out);
+    assert!(out.status.success(), "{o}{e}");
+    assert_eq!(
+        o.trim(),
+        "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    );
+}
+
+#[test]
+fn an_exec_asking_for_a_terminal_gets_one_whatever_its_process_spec_says() {
+    // containerd's client sets the request's flag and may leave the spec's false
+    // (its TestContainerExecLargeOutputWithTTY does): runc's shim takes the flag.
+    let g = sleeper(&[]);
+    let exec_id = unique_id("tty");
+    let process = json!({
+        "args": ["/bin/sh", "-c", "test -t 1 && echo tty > /tmp/tty-seen || echo none > /tmp/tty-seen"],
+        "env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"],
+        "cwd": "/",
+        "terminal": false,
+        "user": {"uid": 0, "gid": 0},
+    });
+    let (mut any, mut exec) = (Vec::new(), Vec::new());
+    pb_bytes(
+        &mut any,
+        1,
+        b"types.containerd.io/opencontainers/runtime-spec/1/Process",
+    );
+    pb_bytes(&mut any, 2, process.to_string().as_bytes());
+    pb_bytes(&mut exec, 1, g.id.as_bytes());
+    pb_bytes(&mut exec, 2, exec_id.as_bytes());
+    exec.extend_from_slice(&[3 << 3, 1]); // terminal: true
+    pb_bytes(&mut exec, 7, &any);
+    let (code, message) = shim_call(&g.id, "Exec", &exec);
+    assert_eq!(code, 0, "Exec: {message}");
+    let mut start = Vec::new();
+    pb_bytes(&mut start, 1, g.id.as_bytes());
+    pb_bytes(&mut start, 2, exec_id.as_bytes());
+    let (code, message) = shim_call(&g.id, "Start", &start);
+    assert_eq!(code, 0, "Start: {message}");
+    let mut seen = String::new();
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            seen = g
+                .exec(&["cat", "/tmp/tty-seen"])
+                .stdout
+                .iter()
+                .map(|&b| b as char)
+                .collect();
+            !seen.is_empty()
+        }),
+        "the exec never ran"
+    );
+    assert_eq!(seen.trim(), "tty");
+}

@@ -63,28 +63,11 @@ pub fn inject_env(config: &Config, bundle: &Path) -> ShimResult<()> {
     if !config.proxy.enabled() || !config.proxy.inject_env {
         return Ok(());
     }
-    let file = bundle.join("config.json");
-    let bad = |e: String| ShimError::Other(format!("{}: {e}", file.display()));
-    let text = std::fs::read(&file).map_err(|e| bad(e.to_string()))?;
-    let mut spec: serde_json::Value =
-        serde_json::from_slice(&text).map_err(|e| bad(e.to_string()))?;
-    let Some(env) = spec
-        .pointer_mut("/process/env")
-        .and_then(|e| e.as_array_mut())
-    else {
-        return Ok(());
-    };
-    for (name, value) in base_urls(&config.proxy.listen) {
-        let prefix = format!("{name}=");
-        if !env
-            .iter()
-            .any(|v| v.as_str().is_some_and(|s| s.starts_with(&prefix)))
-        {
-            env.push(format!("{prefix}{value}").into());
-        }
-    }
-    let out = serde_json::to_vec(&spec).map_err(|e| bad(e.to_string()))?;
-    std::fs::write(&file, out).map_err(|e| bad(e.to_string()))
+    let vars: Vec<(String, String)> = base_urls(&config.proxy.listen)
+        .into_iter()
+        .map(|(name, value)| (name.to_string(), value))
+        .collect();
+    crate::spec_env::add_missing(bundle, &vars)
 }
 
 /// The running proxy of one container.

@@ -116,6 +116,10 @@ impl TaskService {
             self.publish_create(&req, 0).await;
             return Ok(CreateTaskResponse::default());
         }
+        crate::spec_env::add_missing(
+            &bundle,
+            &[("PATH".into(), crate::spec_env::DEFAULT_PATH.into())],
+        )?;
         crate::proxy::inject_env(&config, &bundle)?;
         let rootfs_mounted =
             rootfs::prepare(&config, &key, &req.rootfs, &bundle.join("rootfs")).await?;
@@ -327,16 +331,21 @@ impl TaskService {
                 req.exec_id, req.id
             )));
         }
-        let spec =
+        let mut spec =
             req.spec.as_ref().map(|a| a.value.clone()).ok_or_else(|| {
                 ShimError::InvalidArgument("exec request has no process spec".into())
             })?;
         let parsed: oci_spec::runtime::Process = serde_json::from_slice(&spec)
             .map_err(|e| ShimError::InvalidArgument(format!("invalid exec process spec: {e}")))?;
         if parsed.terminal().unwrap_or(false) != req.terminal {
-            return Err(ShimError::InvalidArgument(
-                "exec: process.terminal does not match the request's terminal flag".into(),
-            ));
+            // The request's flag wins, as with runc's shim: clients set it and
+            // leave the spec's as their process template has it.
+            let mut json: serde_json::Value = serde_json::from_slice(&spec).map_err(|e| {
+                ShimError::InvalidArgument(format!("invalid exec process spec: {e}"))
+            })?;
+            json["terminal"] = req.terminal.into();
+            spec = serde_json::to_vec(&json)
+                .map_err(|e| ShimError::Other(format!("exec process spec: {e}")))?;
         }
         let mut proc = Process::new(
             &req.exec_id,
@@ -428,7 +437,6 @@ impl TaskService {
         }
         // A checkpoint of a container that has exited may still be writing.
         slot.require_idle()?;
-        self.containers.remove(&req.id);
         self.turns.forget(&req.id);
         if let Some(io) = inst.init.io.as_mut() {
             io.finish(OUTPUT_DRAIN).await;
@@ -473,6 +481,9 @@ impl TaskService {
                 ..Default::default()
             })
             .await;
+        // Forgotten last: until the delete event is out, the shim serves a
+        // container, so a `Shutdown` does not end it under the event.
+        self.containers.remove(&req.id);
         Ok(resp)
     }
 
