@@ -88,11 +88,22 @@ fn ctr_task_checkpoint_exit_checkpoints_and_leaves_the_task_running() {
 fn checkpoint_with_the_exit_option_stops_the_task() {
     // What containerd sends when a client asks for exit with runc's options type
     // (`ctr container checkpoint`, nerdctl, Docker): exit = field 1.
+    checkpoint_with_exit_in("containerd.runc.v1.CheckpointOptions");
+}
+
+#[test]
+fn checkpoint_with_the_exit_option_of_the_older_type_stops_the_task() {
+    // What containerd's Go client (`WithExit`) sends to a runtime that is not
+    // runc's: the same message under its older name.
+    checkpoint_with_exit_in("containerd.linux.runc.CheckpointOptions");
+}
+
+fn checkpoint_with_exit_in(type_url: &str) {
     let g = counter();
     let dir = std::env::temp_dir().join(unique_id("exit-ckpt"));
     let (mut options, mut any, mut request) = (Vec::new(), Vec::new(), Vec::new());
     options.extend_from_slice(&[1 << 3, 1]);
-    pb_bytes(&mut any, 1, b"containerd.runc.v1.CheckpointOptions");
+    pb_bytes(&mut any, 1, type_url.as_bytes());
     pb_bytes(&mut any, 2, &options);
     pb_bytes(&mut request, 1, g.id.as_bytes());
     pb_bytes(&mut request, 2, dir.display().to_string().as_bytes());

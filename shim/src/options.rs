@@ -54,20 +54,31 @@ pub fn restore_options(
 }
 
 /// What Crab takes from runc's `CheckpointOptions` (`ctr container checkpoint` always
-/// sends them; `ctr task checkpoint` sends none to a non-runc runtime).
+/// sends them; `ctr task checkpoint` sends none to a non-runc runtime; Docker sends
+/// containerd's older `containerd.linux.runc.CheckpointOptions`, whose fields have
+/// the same numbers, to every runtime that is not runc's).
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct CheckpointOptions {
     /// Stop the container after the checkpoint (default: leave it running).
     pub exit: bool,
 }
 
-const CHECKPOINT_OPTIONS_TYPE: &str = "containerd.runc.v1.CheckpointOptions";
+/// The checkpoint option types clients send (the same message, two names).
+const CHECKPOINT_OPTIONS_TYPES: [&str; 2] = [
+    "containerd.runc.v1.CheckpointOptions",
+    "containerd.linux.runc.CheckpointOptions",
+];
 
 impl CheckpointOptions {
     /// Decodes `options` (absent or of another type: the defaults).
     pub fn from_any(any: Option<&Any>) -> Result<CheckpointOptions, String> {
         let mut out = CheckpointOptions::default();
-        let Some(any) = any.filter(|a| a.type_url.ends_with(CHECKPOINT_OPTIONS_TYPE)) else {
+        let known = |a: &&Any| {
+            CHECKPOINT_OPTIONS_TYPES
+                .iter()
+                .any(|t| a.type_url.ends_with(t))
+        };
+        let Some(any) = any.filter(known) else {
             return Ok(out);
         };
         for_each_field(&any.value, "checkpoint options", |field, value| {
@@ -180,13 +191,28 @@ mod tests {
             out.write_string(8, "/img").unwrap();
             out.flush().unwrap();
         }
-        let any = Any {
-            type_url: "containerd.runc.v1.CheckpointOptions".into(),
+        // ctr's type, and the older name Docker sends to runtimes other than runc's.
+        for type_url in [
+            "containerd.runc.v1.CheckpointOptions",
+            "type.googleapis.com/containerd.linux.runc.CheckpointOptions",
+        ] {
+            let any = Any {
+                type_url: type_url.into(),
+                value: value.clone(),
+                ..Default::default()
+            };
+            assert!(
+                CheckpointOptions::from_any(Some(&any)).unwrap().exit,
+                "{type_url}"
+            );
+        }
+        assert!(!CheckpointOptions::from_any(None).unwrap().exit);
+        let other = Any {
+            type_url: "runtimeoptions.v1.Options".into(),
             value,
             ..Default::default()
         };
-        assert!(CheckpointOptions::from_any(Some(&any)).unwrap().exit);
-        assert!(!CheckpointOptions::from_any(None).unwrap().exit);
+        assert!(!CheckpointOptions::from_any(Some(&other)).unwrap().exit);
     }
 
     #[test]
