@@ -13,6 +13,7 @@ FILTER=()
 if [ "${1:-}" = "--" ]; then shift; FILTER=("$@"); fi
 
 log() { printf '\033[1;32m[test]\033[0m %s\n' "$*" >&2; }
+STARTED=$(date +%s)
 
 "$ROOT/hack/setup.sh"
 
@@ -52,4 +53,6 @@ status=${PIPESTATUS[0]}
 # One closing line that counts every integration test of the run.
 awk '/^test result:/ { p += $4; f += $6 } END { printf "integration: %d passed, %d failed\n", p, f }' \
     "$TEST_DIR/integration.log"
+elapsed=$(($(date +%s) - STARTED))
+log "took $((elapsed / 60)) min $((elapsed % 60)) s (set-up included)"
 exit "$status"
