@@ -94,15 +94,12 @@ fn open_store(config: &Config, backend: Backend) -> Result<Box<dyn Store>> {
     }
 }
 
-/// Runs `f` with the container frozen, if it is running.
-fn frozen<T>(c: Option<&Container>, f: impl FnOnce() -> Result<T>) -> Result<T> {
-    let Some(c) = c.filter(|c| c.is_running()) else {
-        return f();
-    };
-    c.pause().context("freeze the container")?;
-    let result = f();
-    c.resume().context("thaw the container")?;
-    result
+/// Runs `f` with the container frozen, if there is one and it is running.
+fn frozen<T>(c: Option<&Container>, f: impl FnOnce() -> crab_runtime::Result<T>) -> Result<T> {
+    Ok(match c {
+        Some(c) => c.frozen(f)?,
+        None => f()?,
+    })
 }
 
 /// Asks the container's shim for a snapshot (or a `rollback`) named `name`; `None`
@@ -166,7 +163,7 @@ pub fn run(config: &Config, namespace: &str, args: FsArgs) -> Result<()> {
             let store = open_store(config, backend_of(config, c.as_ref()))?;
             let k = key(&id)?;
             let t = Instant::now();
-            let info = frozen(c.as_ref(), || Ok(store.snapshot(&k, &name)?))?;
+            let info = frozen(c.as_ref(), || store.snapshot(&k, &name))?;
             println!("{} ({:.1} ms)", info.name, t.elapsed().as_secs_f64() * 1e3);
         }
         FsCommand::Ls { id } => {
@@ -185,7 +182,7 @@ pub fn run(config: &Config, namespace: &str, args: FsArgs) -> Result<()> {
             let store = open_store(config, backend_of(config, c.as_ref()))?;
             let k = key(&id)?;
             let t = Instant::now();
-            frozen(c.as_ref(), || Ok(store.rollback(&k, &name)?))?;
+            frozen(c.as_ref(), || store.rollback(&k, &name))?;
             println!(
                 "rolled back to {name} ({:.1} ms)",
                 t.elapsed().as_secs_f64() * 1e3

@@ -202,31 +202,23 @@ fn crashes_in_overlay_snapshot_and_clone_leave_nothing_recorded() {
     ctr_ok(&["task", "kill", "-s", "KILL", &g.id]);
     assert!(wait_until(T, || g.status().as_deref() == Some("STOPPED")));
     ctr_ok(&["task", "rm", &g.id]);
-    let fs = |args: &[&str]| {
-        let mut all = vec!["fs", "--backend", "overlay"];
-        all.extend_from_slice(args);
-        all.iter().map(|s| s.to_string()).collect::<Vec<_>>()
-    };
-    let run = |args: Vec<String>, env: &[(&str, &str)]| {
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        crabctl(&args, env)
-    };
-    let out = run(
-        fs(&["snapshot", &g.id, "s1"]),
+    let fs = ["fs", "--backend", "overlay"];
+    let out = crabctl(
+        &[&fs[..], &["snapshot", &g.id, "s1"]].concat(),
         &[("CRAB_FAULT", "overlay.snapshot.copied")],
     );
     assert_killed(&out);
-    let report = crabctl_ok(&["fs", "--backend", "overlay", "reconcile"]);
+    let report = crabctl_ok(&[&fs[..], &["reconcile"]].concat());
     assert!(report.contains("removed"), "{report}");
-    assert_eq!(text(&run(fs(&["ls", &g.id]), &[])).0, "");
-    assert!(run(fs(&["snapshot", &g.id, "s1"]), &[]).status.success());
+    assert_eq!(crabctl_ok(&[&fs[..], &["ls", &g.id]].concat()), "");
+    crabctl_ok(&[&fs[..], &["snapshot", &g.id, "s1"]].concat());
     let clone = unique_id("clone");
-    let out = run(
-        fs(&["clone", &g.id, "s1", &clone]),
+    let out = crabctl(
+        &[&fs[..], &["clone", &g.id, "s1", &clone]].concat(),
         &[("CRAB_FAULT", "overlay.tree.copied")],
     );
     assert_killed(&out);
-    crabctl_ok(&["fs", "--backend", "overlay", "reconcile"]);
+    crabctl_ok(&[&fs[..], &["reconcile"]].concat());
     let dir = std::path::Path::new("/var/lib/crab/overlay/containers")
         .join(namespace())
         .join(&clone);
@@ -235,7 +227,7 @@ fn crashes_in_overlay_snapshot_and_clone_leave_nothing_recorded() {
         "half a clone is recorded at {}",
         dir.display()
     );
-    let path = crabctl_ok(&["fs", "--backend", "overlay", "clone", &g.id, "s1", &clone]);
+    let path = crabctl_ok(&[&fs[..], &["clone", &g.id, "s1", &clone]].concat());
     assert_eq!(
         std::fs::read_to_string(std::path::Path::new(path.trim()).join("root/f")).unwrap(),
         "a\n"

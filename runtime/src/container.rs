@@ -222,6 +222,19 @@ impl Container {
         matches!(self.status(), Ok(ContainerStatus::Running))
     }
 
+    /// Runs `f` with the container's processes frozen if they run (a paused container
+    /// stays as it is), so that a change to its files lands between two instants of
+    /// its processes. The container is thawed again even when `f` fails.
+    pub fn frozen<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        if !self.is_running() {
+            return f();
+        }
+        self.pause()?;
+        let result = f();
+        self.resume()?;
+        result
+    }
+
     /// Lets the created init run the container's process.
     pub fn start(&self) -> Result<()> {
         let mut c = self.lc()?;

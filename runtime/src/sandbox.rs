@@ -19,7 +19,7 @@ use crate::checkpoint::history::Entry;
 use crate::checkpoint::history_store::HistoryStore;
 use crate::checkpoint::ops::{self, CheckpointRequest, HistoryOp};
 use crate::checkpoint::sched::Priority;
-use crate::checkpoint::{bounded_at, Kind, Manifest};
+use crate::checkpoint::{bounded, bounded_at, Kind, Manifest};
 use crate::config::{Config, PolicyMode};
 use crate::container::Container;
 use crate::helper::ChildStdio;
@@ -60,10 +60,7 @@ impl Sandbox {
     /// A self-contained checkpoint into `opts.dir` (containerd's `Checkpoint`: CRIU
     /// images and the file delta), in one of the host's slots.
     pub fn checkpoint_to(&self, opts: &CheckpointOpts) -> Result<Manifest> {
-        bounded_at(&self.config, &Priority::high(), || {
-            self.container.checkpoint(opts)
-        })
-        .map(|(m, _)| m)
+        bounded(&self.config, || self.container.checkpoint(opts))
     }
 
     /// What the turn changed since the last checkpoint (every turn is full under
@@ -146,10 +143,8 @@ impl Sandbox {
         stdio: ChildStdio,
     ) -> Result<i32> {
         let tool = criu::Tool::from_config(&self.config);
-        let high = Priority::high();
-        bounded_at(&self.config, &high, || {
+        bounded(&self.config, || {
             self.container.restore(images, dumped, &tool, stdio)
         })
-        .map(|(pid, _)| pid)
     }
 }

@@ -15,7 +15,6 @@ use crab_runtime::checkpoint::{reuse, Manifest, CONTAINERD_UNPACKED_PREFIX};
 use crab_runtime::config::{Backend, Config};
 use crab_runtime::container::{Container, CreateOpts};
 use crab_runtime::helper::ChildStdio;
-use crab_runtime::sandbox::Sandbox;
 use crab_runtime::storage::layers::MountSpec;
 use crab_runtime::storage::ContainerKey;
 use crab_runtime::storage::ImageSource;
@@ -82,7 +81,7 @@ impl TaskService {
             store: (inst.config.storage.backend != Backend::Passthrough && !inst.image.is_empty())
                 .then(|| inst.config.clone()),
         };
-        let (c, config) = (inst.container.clone(), inst.config.clone());
+        let (c, config, sandbox) = (inst.container.clone(), inst.config.clone(), inst.sandbox());
         // The claim keeps conflicting operations out; the container's lock is let
         // go while the checkpoint queues and dumps, so that its state, kill and
         // exits get through. A checkpoint that ends the task keeps it, so that the
@@ -107,7 +106,6 @@ impl TaskService {
         }
         let (dir, exit) = (copts.dir.clone(), opts.exit);
         let (c2, config2) = (c.clone(), config.clone());
-        let sandbox = Sandbox::new(c.clone(), config.clone());
         let m = blocking(move || sandbox.checkpoint_to(&copts)).await?;
         if !exit {
             blocking(move || {

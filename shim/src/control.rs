@@ -178,22 +178,15 @@ impl TaskService {
         let _claim = slot.begin(operation)?;
         // Held: the container is paused behind containerd's back meanwhile.
         let inst = slot.lock().await?;
-        let running = inst.init.status == Status::RUNNING;
         let (sandbox, name) = (inst.sandbox(), name.to_string());
         blocking(move || {
-            let c = sandbox.container();
-            if running {
-                c.pause()?;
-            }
-            let done = if rollback {
-                sandbox.rollback_files(&name)
-            } else {
-                sandbox.snapshot_files(&name)
-            };
-            if running {
-                c.resume()?;
-            }
-            done
+            sandbox.container().frozen(|| {
+                if rollback {
+                    sandbox.rollback_files(&name)
+                } else {
+                    sandbox.snapshot_files(&name)
+                }
+            })
         })
         .await?;
         Ok(started.elapsed().as_secs_f64() * 1000.0)
@@ -232,17 +225,7 @@ impl TaskService {
         };
         let Some((images, dumped)) = image else {
             // Files only: the processes stay, frozen around the change.
-            let running = inst.init.status == Status::RUNNING;
-            if running {
-                let c = c.clone();
-                blocking(move || c.pause()).await?;
-            }
-            let rolled = blocking(rollback_fs).await;
-            if running {
-                let c = c.clone();
-                blocking(move || c.resume()).await?;
-            }
-            rolled?;
+            blocking(move || c.frozen(rollback_fs)).await?;
             return Ok(Rollback {
                 checkpoint: entry,
                 pid: inst.init.pid,

@@ -56,18 +56,16 @@ fn base_urls(listen: &str) -> [(&'static str, String); 2] {
     ]
 }
 
-/// Adds the base-URL variables to the process of `bundle/config.json`. The
-/// file is edited as JSON so that fields this crate's spec types do not know
-/// survive.
-pub fn inject_env(config: &Config, bundle: &Path) -> ShimResult<()> {
+/// The base-URL variables the container's process gets (none when the
+/// configuration asks for no proxy, or for no injection).
+pub fn env_vars(config: &Config) -> Vec<(String, String)> {
     if !config.proxy.enabled() || !config.proxy.inject_env {
-        return Ok(());
+        return Vec::new();
     }
-    let vars: Vec<(String, String)> = base_urls(&config.proxy.listen)
+    base_urls(&config.proxy.listen)
         .into_iter()
         .map(|(name, value)| (name.to_string(), value))
-        .collect();
-    crate::spec_env::add_missing(bundle, &vars)
+        .collect()
 }
 
 /// The running proxy of one container.

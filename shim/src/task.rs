@@ -12,6 +12,16 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use containerd_shim::api::*;
+use containerd_shim::protos::api::{ProcessInfo, Status};
+use containerd_shim::protos::events::task::*;
+use containerd_shim::protos::protobuf::MessageField;
+use containerd_shim::ExitSignal;
+use crab_runtime::config::Config;
+use crab_runtime::container::{Container, CreateOpts};
+use crab_runtime::storage::ContainerKey;
+use nix::sys::signal::Signal;
+
 use crate::console::{self, ConsoleSocket};
 use crate::containers::{Containers, Creating, TryLock};
 use crate::error::{ShimError, ShimResult};
@@ -21,16 +31,7 @@ use crate::io::{PipeIo, ProcessIo, StdioPaths};
 use crate::options::RuntimeOptions;
 use crate::process::{Exit, Process};
 use crate::{metrics, oom, rootfs};
-use containerd_shim::api::*;
-use containerd_shim::protos::api::{ProcessInfo, Status};
-use containerd_shim::protos::events::task::*;
-use containerd_shim::protos::protobuf::MessageField;
-use containerd_shim::ExitSignal;
-use crab_runtime::config::Config;
 use crab_runtime::config::PolicyMode;
-use crab_runtime::container::{Container, CreateOpts};
-use crab_runtime::storage::ContainerKey;
-use nix::sys::signal::Signal;
 
 /// Name of the file beside the bundle that keeps the resolved config for `delete`.
 pub const BUNDLE_CONFIG: &str = "crab-config.toml";
@@ -116,11 +117,10 @@ impl TaskService {
             self.publish_create(&req, 0).await;
             return Ok(CreateTaskResponse::default());
         }
-        crate::spec_env::add_missing(
-            &bundle,
-            &[("PATH".into(), crate::spec_env::DEFAULT_PATH.into())],
-        )?;
-        crate::proxy::inject_env(&config, &bundle)?;
+        // One edit of the spec: a default PATH, the proxy's base URLs.
+        let mut vars = vec![("PATH".into(), crate::spec_env::DEFAULT_PATH.into())];
+        vars.extend(crate::proxy::env_vars(&config));
+        crate::spec_env::add_missing(&bundle, &vars)?;
         let rootfs_mounted =
             rootfs::prepare(&config, &key, &req.rootfs, &bundle.join("rootfs")).await?;
         let stdio = StdioPaths {

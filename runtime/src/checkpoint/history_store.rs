@@ -43,6 +43,11 @@ impl HistoryStore {
         })
     }
 
+    /// Whether `key` has anything on disk: a history, or the lock file of one.
+    pub fn exists(config: &Config, key: &ContainerKey) -> bool {
+        history::dir(config, key).exists() || lock_path(config, key).exists()
+    }
+
     /// The directory of the container's checkpoints.
     pub fn dir(&self) -> &Path {
         &self.dir
@@ -162,7 +167,9 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let config = config(t.path());
         let key = ContainerKey::new("ns", "c").unwrap();
+        assert!(!HistoryStore::exists(&config, &key));
         let mut h = HistoryStore::open(&config, &key).unwrap();
+        assert!(HistoryStore::exists(&config, &key), "its lock file");
         h.history_mut().next_seq = 7;
         h.save().unwrap();
         drop(h);
@@ -177,6 +184,7 @@ mod tests {
             .unwrap()
             .remove(&config, &key)
             .unwrap();
+        assert!(!HistoryStore::exists(&config, &key));
         let h = HistoryStore::open(&config, &key).unwrap();
         assert_eq!(h.history().next_seq, 1);
         assert!(h.history().entries.is_empty());
