@@ -351,7 +351,13 @@ impl Container {
             crate::inspect::unwatch(pins, self.state.cgroup_id);
         }
         match self.lc() {
-            Ok(mut c) => c.delete(true).map_err(Error::libcontainer("delete"))?,
+            Ok(mut c) => {
+                let cgroup_path = c.spec().ok().map(|s| s.cgroup_path);
+                c.delete(true).map_err(Error::libcontainer("delete"))?;
+                if let Some(path) = cgroup_path {
+                    crate::cgroup_view::leave_systemd(&path);
+                }
+            }
             Err(Error::NotFound(_)) => {}
             Err(e) => return Err(e),
         }

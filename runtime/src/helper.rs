@@ -450,6 +450,13 @@ fn serve_libcontainer(request: Request) -> Result<i32> {
     match request {
         Request::Create { bundle, .. } => {
             let spec = crate::container::load_spec(&bundle)?;
+            let cgroup_path = libcontainer::config::YoukiConfig::from_spec(&spec, &id_of_exec)
+                .map_err(|e| Error::InvalidSpec {
+                    bundle: bundle.clone(),
+                    message: e.to_string(),
+                })?
+                .cgroup_path;
+            crate::cgroup_view::join_systemd(&cgroup_path)?;
             let container = builder
                 .as_init(bundle)
                 .with_systemd(false)
@@ -467,10 +474,20 @@ fn serve_libcontainer(request: Request) -> Result<i32> {
             if crate::netns::owns_network_namespace(&spec) {
                 crate::netns::loopback_up(pid)?;
             }
+            // Last: the helper stays in the container's mount namespace.
+            crate::cgroup_view::seal(pid, &spec)?;
             Ok(pid)
         }
         Request::Exec { process, .. } => {
-            join_init_time_namespace(&root_of_exec, &id_of_exec)?;
+            let init = libcontainer::container::Container::load(root_of_exec.join(&id_of_exec))
+                .map_err(Error::libcontainer("load container for exec"))?;
+            if let Some(pid) = init.pid() {
+                join_time_namespace_of(pid.as_raw())?;
+            }
+            let config = init
+                .spec()
+                .map_err(Error::libcontainer("load config for exec"))?;
+            crate::cgroup_view::join_systemd(&config.cgroup_path)?;
             let pid = builder
                 .as_tenant()
                 .with_process(Some(process))
@@ -504,15 +521,6 @@ fn join_time_namespace_of(pid: i32) -> Result<()> {
         ));
     }
     Ok(())
-}
-
-fn join_init_time_namespace(root: &std::path::Path, id: &str) -> Result<()> {
-    let c = libcontainer::container::Container::load(root.join(id))
-        .map_err(Error::libcontainer("load container for exec"))?;
-    match c.pid() {
-        Some(pid) => join_time_namespace_of(pid.as_raw()),
-        None => Ok(()),
-    }
 }
 
 #[cfg(test)]

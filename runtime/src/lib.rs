@@ -11,6 +11,8 @@
 //! - [`helper`]: the short-lived helper process in which `libcontainer` forks, so that
 //!   the multithreaded shim never forks without exec.
 //! - [`tracking`]: the per-container cgroup2 directory that identifies its tasks to eBPF.
+//! - [`cgroup_view`]: the cgroup file system a container sees (read-only, its own
+//!   cgroups only, external to CRIU).
 //! - [`metrics`]: cgroup statistics of a container; [`oom`]: its OOM events.
 //! - [`netns`]: network namespaces (what a restore puts back in them).
 //! - [`checkpoint`]: checkpoint directories (CRIU images, the file-system delta, the
@@ -20,6 +22,7 @@
 //!   the pure decision ([`inspect::policy`]).
 //! - [`storage`]: snapshot-capable root file systems (btrfs, zfs, overlay).
 
+pub mod cgroup_view;
 pub mod checkpoint;
 pub mod config;
 pub mod container;

@@ -166,6 +166,11 @@ pub(crate) fn dump_request(
     stdio: &Stdio,
 ) -> criu::Dump {
     let mut external_mounts: Vec<String> = bind_mounts(spec).into_iter().map(|(d, _)| d).collect();
+    // libcontainer's binds of the container's cgroups (not in the spec as binds).
+    match crate::cgroup_view::dumped(pid, spec) {
+        Ok(points) => external_mounts.extend(points),
+        Err(e) => tracing::warn!(pid, error = %e, "cgroup mounts of the container"),
+    }
     if stdio.tty.is_some() {
         external_mounts.push(super::tty::CONSOLE.to_string());
     }

@@ -60,6 +60,7 @@ pub fn serve(request: Request) -> Result<(i32, RestorePhases)> {
     youki.cgroup_path = own_cgroup_path(&youki.cgroup_path, &dumped.id, &id);
     super::engine::verify_images(&images, &dumped.files)?;
     join_cgroups(&id, &youki.cgroup_path, &spec)?;
+    crate::cgroup_view::join_systemd(&youki.cgroup_path)?;
 
     // The new pipes replace the dumped ones, by CRIU's key. A key seen twice (fd 2
     // duplicated from fd 1) is inherited once. A dumped terminal is replaced by the
@@ -82,6 +83,7 @@ pub fn serve(request: Request) -> Result<(i32, RestorePhases)> {
         }
     }
     let mut external_mounts = bind_mounts(&spec);
+    external_mounts.extend(crate::cgroup_view::restored(&spec)?);
     if let Some(tty) = &dumped.stdio.tty {
         let slave = &fds[0];
         clear_cloexec(slave.as_raw_fd())?;
@@ -134,6 +136,8 @@ pub fn serve(request: Request) -> Result<(i32, RestorePhases)> {
     if netns::owns_network_namespace(&spec) {
         netns::loopback_up(pid)?;
     }
+    // Last: the helper stays in the container's mount namespace.
+    crate::cgroup_view::seal(pid, &spec)?;
     Ok((
         pid,
         RestorePhases {
