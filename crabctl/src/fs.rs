@@ -71,8 +71,14 @@ pub enum FsCommand {
     Du { id: String },
     /// Repair what interrupted operations left behind.
     Reconcile,
-    /// Remove the trees of containers containerd has removed.
-    Gc,
+    /// Remove the trees of containers containerd has removed, among those of one
+    /// containerd's snapshotter (another containerd on the host keeps its own).
+    Gc {
+        /// That snapshotter's snapshots directory, e.g.
+        /// /var/lib/containerd/io.containerd.snapshotter.v1.overlayfs/snapshots
+        #[arg(long)]
+        snapshots: PathBuf,
+    },
 }
 
 /// The backend the container uses: what its shim recorded beside its bundle, or the
@@ -245,13 +251,13 @@ pub fn run(config: &Config, namespace: &str, args: FsArgs) -> Result<()> {
                 }
             }
         }
-        FsCommand::Gc => {
+        FsCommand::Gc { snapshots } => {
             let stores = match chosen {
                 Some(b) => vec![(b, open_store(config, b)?)],
                 None => all_stores(config),
             };
             for (b, store) in stores {
-                for k in store.collect().with_context(|| format!("gc {b:?}"))? {
+                for k in store.collect(&snapshots).with_context(|| format!("gc {b:?}"))? {
                     println!("removed {k}");
                 }
             }

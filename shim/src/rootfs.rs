@@ -89,14 +89,22 @@ pub async fn release(config: &Config, key: &ContainerKey, target: &Path, mounted
     }
 }
 
-/// Destroys, in the background, the trees of containers containerd has removed.
-pub fn collect(config: &Config) {
+/// Destroys, in the background, the trees of containers containerd has removed,
+/// among those of the snapshotter that made `mounts` (this containerd's: another
+/// containerd on the host collects its own).
+pub fn collect(config: &Config, mounts: &[Mount]) {
     if config.storage.backend == Backend::Passthrough {
         return;
     }
+    let Some(scope) = ImageSource::from_mounts(&mount_specs(mounts))
+        .ok()
+        .and_then(|image| image.snapshotter())
+    else {
+        return;
+    };
     let config = config.clone();
     tokio::spawn(async move {
-        match store_op(&config, StoreOp::Collect).await {
+        match store_op(&config, StoreOp::Collect { scope }).await {
             Ok(serde_json::Value::Array(keys)) if !keys.is_empty() => {
                 tracing::info!(
                     ?keys,

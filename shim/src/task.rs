@@ -163,7 +163,7 @@ impl TaskService {
         init.pid = pid;
         init.io = Some(io);
         let oom = oom::watch(&container, self.events.clone());
-        rootfs::collect(&config);
+        rootfs::collect(&config, &req.rootfs);
         let control = self.serve_control(&config, &req.id).ok();
         let _held = creating.fill(Instance {
             container,

@@ -396,17 +396,21 @@ impl Store for BtrfsStore {
         }
     }
 
-    fn collect(&self) -> Result<Vec<ContainerKey>> {
+    fn owner(&self, key: &ContainerKey) -> Result<Option<PathBuf>> {
+        Ok(work::read_owner(&self.owner_file(key)))
+    }
+
+    fn collect(&self, scope: &Path) -> Result<Vec<ContainerKey>> {
         let mut gone = Vec::new();
         for (ns, e) in self.dirs.by_namespace(CONTAINERS) {
             let file = e.file_name().to_string_lossy().into_owned();
             let Some(id) = file.strip_suffix(".owner") else {
                 continue;
             };
-            let Ok(owner) = std::fs::read_to_string(e.path()) else {
+            let Some(owner) = work::read_owner(&e.path()) else {
                 continue;
             };
-            if owner.is_empty() || Path::new(&owner).exists() {
+            if !work::collectable(&owner, scope) {
                 continue;
             }
             let key = ContainerKey::new(&ns, id)?;

@@ -11,7 +11,7 @@ use nix::mount::{mount, MsFlags};
 use serde::{Deserialize, Serialize};
 
 use super::work::Existing;
-use super::{ContainerKey, ImageSource};
+use super::{ContainerKey, ImageSource, Store};
 use crate::checkpoint::history_store::HistoryStore;
 use crate::config::Config;
 use crate::helper::{self, ChildStdio, Request};
@@ -48,8 +48,12 @@ pub enum StoreOp {
         /// The container.
         key: ContainerKey,
     },
-    /// Destroy the trees of removed containers; answers their keys.
-    Collect,
+    /// Destroy the trees of removed containers of one snapshotter (the caller's
+    /// containerd's, [`super::work::collectable`]); answers their keys.
+    Collect {
+        /// That snapshotter's snapshots directory.
+        scope: PathBuf,
+    },
     /// The names that may differ from the image ([`super::Store::changed_since_image`]);
     /// answers a list, or null when the store cannot tell.
     ChangedSinceImage {
@@ -100,8 +104,9 @@ pub(crate) fn serve(config: &Config, op: StoreOp) -> Result<serde_json::Value> {
             forget_history(config, &key)?;
             let live = match store.clone_snapshot(&src, &snapshot, &key) {
                 // A tree left by a removed container of the same id: collect, retry.
-                Err(Error::AlreadyExists(_)) => {
-                    store.collect()?;
+                Err(Error::AlreadyExists(_)) if image.snapshotter().is_some() => {
+                    let scope = image.snapshotter().expect("checked");
+                    collect(config, store.as_ref(), &scope)?;
                     store.clone_snapshot(&src, &snapshot, &key)?
                 }
                 other => other?,
@@ -111,25 +116,42 @@ pub(crate) fn serve(config: &Config, op: StoreOp) -> Result<serde_json::Value> {
             }
             bind_at(&live, &target).map(|()| null)
         }
-        StoreOp::Release { key } => store.release(&key).map(|()| null),
+        StoreOp::Release { key } => {
+            store.release(&key)?;
+            // A tree without an owner (a read-only view's) cannot be found again
+            // by the collect: it goes with its task. Nothing in it was written.
+            if store.existing(&key, &ImageSource::from_layers(Vec::new()))?.is_some()
+                && store.owner(&key)?.is_none()
+            {
+                store.destroy(&key)?;
+                forget_history(config, &key)?;
+            }
+            Ok(null)
+        }
         StoreOp::ChangedSinceImage { key, image } => Ok(store
             .changed_since_image(&key, &image)?
             .map(|paths| serde_json::to_value(paths).expect("paths serialize"))
             .unwrap_or(null)),
-        StoreOp::Collect => {
-            let keys = store.collect()?;
-            // Their checkpoint histories go with them (their snapshots already did).
-            for key in &keys {
-                if let Err(e) = forget_history(config, key) {
-                    tracing::warn!(%key, error = %e, "remove the history of a removed container");
-                }
-            }
+        StoreOp::Collect { scope } => {
+            let keys = collect(config, store.as_ref(), &scope)?;
             Ok(
                 serde_json::to_value(keys.iter().map(|k| k.to_string()).collect::<Vec<_>>())
                     .expect("keys serialize"),
             )
         }
     }
+}
+
+/// The store's collect, with the removed containers' checkpoint histories (their
+/// snapshots already went with their trees).
+fn collect(config: &Config, store: &dyn Store, scope: &Path) -> Result<Vec<ContainerKey>> {
+    let keys = store.collect(scope)?;
+    for key in &keys {
+        if let Err(e) = forget_history(config, key) {
+            tracing::warn!(%key, error = %e, "remove the history of a removed container");
+        }
+    }
+    Ok(keys)
 }
 
 /// Removes the checkpoint history of `key` (its process images and manifest), under

@@ -75,6 +75,13 @@ impl ImageSource {
         })
     }
 
+    /// The snapshots directory of the snapshotter that made this rootfs (its
+    /// owner's, or for a read-only view its top layer's): the scope of a collect.
+    pub fn snapshotter(&self) -> Option<PathBuf> {
+        let dir = self.owner.as_ref().or(self.layers.first())?;
+        super::work::snapshotter_of(dir).map(Path::to_path_buf)
+    }
+
     /// An image made of these layer directories (top first).
     pub fn from_layers(layers: Vec<PathBuf>) -> ImageSource {
         let mut h = Sha256::new();

@@ -131,11 +131,16 @@ pub trait Store: Send + Sync {
     /// Finishes or undoes operations a crash interrupted.
     fn reconcile(&self) -> Result<ReconcileReport>;
 
-    /// Destroys the trees (and snapshots) of containers whose owner no longer exists:
-    /// containerd removed the container. Returns their keys.
-    fn collect(&self) -> Result<Vec<ContainerKey>> {
+    /// Destroys the trees (and snapshots) of containers whose owner no longer exists
+    /// (containerd removed the container), among those of the snapshotter `scope`
+    /// ([`work::collectable`]). Returns their keys.
+    fn collect(&self, _scope: &std::path::Path) -> Result<Vec<ContainerKey>> {
         Ok(Vec::new())
     }
+
+    /// The owner recorded for the container's tree (`None`: no tree, or a tree
+    /// made without one, such as a read-only view's).
+    fn owner(&self, key: &ContainerKey) -> Result<Option<std::path::PathBuf>>;
 
     /// The names (relative to the tree's root, `""` for the root) that may differ
     /// between the container's tree and the image it was made from, as the backend

@@ -538,13 +538,17 @@ impl Store for OverlayStore {
         Ok(report)
     }
 
-    fn collect(&self) -> Result<Vec<ContainerKey>> {
+    fn owner(&self, key: &ContainerKey) -> Result<Option<PathBuf>> {
+        Ok(work::read_owner(&self.dir(key).join("owner")))
+    }
+
+    fn collect(&self, scope: &Path) -> Result<Vec<ContainerKey>> {
         let mut gone = Vec::new();
         for (ns, c) in self.dirs.by_namespace(CONTAINERS) {
-            let Ok(owner) = std::fs::read_to_string(c.path().join("owner")) else {
+            let Some(owner) = work::read_owner(&c.path().join("owner")) else {
                 continue;
             };
-            if owner.is_empty() || Path::new(&owner).exists() {
+            if !work::collectable(&owner, scope) {
                 continue;
             }
             let key = ContainerKey::new(&ns, &c.file_name().to_string_lossy())?;

@@ -53,6 +53,9 @@ pub fn existing_tree(recorded: Option<&Path>, requested: Option<&Path>) -> Exist
         (Some(r), Some(o)) if snapshotter_of(r).is_some_and(|s| Some(s) == snapshotter_of(o)) => {
             Existing::Replace
         }
+        // A read-only view (no writable layer, so no owner) on both sides: the
+        // tree holds nothing that could have been written.
+        (None, None) => Existing::Replace,
         _ => Existing::Conflict,
     }
 }
@@ -64,8 +67,16 @@ pub fn existing_at(tree: &Path, owner_file: &Path, requested: Option<&Path>) -> 
         .then(|| existing_tree(read_owner(owner_file).as_deref(), requested))
 }
 
+/// Whether the tree of a container whose recorded owner is `owner` is the
+/// collect's to remove: its owner is gone, and it belonged to the snapshotter
+/// `scope` (the calling containerd's). Another containerd's trees are its own
+/// business, even where this process cannot see their owners.
+pub fn collectable(owner: &Path, scope: &Path) -> bool {
+    owner.is_absolute() && snapshotter_of(owner) == Some(scope) && !owner.exists()
+}
+
 /// The snapshots directory an owner (`<snapshots>/<n>/fs`) belongs to.
-fn snapshotter_of(owner: &Path) -> Option<&Path> {
+pub fn snapshotter_of(owner: &Path) -> Option<&Path> {
     let snapshot = owner.parent()?;
     snapshot
         .file_name()?
@@ -102,6 +113,7 @@ mod tests {
         assert_eq!(existing_tree(Some(gone), Some(here)), Existing::Replace);
         assert_eq!(existing_tree(Some(here), Some(gone)), Existing::Conflict);
         assert_eq!(existing_tree(None, Some(here)), Existing::Conflict);
+        assert_eq!(existing_tree(None, None), Existing::Replace);
     }
 
     #[test]
@@ -123,5 +135,18 @@ mod tests {
             existing_tree(Some(root.path()), Some(&new)),
             Existing::Conflict
         );
+    }
+
+    #[test]
+    fn only_gone_owners_of_the_callers_snapshotter_are_collectable() {
+        let scope = Path::new("/nonexistent/a/snapshots");
+        assert!(collectable(&scope.join("7/fs"), scope));
+        let other = Path::new("/nonexistent/b/snapshots/7/fs");
+        assert!(!collectable(other, scope), "another containerd's tree");
+        let root = tempfile::tempdir().unwrap();
+        let live = root.path().join("snapshots/3/fs");
+        std::fs::create_dir_all(&live).unwrap();
+        assert!(!collectable(&live, &root.path().join("snapshots")), "owner alive");
+        assert!(!collectable(Path::new("relative/3/fs"), Path::new("relative")));
     }
 }

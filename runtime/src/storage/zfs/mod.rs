@@ -352,7 +352,12 @@ impl Store for ZfsStore {
         self.recover()
     }
 
-    fn collect(&self) -> Result<Vec<ContainerKey>> {
-        self.collect_orphans()
+    fn owner(&self, key: &ContainerKey) -> Result<Option<PathBuf>> {
+        let ds = self.dataset(key)?;
+        Ok(self.state(&ds)?.and_then(|st| st.owner))
+    }
+
+    fn collect(&self, scope: &Path) -> Result<Vec<ContainerKey>> {
+        self.collect_orphans(scope)
     }
 }

@@ -127,10 +127,10 @@ impl ZfsStore {
     }
 
     /// [`Store::collect`]: destroys the trees whose owner is gone.
-    pub(super) fn collect_orphans(&self) -> Result<Vec<ContainerKey>> {
+    pub(super) fn collect_orphans(&self, scope: &Path) -> Result<Vec<ContainerKey>> {
         let mut gone = Vec::new();
         for (ds, owner) in self.marked(OWNER)? {
-            if !owner.starts_with('/') || Path::new(&owner).exists() {
+            if !crate::storage::work::collectable(Path::new(&owner), scope) {
                 continue;
             }
             let Some(key) = self.key_of(&ds) else {
