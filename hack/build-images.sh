@@ -6,11 +6,12 @@
 #   docker.io/crab/python:latest   Debian bookworm minbase + python3, venv, git, make, tcc,
 #                                  sqlite3, patch (via debootstrap)
 #
-# Each image is one reproducible gzip layer packed by hack/oci-image.py. Output goes to
+# Each image is one reproducible gzip layer packed by hack/oci-image.py, in an archive
+# that is both an OCI layout and a `docker load` archive. Output goes to
 # ${CRAB_IMAGE_DIR:-/var/lib/crab/images}/{busybox,python}.tar; an existing archive is
 # kept unless --force is given. The debootstrap result is cached in
 # ${CRAB_CACHE_DIR:-/var/cache/crab} so rebuilding the python image is quick.
-# Nothing is imported here: hack/containerd.sh does that when it starts containerd.
+# Nothing is imported here: hack/containerd.sh and hack/docker.sh do that when they start.
 #
 #   hack/build-images.sh [--force] [busybox] [python]
 #
@@ -211,6 +212,11 @@ for image in "${WANT[@]}"; do
     # An archive built with another package list is stale.
     stale=0
     if [ "$image" = python ] && [ "$(cat "$out.include" 2>/dev/null)" != "$PY_INCLUDE" ]; then
+        stale=1
+    fi
+    # Archives made before they carried Docker's manifest.json (docker load needs it);
+    # the rebuilt layers are the same bytes, so containerd's import is unchanged.
+    if [ -s "$out" ] && ! tar -tf "$out" manifest.json >/dev/null 2>&1; then
         stale=1
     fi
     if [ -s "$out" ] && [ "$FORCE" = 0 ] && [ "$stale" = 0 ]; then

@@ -3,7 +3,9 @@
 
 Used by hack/build-images.sh: no registry is reachable from the test hosts, so the
 images Crab's demo and tests run are assembled locally and loaded with
-`ctr images import`. Standard library only.
+`ctr images import` (the OCI layout: index.json) or `docker load` (Docker's
+manifest.json, which Docker's overlay2 store needs; the same blobs, as `docker save`
+writes since Docker 25). Standard library only.
 
 The layer is reproducible: entries are sorted, every mtime is fixed (SOURCE_DATE_EPOCH,
 default 0), user and group names are dropped, and uid/gid/mode/symlinks/hard links
@@ -106,6 +108,14 @@ def add_blob(layout, data):
     return digest, len(data)
 
 
+def familiar(name):
+    """Docker's short form of an image name: docker.io/library/x:t -> x:t."""
+    for prefix in ("docker.io/library/", "docker.io/"):
+        if name.startswith(prefix):
+            return name[len(prefix):]
+    return name
+
+
 def canonical(obj):
     return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
 
@@ -194,6 +204,14 @@ def main():
         }
         with open(os.path.join(layout, "index.json"), "wb") as f:
             f.write(canonical(index))
+        # Docker's archive manifest, for `docker load` with a graph driver (overlay2).
+        docker_manifest = [{
+            "Config": "blobs/sha256/" + config_digest[7:],
+            "RepoTags": [familiar(args.name)],
+            "Layers": ["blobs/sha256/" + layer_digest[7:]],
+        }]
+        with open(os.path.join(layout, "manifest.json"), "wb") as f:
+            f.write(canonical(docker_manifest))
         with open(os.path.join(layout, "oci-layout"), "wb") as f:
             f.write(canonical({"imageLayoutVersion": "1.0.0"}))
 

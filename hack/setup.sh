@@ -2,7 +2,8 @@
 # Installs everything Crab needs on a fresh Debian 12 (bookworm) host and builds the
 # project. Idempotent: every step checks whether its result is already there.
 #
-#   hack/setup.sh            # packages, CRIU, containerd, tracefs, shim, test images
+#   hack/setup.sh            # packages, CRIU, containerd, tracefs, shim, test images,
+#                            # Docker 26 in an isolated trixie root (hack/docker.sh)
 #   CRAB_SKIP_BUILD=1 ...    # everything but the cargo build and shim install
 set -euo pipefail
 
@@ -148,6 +149,11 @@ build_images() {
     "$ROOT/hack/build-images.sh"
 }
 
+docker_root() {
+    # trixie's dockerd, CLI and docker-py in a root of their own: the host stays bookworm.
+    "$ROOT/hack/docker.sh" install
+}
+
 storage_pools() {
     "$ROOT/hack/pool.sh"
     # ZFS for the zfs backend (the zfs-fuse daemon where the kernel has no ZFS).
@@ -163,4 +169,5 @@ install_criu
 storage_pools
 build_shim
 build_images
+docker_root
 log "done"

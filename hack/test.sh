@@ -27,10 +27,16 @@ state_dir = "/run/crab/state-test"
 log_level = "debug"
 TOML
 
+"$ROOT/hack/docker.sh" stop >/dev/null 2>&1 || true
 "$ROOT/hack/containerd.sh" stop >/dev/null 2>&1 || true
 "$ROOT/hack/containerd.sh" start
 eval "$("$ROOT/hack/containerd.sh" env)"
 trap '"$ROOT/hack/containerd.sh" stop >/dev/null 2>&1 || true' EXIT
+# Docker 26 (its dockerd in an isolated trixie root) on that containerd, with the crab
+# runtime registered as `crab`: tests/docker.rs drives it with the docker CLI and docker-py.
+"$ROOT/hack/docker.sh" start
+eval "$("$ROOT/hack/docker.sh" env)"
+trap '"$ROOT/hack/docker.sh" stop >/dev/null 2>&1 || true; "$ROOT/hack/containerd.sh" stop >/dev/null 2>&1 || true' EXIT
 
 if [ ${#FILTER[@]} -eq 0 ]; then
     log "lint"

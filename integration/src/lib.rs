@@ -10,6 +10,7 @@
 use std::io::{BufRead, BufReader, Write};
 
 pub mod bench;
+pub mod docker;
 pub mod llm;
 pub mod pty;
 pub mod ttrpc;
