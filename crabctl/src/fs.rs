@@ -257,7 +257,10 @@ pub fn run(config: &Config, namespace: &str, args: FsArgs) -> Result<()> {
                 None => all_stores(config),
             };
             for (b, store) in stores {
-                for k in store.collect(&snapshots).with_context(|| format!("gc {b:?}"))? {
+                for k in store
+                    .collect(&snapshots)
+                    .with_context(|| format!("gc {b:?}"))?
+                {
                     println!("removed {k}");
                 }
             }

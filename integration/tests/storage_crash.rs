@@ -234,7 +234,14 @@ fn crashes_in_overlay_snapshot_and_clone_leave_nothing_recorded() {
     );
     let root = std::env::var("CRAB_CONTAINERD_ROOT").unwrap_or("/var/lib/crab/containerd".into());
     let snapshots = format!("{root}/io.containerd.snapshotter.v1.overlayfs/snapshots");
-    crabctl_ok(&["fs", "--backend", "overlay", "gc", "--snapshots", &snapshots]);
+    crabctl_ok(&[
+        "fs",
+        "--backend",
+        "overlay",
+        "gc",
+        "--snapshots",
+        &snapshots,
+    ]);
     let _ = std::process::Command::new("umount")
         .arg(path.trim())
         .status();

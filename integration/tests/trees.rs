@@ -16,7 +16,10 @@ use crab_integration::*;
 const POOL: &str = "/var/lib/crab/pool";
 
 fn tree(id: &str) -> PathBuf {
-    Path::new(POOL).join("containers").join(namespace()).join(id)
+    Path::new(POOL)
+        .join("containers")
+        .join(namespace())
+        .join(id)
 }
 
 fn owner_file(id: &str) -> PathBuf {

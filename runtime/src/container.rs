@@ -390,6 +390,15 @@ pub(crate) fn controller_opt(resources: &LinuxResources) -> ControllerOpt<'_> {
     }
 }
 
+/// Whether the spec gives the container a new namespace of type `typ` (listed,
+/// without a path to join).
+pub fn owns_namespace(spec: &Spec, typ: oci_spec::runtime::LinuxNamespaceType) -> bool {
+    spec.linux()
+        .as_ref()
+        .and_then(|l| l.namespaces().as_ref())
+        .is_some_and(|nss| nss.iter().any(|n| n.typ() == typ && n.path().is_none()))
+}
+
 /// Reads and checks `config.json`.
 pub fn load_spec(bundle: &Path) -> Result<Spec> {
     let file = bundle.join("config.json");

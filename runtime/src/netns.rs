@@ -16,14 +16,7 @@ use crate::{Error, Result};
 /// Whether the spec gives the container a network namespace of its own (one without a
 /// path: the runtime makes it, so the runtime sets it up).
 pub fn owns_network_namespace(spec: &Spec) -> bool {
-    spec.linux()
-        .as_ref()
-        .and_then(|l| l.namespaces().as_ref())
-        .map(|nss| {
-            nss.iter()
-                .any(|n| n.typ() == LinuxNamespaceType::Network && n.path().is_none())
-        })
-        .unwrap_or(false)
+    crate::container::owns_namespace(spec, LinuxNamespaceType::Network)
 }
 
 /// Whether `pid`'s network namespace has no interface but `lo` (false when that

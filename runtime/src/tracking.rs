@@ -77,15 +77,36 @@ impl TrackingCgroup {
         Ok(text.lines().filter_map(|l| l.trim().parse().ok()).collect())
     }
 
-    /// Kills every process in it (cgroup.kill, where the kernel has it) and removes it.
-    /// Removing a directory that is already gone is not an error.
+    /// SIGKILLs every process in it: at once with cgroup.kill where the kernel has
+    /// it (no fork escapes it), else one by one.
+    pub fn kill_all(&self) -> Result<()> {
+        let pids = self.pids()?;
+        if pids.is_empty() {
+            return Ok(());
+        }
+        let kill = self.path.join("cgroup.kill");
+        if kill.exists() {
+            return std::fs::write(&kill, "1")
+                .map_err(Error::io(format!("write {}", kill.display())));
+        }
+        for pid in pids {
+            // A process that exits meanwhile is not an error.
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        Ok(())
+    }
+
+    /// Kills every process in it and removes it. Removing a directory that is
+    /// already gone is not an error.
     pub fn destroy(&self) -> Result<()> {
         if !self.path.exists() {
             return Ok(());
         }
-        let kill = self.path.join("cgroup.kill");
-        if kill.exists() && !self.pids()?.is_empty() {
-            let _ = std::fs::write(&kill, "1");
+        if let Err(e) = self.kill_all() {
+            tracing::warn!(cgroup = %self.path.display(), error = %e, "kill before removal");
         }
         // Killed tasks leave the cgroup asynchronously: retry rmdir for a moment.
         let mut last = None;

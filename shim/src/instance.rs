@@ -67,6 +67,27 @@ impl Instance {
         })
     }
 
+    /// After the init's exit: a container without a pid namespace of its own
+    /// (`hostPID`, a pod's shared one) keeps its other processes, which the
+    /// kernel kills with the init only inside a namespace it owns. They are
+    /// killed before the exit is reported, as runc's shim does.
+    pub fn kill_orphans_of_init(&self) {
+        let own = crab_runtime::container::load_spec(&self.bundle)
+            .map(|spec| {
+                crab_runtime::container::owns_namespace(
+                    &spec,
+                    oci_spec::runtime::LinuxNamespaceType::Pid,
+                )
+            })
+            .unwrap_or(true);
+        if own {
+            return;
+        }
+        if let Err(e) = self.container.tracking().kill_all() {
+            tracing::warn!(id = %self.container.id(), error = %e, "kill what the init left");
+        }
+    }
+
     /// Fails unless the init is running (not created, paused or stopped).
     pub fn require_running(&self, operation: &str) -> ShimResult<()> {
         if self.init.status == Status::RUNNING {

@@ -691,6 +691,9 @@ impl TaskService {
         let exit = Exit::now(code as u32);
         proc.set_exited(exit);
         let exec_id = proc.exec_id.clone();
+        if exec_id.is_empty() {
+            inst.kill_orphans_of_init();
+        }
         let policy = &inst.config.policy;
         if !exec_id.is_empty() && policy.turn_on_exec && policy.mode == PolicyMode::Adaptive {
             // An orchestrator's tool call ended: close the turn once the

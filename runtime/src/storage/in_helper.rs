@@ -120,7 +120,9 @@ pub(crate) fn serve(config: &Config, op: StoreOp) -> Result<serde_json::Value> {
             store.release(&key)?;
             // A tree without an owner (a read-only view's) cannot be found again
             // by the collect: it goes with its task. Nothing in it was written.
-            if store.existing(&key, &ImageSource::from_layers(Vec::new()))?.is_some()
+            if store
+                .existing(&key, &ImageSource::from_layers(Vec::new()))?
+                .is_some()
                 && store.owner(&key)?.is_none()
             {
                 store.destroy(&key)?;

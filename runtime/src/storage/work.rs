@@ -146,7 +146,13 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         let live = root.path().join("snapshots/3/fs");
         std::fs::create_dir_all(&live).unwrap();
-        assert!(!collectable(&live, &root.path().join("snapshots")), "owner alive");
-        assert!(!collectable(Path::new("relative/3/fs"), Path::new("relative")));
+        assert!(
+            !collectable(&live, &root.path().join("snapshots")),
+            "owner alive"
+        );
+        assert!(!collectable(
+            Path::new("relative/3/fs"),
+            Path::new("relative")
+        ));
     }
 }
