@@ -23,6 +23,7 @@ pub mod process;
 pub mod proxy;
 pub mod rootfs;
 pub mod service;
+pub mod shim_cgroup;
 pub mod spec_env;
 pub mod task;
 pub mod task_impl;

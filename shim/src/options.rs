@@ -90,6 +90,58 @@ impl CheckpointOptions {
     }
 }
 
+/// What Crab takes from runc's task options, which containerd's Go client sends
+/// for `WithShimCgroup` and `WithRestoreImagePath` (nerdctl's `start --checkpoint`
+/// path): as `containerd.runc.v1.Options` to runc's runtimes and as
+/// `containerd.linux.runc.CreateOptions` to every other, with other field numbers.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct RuncTaskOptions {
+    /// The cgroup the shim process is to live in (relative to each hierarchy's root).
+    pub shim_cgroup: Option<String>,
+    /// A directory of CRIU images (a checkpoint written to a client's
+    /// `WithCheckpointImagePath`) to restore the task from.
+    pub criu_image_path: Option<String>,
+}
+
+impl RuncTaskOptions {
+    /// Decodes `options` (absent or of another type: nothing).
+    pub fn from_any(any: Option<&Any>) -> Result<RuncTaskOptions, String> {
+        let mut out = RuncTaskOptions::default();
+        let Some(any) = any else { return Ok(out) };
+        // (shim_cgroup, criu_image_path) field numbers of each message.
+        let (cgroup_field, image_field) = if any.type_url.ends_with("containerd.runc.v1.Options") {
+            (3, 10)
+        } else if any.type_url.ends_with("containerd.linux.runc.CreateOptions") {
+            (9, 13)
+        } else {
+            return Ok(out);
+        };
+        for_each_field(&any.value, "runc task options", |field, value| {
+            if let Field::Bytes(b) = value {
+                let text = Some(string(b)).filter(|s| !s.is_empty());
+                if field == cgroup_field {
+                    out.shim_cgroup = text;
+                } else if field == image_field {
+                    out.criu_image_path = text;
+                }
+            }
+        })?;
+        Ok(out)
+    }
+}
+
+/// A `google.protobuf.Any` from its wire form: what containerd writes to the shim's
+/// `start` on stdin.
+pub fn any_from_bytes(bytes: &[u8]) -> Result<Any, String> {
+    let mut any = Any::default();
+    for_each_field(bytes, "start options", |field, value| match (field, value) {
+        (1, Field::Bytes(b)) => any.type_url = string(b),
+        (2, Field::Bytes(b)) => any.value = b.to_vec(),
+        _ => {}
+    })?;
+    Ok(any)
+}
+
 /// One protobuf field's value.
 enum Field<'a> {
     Varint(u64),
@@ -223,5 +275,60 @@ mod tests {
             ..Default::default()
         };
         assert!(RuntimeOptions::from_any(Some(&any)).is_err());
+    }
+
+    fn runc_options(type_url: &str, fields: &[(u32, &str)]) -> Any {
+        let mut value = Vec::new();
+        {
+            let mut out = CodedOutputStream::vec(&mut value);
+            out.write_bool(1, true).unwrap();
+            for (n, v) in fields {
+                out.write_string(*n, v).unwrap();
+            }
+            out.flush().unwrap();
+        }
+        Any {
+            type_url: type_url.into(),
+            value,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_shim_cgroup_and_restore_image_path_are_read_from_both_runc_option_types() {
+        let want = RuncTaskOptions {
+            shim_cgroup: Some("/c/shim".into()),
+            criu_image_path: Some("/img".into()),
+        };
+        let v1 = runc_options(
+            "containerd.runc.v1.Options",
+            &[(3, "/c/shim"), (10, "/img"), (7, "/root")],
+        );
+        assert_eq!(RuncTaskOptions::from_any(Some(&v1)).unwrap(), want);
+        let linux = runc_options(
+            "type.googleapis.com/containerd.linux.runc.CreateOptions",
+            &[(9, "/c/shim"), (13, "/img"), (12, "/work")],
+        );
+        assert_eq!(RuncTaskOptions::from_any(Some(&linux)).unwrap(), want);
+        let other = runc_options("runtimeoptions.v1.Options", &[(3, "/c/shim")]);
+        assert_eq!(
+            RuncTaskOptions::from_any(Some(&other)).unwrap(),
+            RuncTaskOptions::default()
+        );
+    }
+
+    #[test]
+    fn an_any_is_read_back_from_its_wire_form() {
+        let any = runc_options("containerd.runc.v1.Options", &[(3, "/c")]);
+        let mut wire = Vec::new();
+        {
+            let mut out = CodedOutputStream::vec(&mut wire);
+            out.write_string(1, &any.type_url).unwrap();
+            out.write_bytes(2, &any.value).unwrap();
+            out.flush().unwrap();
+        }
+        let back = any_from_bytes(&wire).unwrap();
+        assert_eq!((back.type_url, back.value), (any.type_url, any.value));
+        assert!(any_from_bytes(&[0xff]).is_err());
     }
 }

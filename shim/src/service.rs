@@ -50,11 +50,19 @@ impl Shim for Service {
 
     async fn start_shim(&mut self, opts: StartOpts) -> containerd_shim::Result<String> {
         // containerd writes the task's options to `start`'s stdin. The shim crate would
-        // parse them as runc's `Options` (to move the shim into `shim_cgroup`), which
-        // Crab's options are not: a config body would be taken for a cgroup path, and
-        // a restore option would fail to parse. Crab reads its options in `Create`.
-        let mut ignored = Vec::new();
-        let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut ignored);
+        // parse them as runc's `Options` whatever their type: a config body would be
+        // taken for a cgroup path, and a restore option would fail to parse. Crab
+        // reads them itself: runc's shim cgroup here, the rest in `Create`.
+        let mut stdin = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut stdin);
+        if !stdin.is_empty() {
+            let options = crate::options::any_from_bytes(&stdin)
+                .and_then(|any| crate::options::RuncTaskOptions::from_any(Some(&any)))
+                .map_err(containerd_shim::Error::InvalidArgument)?;
+            if let Some(cgroup) = &options.shim_cgroup {
+                crate::shim_cgroup::join(cgroup).map_err(containerd_shim::Error::Other)?;
+            }
+        }
         let grouping = sandbox_group(&self.bundle).unwrap_or_else(|| opts.id.clone());
         let address = spawn(opts, &grouping, Vec::new()).await?;
         std::fs::write(self.bundle.join("address"), &address)
