@@ -181,6 +181,9 @@ EOF
         runtime_type = "io.containerd.runc.v2"
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.crab]
         runtime_type = "io.containerd.crab.v2"
+        # Crab's annotations (io.crab.proxy.upstream...) reach the OCI spec.
+        pod_annotations = ["io.crab.*"]
+        container_annotations = ["io.crab.*"]
         [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.crab.options]
           ConfigPath = "$CRAB_CONFIG"
     [plugins."io.containerd.grpc.v1.cri".cni]

@@ -318,6 +318,11 @@ impl<'a> Pod<'a> {
     /// RunPodSandbox with `handler`, configured as kubelet configures a BestEffort pod
     /// with the cgroupfs driver.
     pub fn run(cri: &'a Cri, handler: &str) -> Pod<'a> {
+        Pod::run_annotated(cri, handler, &[])
+    }
+
+    /// [`Pod::run`] with pod annotations (kubelet passes a pod's own as they are).
+    pub fn run_annotated(cri: &'a Cri, handler: &str, annotations: &[(&str, &str)]) -> Pod<'a> {
         let name = unique_id("pod");
         let uid = format!("{}-uid", name);
         let log_dir = std::env::temp_dir().join("crab-cri-logs").join(&uid);
@@ -332,6 +337,10 @@ impl<'a> Pod<'a> {
             hostname: name.clone(),
             log_directory: log_dir.display().to_string(),
             labels: HashMap::from([("io.kubernetes.pod.name".into(), name.clone())]),
+            annotations: annotations
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
             linux: Some(api::LinuxPodSandboxConfig {
                 cgroup_parent: format!("/kubepods/besteffort/pod{uid}"),
                 security_context: Some(api::LinuxSandboxSecurityContext {
