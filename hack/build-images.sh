@@ -5,6 +5,9 @@
 #   docker.io/crab/busybox:latest  host's busybox-static + applet links, users root/nobody/crab
 #   docker.io/crab/python:latest   Debian bookworm minbase + python3, venv, git, make, tcc,
 #                                  sqlite3, patch (via debootstrap)
+#   docker.io/crab/pause:latest    a Kubernetes pod's sandbox image for the CRI tests: the
+#                                  host's busybox-static alone, sleeping until TERM/INT; like
+#                                  the real pause image it sets no PATH
 #
 # Each image is one reproducible gzip layer packed by hack/oci-image.py, in an archive
 # that is both an OCI layout and a `docker load` archive. Output goes to
@@ -13,7 +16,7 @@
 # ${CRAB_CACHE_DIR:-/var/cache/crab} so rebuilding the python image is quick.
 # Nothing is imported here: hack/containerd.sh and hack/docker.sh do that when they start.
 #
-#   hack/build-images.sh [--force] [busybox] [python]
+#   hack/build-images.sh [--force] [busybox] [python] [pause]
 #
 # Environment: CRAB_IMAGE_DIR, CRAB_CACHE_DIR, CRAB_DEBIAN_MIRROR,
 # SOURCE_DATE_EPOCH (mtime of every file in the layers, default 0).
@@ -35,12 +38,12 @@ WANT=()
 for arg in "$@"; do
     case "$arg" in
         --force|-f) FORCE=1 ;;
-        busybox|python) WANT+=("$arg") ;;
+        busybox|python|pause) WANT+=("$arg") ;;
         -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-        *) die "unknown argument: $arg (expected --force, busybox, python)" ;;
+        *) die "unknown argument: $arg (expected --force, busybox, python, pause)" ;;
     esac
 done
-[ ${#WANT[@]} -gt 0 ] || WANT=(busybox python)
+[ ${#WANT[@]} -gt 0 ] || WANT=(busybox python pause)
 
 [ "$(id -u)" = 0 ] || die "must run as root (debootstrap and file ownership need it)"
 PYTHON=$(command -v python3) || die "python3 is required"
@@ -127,6 +130,23 @@ build_busybox() {
     done
     write_etc "$rootfs"
     pack "$rootfs" docker.io/crab/busybox:latest '["sh"]' "$out"
+}
+
+# The sandbox ("pause") image of the CRI tests' pods. No registry is reachable, so
+# containerd's CRI plugin is given this one as its sandbox_image. It holds nothing but
+# a static busybox, sets no environment (containerd gives a sandbox no PATH either) and
+# exits on TERM or INT, as Kubernetes' pause does.
+build_pause() {
+    local out="$IMAGE_DIR/pause.tar" rootfs="$WORK/pause" bb
+    bb=$(command -v busybox || true)
+    [ -n "$bb" ] || die "busybox not found (apt-get install busybox-static)"
+    ldd "$bb" >/dev/null 2>&1 && die "$bb is dynamically linked; install busybox-static"
+    log "building docker.io/crab/pause:latest from $bb"
+    install -d -m 0755 "$rootfs"/{bin,dev,proc,sys,etc}
+    install -m 0755 "$bb" "$rootfs/bin/busybox"
+    "$PYTHON" "$ROOT/hack/oci-image.py" --rootfs "$rootfs" --name docker.io/crab/pause:latest \
+        --entrypoint '["/bin/busybox", "sh", "-c", "trap \"exit 0\" TERM INT; while :; do /bin/busybox sleep 3600 & wait $!; done"]' \
+        --cmd '[]' --workdir / --arch "$ARCH" --output "$out"
 }
 
 # The python image's extra packages: git for the inspector's corpus; venv, make, a

@@ -1,34 +1,61 @@
 #!/usr/bin/env bash
 # Runs a private containerd for Crab's demo and integration tests. It has its own
 # root, state, socket and config file, so the host's containerd (its config in
-# /etc/containerd and its socket in /run/containerd) is never read or touched. The CRI
-# plugin is disabled, so no CNI setup is needed.
+# /etc/containerd and its socket in /run/containerd) is never read or touched. Without
+# --cri, the CRI plugin is disabled, so no CNI setup is needed.
 #
-#   hack/containerd.sh start     start it (if not already running) and import the images
-#                                built by hack/build-images.sh; prints the socket path
-#   hack/containerd.sh stop      SIGTERM containerd (SIGKILL after 10 s); shims and
+# With --cri, a second private containerd (its own root, state and socket) serves
+# Kubernetes' CRI as kubelet uses it: the CRI plugin on, runtime handlers `crab`
+# (io.containerd.crab.v2, ConfigPath = $CRAB_CONFIG) and `runc` (io.containerd.runc.v2),
+# Debian's containernetworking-plugins for a private bridge (crab-cri0, 10.88.213.0/24)
+# and loopback, whose conflist is written here, pod network namespaces and CNI state
+# under its own directories, `restrict_oom_score_adj` (root here lacks
+# CAP_SYS_RESOURCE) and docker.io/crab/pause:latest (hack/build-images.sh) as the pod
+# sandbox image. The images go into the namespace CRI uses, k8s.io.
+#
+#   hack/containerd.sh [--cri] start     start it (if not already running) and import the
+#                                images built by hack/build-images.sh; prints the socket path
+#   hack/containerd.sh [--cri] stop      SIGTERM containerd (SIGKILL after 10 s); shims and
 #                                containers keep running
-#   hack/containerd.sh restart   stop + start
-#   hack/containerd.sh status    exit 0 if it answers on its socket, 1 otherwise
-#   hack/containerd.sh env       print export lines, e.g. eval "$(hack/containerd.sh env)"
+#   hack/containerd.sh [--cri] restart   stop + start
+#   hack/containerd.sh [--cri] status    exit 0 if it answers on its socket, 1 otherwise
+#   hack/containerd.sh [--cri] env       print export lines, e.g. eval "$(hack/containerd.sh env)"
 #
-# Environment (defaults in brackets):
-#   CRAB_CONTAINERD_ROOT   [/var/lib/crab/containerd]  persistent data, containerd.log
-#   CRAB_CONTAINERD_STATE  [/run/crab/containerd]      socket, config.toml, pid file
-#   CRAB_IMAGE_DIR         [/var/lib/crab/images]      busybox.tar, python.tar
-#   CRAB_NAMESPACE         [crab]                      namespace the images go into
-#   CRAB_CONFIG            passed through to containerd, hence to the crab shim
+# Environment (defaults in brackets; --cri's defaults second):
+#   CRAB_CONTAINERD_ROOT   [/var/lib/crab/containerd, /var/lib/crab/containerd-cri]
+#                          persistent data, containerd.log
+#   CRAB_CONTAINERD_STATE  [/run/crab/containerd, /run/crab/containerd-cri]
+#                          socket, config.toml, pid file
+#   CRAB_IMAGE_DIR         [/var/lib/crab/images]      busybox.tar, python.tar, pause.tar
+#   CRAB_NAMESPACE         [crab, k8s.io]              namespace the images go into
+#   CRAB_CONFIG            passed through to containerd, hence to the crab shim; with
+#                          --cri also the crab handler's ConfigPath
 set -euo pipefail
 
-ROOT_DIR="${CRAB_CONTAINERD_ROOT:-/var/lib/crab/containerd}"
-STATE_DIR="${CRAB_CONTAINERD_STATE:-/run/crab/containerd}"
+CRI=0
+if [ "${1:-}" = --cri ]; then CRI=1; shift; fi
+if [ "$CRI" = 1 ]; then
+    ROOT_DIR="${CRAB_CONTAINERD_ROOT:-/var/lib/crab/containerd-cri}"
+    STATE_DIR="${CRAB_CONTAINERD_STATE:-/run/crab/containerd-cri}"
+    NAMESPACE="${CRAB_NAMESPACE:-k8s.io}"
+    IMAGES=(busybox pause)
+else
+    ROOT_DIR="${CRAB_CONTAINERD_ROOT:-/var/lib/crab/containerd}"
+    STATE_DIR="${CRAB_CONTAINERD_STATE:-/run/crab/containerd}"
+    NAMESPACE="${CRAB_NAMESPACE:-crab}"
+    IMAGES=(busybox python)
+fi
 SOCK="$STATE_DIR/containerd.sock"
 CONFIG="$STATE_DIR/config.toml"
 PIDFILE="$STATE_DIR/containerd.pid"
 LOG="$ROOT_DIR/containerd.log"
 IMAGE_DIR="${CRAB_IMAGE_DIR:-/var/lib/crab/images}"
-NAMESPACE="${CRAB_NAMESPACE:-crab}"
-IMAGES=(busybox python)
+# --cri: the pod network (a bridge private to this machine) and where CNI keeps state.
+CNI_BIN_DIR=/usr/lib/cni
+CNI_CONF_DIR="$ROOT_DIR/cni/net.d"
+CNI_DATA_DIR="$ROOT_DIR/cni/ipam"
+CNI_BRIDGE=crab-cri0
+CNI_SUBNET=10.88.213.0/24
 START_TIMEOUT=20
 STOP_TIMEOUT=10
 
@@ -76,13 +103,15 @@ find_pid() {
 write_config() {
     mkdir -p "$ROOT_DIR" "$STATE_DIR"
     chmod 0711 "$ROOT_DIR" "$STATE_DIR"
+    local disabled='disabled_plugins = ["io.containerd.grpc.v1.cri"]'
+    [ "$CRI" = 1 ] && disabled='disabled_plugins = []'
     # Top-level keys must come before the first [table].
     cat >"$CONFIG.tmp" <<EOF
 # Written by hack/containerd.sh; regenerated on every start.
 version = 2
 root = "$ROOT_DIR"
 state = "$STATE_DIR"
-disabled_plugins = ["io.containerd.grpc.v1.cri"]
+$disabled
 
 [grpc]
   address = "$SOCK"
@@ -102,7 +131,66 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
   [plugins."io.containerd.internal.v1.opt"]
     path = "$ROOT_DIR/opt"
 EOF
+    if [ "$CRI" = 1 ]; then write_cri_config; fi
     mv "$CONFIG.tmp" "$CONFIG"
+}
+
+# The CRI plugin's section of the --cri config, and the CNI network it uses.
+write_cri_config() {
+    [ -x "$CNI_BIN_DIR/bridge" ] && [ -x "$CNI_BIN_DIR/loopback" ] ||
+        die "no CNI plugins in $CNI_BIN_DIR (apt-get install containernetworking-plugins)"
+    [ -n "${CRAB_CONFIG:-}" ] || die "--cri needs CRAB_CONFIG (the crab handler's ConfigPath)"
+    mkdir -p "$CNI_CONF_DIR" "$CNI_DATA_DIR"
+    # No masquerading and no route out: pods reach each other and this machine only.
+    cat >"$CNI_CONF_DIR/10-crab-cri.conflist.tmp" <<EOF
+{
+  "cniVersion": "1.0.0",
+  "name": "crab-cri",
+  "plugins": [
+    {
+      "type": "bridge",
+      "bridge": "$CNI_BRIDGE",
+      "isGateway": true,
+      "ipMasq": false,
+      "hairpinMode": true,
+      "ipam": {
+        "type": "host-local",
+        "dataDir": "$CNI_DATA_DIR",
+        "ranges": [[{ "subnet": "$CNI_SUBNET" }]]
+      }
+    },
+    { "type": "loopback" }
+  ]
+}
+EOF
+    mv "$CNI_CONF_DIR/10-crab-cri.conflist.tmp" "$CNI_CONF_DIR/10-crab-cri.conflist"
+    cat >>"$CONFIG.tmp" <<EOF
+
+  [plugins."io.containerd.grpc.v1.cri"]
+    sandbox_image = "docker.io/crab/pause:latest"
+    # Root here lacks CAP_SYS_RESOURCE: without this, runc's containers fail to start.
+    restrict_oom_score_adj = true
+    # Pods' network namespaces under this instance's state, not /run/netns.
+    netns_mounts_under_state_dir = true
+    stream_server_address = "127.0.0.1"
+    stream_server_port = "0"
+    [plugins."io.containerd.grpc.v1.cri".containerd]
+      snapshotter = "overlayfs"
+      default_runtime_name = "runc"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+        runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.crab]
+        runtime_type = "io.containerd.crab.v2"
+        # Crab's annotations (io.crab.proxy.upstream...) reach the OCI spec.
+        pod_annotations = ["io.crab.*"]
+        container_annotations = ["io.crab.*"]
+        [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.crab.options]
+          ConfigPath = "$CRAB_CONFIG"
+    [plugins."io.containerd.grpc.v1.cri".cni]
+      bin_dir = "$CNI_BIN_DIR"
+      conf_dir = "$CNI_CONF_DIR"
+      max_conf_num = 1
+EOF
 }
 
 # Imports $IMAGE_DIR/<image>.tar unless the namespace already has that name with the
@@ -212,6 +300,12 @@ status() {
 }
 
 print_env() {
+    if [ "$CRI" = 1 ]; then
+        # The CRI tests' own variables: the other instance's stay as they are.
+        printf 'export CRAB_CRI_ADDRESS=%q\n' "$SOCK"
+        printf 'export CRAB_CRI_NAMESPACE=%q\n' "$NAMESPACE"
+        return
+    fi
     printf 'export CRAB_CONTAINERD_ADDRESS=%q\n' "$SOCK"
     printf 'export CRAB_NAMESPACE=%q\n' "$NAMESPACE"
 }

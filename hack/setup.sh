@@ -54,6 +54,8 @@ install_packages() {
         build-essential pkg-config git curl ca-certificates xz-utils jq
         clang llvm libbpf-dev bpftool libelf-dev zlib1g-dev libseccomp-dev
         btrfs-progs zfs-fuse busybox-static debootstrap iproute2 util-linux e2fsprogs
+        # the CRI tests' pod network (bridge, loopback, host-local in /usr/lib/cni)
+        containernetworking-plugins
         # the evaluation's plots (crab-eval draws its text with this font)
         fonts-dejavu-core
         # CRIU saves and locks a network namespace's rules with these (runc's dumps

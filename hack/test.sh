@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command: installs and starts everything the tests need on a fresh machine
 # (hack/setup.sh), runs a private containerd with the crab runtime's test
-# configuration, then runs lint, unit tests and the integration tests against it.
+# configuration and a second one with the CRI plugin (Kubernetes' pods, tests/cri.rs),
+# then runs lint, unit tests and the integration tests against them.
 #
 #   hack/test.sh                 everything
 #   hack/test.sh -- FILTER       only integration tests whose name matches FILTER
@@ -29,14 +30,18 @@ TOML
 
 "$ROOT/hack/docker.sh" stop >/dev/null 2>&1 || true
 "$ROOT/hack/containerd.sh" stop >/dev/null 2>&1 || true
+"$ROOT/hack/containerd.sh" --cri stop >/dev/null 2>&1 || true
 "$ROOT/hack/containerd.sh" start
+"$ROOT/hack/containerd.sh" --cri start
 eval "$("$ROOT/hack/containerd.sh" env)"
-trap '"$ROOT/hack/containerd.sh" stop >/dev/null 2>&1 || true' EXIT
+eval "$("$ROOT/hack/containerd.sh" --cri env)"
 # Docker 26 (its dockerd in an isolated trixie root) on that containerd, with the crab
 # runtime registered as `crab`: tests/docker.rs drives it with the docker CLI and docker-py.
 "$ROOT/hack/docker.sh" start
 eval "$("$ROOT/hack/docker.sh" env)"
-trap '"$ROOT/hack/docker.sh" stop >/dev/null 2>&1 || true; "$ROOT/hack/containerd.sh" stop >/dev/null 2>&1 || true' EXIT
+trap '"$ROOT/hack/docker.sh" stop >/dev/null 2>&1 || true
+      "$ROOT/hack/containerd.sh" stop >/dev/null 2>&1 || true
+      "$ROOT/hack/containerd.sh" --cri stop >/dev/null 2>&1 || true' EXIT
 
 if [ ${#FILTER[@]} -eq 0 ]; then
     log "lint"
@@ -52,7 +57,7 @@ if [ ${#FILTER[@]} -eq 0 ]; then
     timeout --kill-after=10 1200 cargo test --release -p crab-runtime --features host-tests \
         --test zfs_store -- --test-threads=1
 fi
-log "integration tests (real containerd at $CRAB_CONTAINERD_ADDRESS)"
+log "integration tests (real containerd at $CRAB_CONTAINERD_ADDRESS, CRI at $CRAB_CRI_ADDRESS)"
 cargo test --release --no-fail-fast -p crab-integration --features host-tests \
     -- --test-threads=1 "${FILTER[@]}" 2>&1 | tee "$TEST_DIR/integration.log"
 status=${PIPESTATUS[0]}

@@ -6,10 +6,14 @@
 //! - `CRAB_CONTAINERD_ADDRESS`: containerd's socket (default `/run/crab/containerd/containerd.sock`)
 //! - `CRAB_NAMESPACE`: containerd namespace holding the test images (default `crab`)
 //! - `CRAB_CONFIG`: the crab runtime configuration the shims use (for the state dir)
+//!
+//! The CRI tests (`tests/cri.rs`) drive a second, CRI-enabled containerd through
+//! [`cri`], which reads its own variables.
 
 use std::io::{BufRead, BufReader, Write};
 
 pub mod bench;
+pub mod cri;
 pub mod docker;
 pub mod llm;
 pub mod pty;
