@@ -248,9 +248,6 @@ fn count(pod: &Pod, c: &str) -> u64 {
 }
 
 #[test]
-#[ignore = "issue 16 item 8: the dump works, but the restore re-creates the pod's network \
-            namespace (joined by path) and CRIU fails 'net: Can't restore link: -16'; runc \
-            declares it external (--external net[ino]:extRootNetNS, --inherit-fd at restore)"]
 fn process_checkpoint_and_rollback_of_a_pod_container_restore_its_memory() {
     let cri = Cri::connect();
     let pod = Pod::run(&cri, CRAB_HANDLER);

@@ -66,6 +66,10 @@ pub struct Dump {
     /// Mount points (inside the container) of bind mounts from the host: recorded by
     /// name, and bound again from their source at restore.
     pub external_mounts: Vec<String>,
+    /// Namespaces the container joined rather than owns (a pod's network namespace,
+    /// its sandbox's): (type as CRIU names it, inode, key). CRIU records them by key
+    /// instead of dumping them; the restore hands it the same namespace by that key.
+    pub external_namespaces: Vec<(&'static str, u64, String)>,
     /// The init's stdio is a pty slave whose master is outside the tree (the shim's):
     /// CRIU dumps it as an unpaired slave (`--shell-job`); at restore a new slave takes
     /// its place by its key (see [`crate::checkpoint::tty`]).
@@ -121,6 +125,9 @@ pub fn dump(d: &Dump) -> Result<()> {
     }
     for m in &d.external_mounts {
         cmd.arg("--external").arg(format!("mnt[{m}]:{m}"));
+    }
+    for (kind, inode, key) in &d.external_namespaces {
+        cmd.arg("--external").arg(format!("{kind}[{inode}]:{key}"));
     }
     if d.terminal {
         cmd.arg("--shell-job");

@@ -19,6 +19,42 @@ pub fn owns_network_namespace(spec: &Spec) -> bool {
     crate::container::owns_namespace(spec, LinuxNamespaceType::Network)
 }
 
+/// The namespaces a container joins by path that CRIU must leave alone, as
+/// (CRIU's name for the type, the key the dump records it by), with the path to
+/// hand the restore: a pod's containers join its sandbox's network namespace,
+/// which holds the pod's interface (CRIU cannot make that again) and must stay
+/// shared. runc declares the same one.
+pub fn joined(spec: &Spec) -> Vec<(&'static str, String)> {
+    joined_paths(spec)
+        .into_iter()
+        .map(|(kind, key, _)| (kind, key))
+        .collect()
+}
+
+/// [`joined`], with the path of each namespace.
+pub fn joined_paths(spec: &Spec) -> Vec<(&'static str, String, std::path::PathBuf)> {
+    spec.linux()
+        .as_ref()
+        .and_then(|l| l.namespaces().as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|n| n.typ() == LinuxNamespaceType::Network)
+        .filter_map(|n| Some(("net", EXTERNAL_NET_KEY.to_string(), n.path().clone()?)))
+        .collect()
+}
+
+/// The key under which a dump records a joined network namespace.
+pub const EXTERNAL_NET_KEY: &str = "extRootNetNS";
+
+/// The inode of `pid`'s namespace of CRIU type `kind` (`net`), which CRIU's
+/// `--external net[INODE]` names.
+pub fn inode(pid: i32, kind: &str) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(format!("/proc/{pid}/ns/{kind}"))
+        .ok()
+        .map(|m| m.ino())
+}
+
 /// Whether `pid`'s network namespace has no interface but `lo` (false when that
 /// cannot be read).
 pub fn only_loopback(pid: i32) -> bool {

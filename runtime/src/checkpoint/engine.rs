@@ -175,6 +175,13 @@ pub(crate) fn dump_request(
         external_mounts.push(super::tty::CONSOLE.to_string());
     }
     let own_network = crate::netns::owns_network_namespace(spec);
+    let external_namespaces = crate::netns::joined(spec)
+        .into_iter()
+        .filter_map(|(kind, key)| {
+            let inode = crate::netns::inode(pid, kind)?;
+            Some((kind, inode, key))
+        })
+        .collect();
     criu::Dump {
         criu,
         pid,
@@ -182,6 +189,7 @@ pub(crate) fn dump_request(
         leave_running,
         freeze_cgroup: Some(freezer_cgroup(cgroup)),
         external_mounts,
+        external_namespaces,
         terminal: stdio.tty.is_some(),
         own_network,
         loopback_only: own_network && crate::netns::only_loopback(pid),

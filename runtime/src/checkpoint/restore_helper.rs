@@ -82,6 +82,19 @@ pub fn serve(request: Request) -> Result<(i32, RestorePhases)> {
             }
         }
     }
+    // Joined namespaces (a pod's network) are handed to CRIU by the dump's key.
+    let joined: Vec<(OwnedFd, String)> = netns::joined_paths(&spec)
+        .into_iter()
+        .map(|(_, key, path)| {
+            let file = std::fs::File::open(&path)
+                .map_err(Error::io(format!("open namespace {}", path.display())))?;
+            Ok((OwnedFd::from(file), key))
+        })
+        .collect::<Result<_>>()?;
+    for (fd, key) in &joined {
+        clear_cloexec(fd.as_raw_fd())?;
+        inherit.push((fd.as_raw_fd(), key.clone()));
+    }
     let mut external_mounts = bind_mounts(&spec);
     external_mounts.extend(crate::cgroup_view::restored(&spec)?);
     if let Some(tty) = &dumped.stdio.tty {
@@ -121,6 +134,7 @@ pub fn serve(request: Request) -> Result<(i32, RestorePhases)> {
         external_mounts,
     })?;
     drop(fds);
+    drop(joined);
     let criu_ms = ms(criu_started);
     let finish_started = std::time::Instant::now();
 
