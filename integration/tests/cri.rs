@@ -493,9 +493,6 @@ fn agent_api_of_a_pod_container_takes_a_checkpoint_for_its_init() {
 }
 
 #[test]
-#[ignore = "issue 16 item 11: a pod annotation reaches the sandbox (pause) container too, \
-            whose turn proxy takes 127.0.0.1:8787 in the pod's network namespace; the \
-            container's proxy then fails to start and so does the container"]
 fn agent_api_of_a_pod_annotated_as_kubelet_passes_it_reaches_the_container() {
     let cri = Cri::connect();
     // kubelet passes a pod's annotations; containers have none of their own.

@@ -111,7 +111,10 @@ impl RuncTaskOptions {
         // (shim_cgroup, criu_image_path) field numbers of each message.
         let (cgroup_field, image_field) = if any.type_url.ends_with("containerd.runc.v1.Options") {
             (3, 10)
-        } else if any.type_url.ends_with("containerd.linux.runc.CreateOptions") {
+        } else if any
+            .type_url
+            .ends_with("containerd.linux.runc.CreateOptions")
+        {
             (9, 13)
         } else {
             return Ok(out);
@@ -134,10 +137,12 @@ impl RuncTaskOptions {
 /// `start` on stdin.
 pub fn any_from_bytes(bytes: &[u8]) -> Result<Any, String> {
     let mut any = Any::default();
-    for_each_field(bytes, "start options", |field, value| match (field, value) {
-        (1, Field::Bytes(b)) => any.type_url = string(b),
-        (2, Field::Bytes(b)) => any.value = b.to_vec(),
-        _ => {}
+    for_each_field(bytes, "start options", |field, value| {
+        match (field, value) {
+            (1, Field::Bytes(b)) => any.type_url = string(b),
+            (2, Field::Bytes(b)) => any.value = b.to_vec(),
+            _ => {}
+        }
     })?;
     Ok(any)
 }

@@ -32,8 +32,23 @@ pub const LISTEN_ANNOTATION: &str = "io.crab.proxy.listen";
 /// How long the shim waits for the proxy's listener.
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Applies the container's proxy annotations to `config`, and checks them.
+/// containerd's CRI annotation of a container's role in its pod.
+const CONTAINER_TYPE_ANNOTATION: &str = "io.kubernetes.cri.container-type";
+
+/// Applies the container's proxy annotations to `config`, and checks them. A pod's
+/// sandbox (pause) container gets no proxy: kubelet passes the pod's annotations to
+/// every container of the pod, the sandbox's included, and its proxy would take the
+/// listener's port in the network namespace the pod's containers share.
 pub fn configure(config: &mut Config, spec: &Spec) -> ShimResult<()> {
+    let sandbox = spec
+        .annotations()
+        .as_ref()
+        .and_then(|a| a.get(CONTAINER_TYPE_ANNOTATION))
+        .is_some_and(|t| t == "sandbox");
+    if sandbox {
+        config.proxy.upstream.clear();
+        return Ok(());
+    }
     if let Some(a) = spec.annotations() {
         if let Some(u) = a.get(UPSTREAM_ANNOTATION) {
             config.proxy.upstream = u.clone();
