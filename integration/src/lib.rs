@@ -13,6 +13,7 @@
 use std::io::{BufRead, BufReader, Write};
 
 pub mod bench;
+pub mod client;
 pub mod cri;
 pub mod docker;
 pub mod llm;

@@ -663,9 +663,12 @@ fn trees_follow_their_owner() {
     // Same owner (a new task of the same containerd container): the same tree.
     assert_eq!(s.prepare(&k, &image).unwrap(), live);
     assert_eq!(fs::read(live.join("kept")).unwrap(), b"across tasks");
-    // Another owner while this one exists: refused.
+    // Another owner while this one exists: refused. (Owners are containerd's
+    // `<snapshots>/<n>/fs`: a collect looks at one snapshotter's.)
+    let snapshots = temp_dir("other").join("snapshots");
+    fs::create_dir_all(snapshots.join("2/fs")).unwrap();
     let other = ImageSource {
-        owner: Some(temp_dir("other")),
+        owner: Some(snapshots.join("2/fs")),
         ..sc.image.clone()
     };
     assert!(matches!(
@@ -678,7 +681,9 @@ fn trees_follow_their_owner() {
     assert!(!fresh.join("kept").exists());
     // And collected once its owner goes too.
     fs::remove_dir_all(other.owner.as_ref().unwrap()).unwrap();
-    let gone = s.collect().unwrap();
+    let elsewhere = s.collect(Path::new("/nonexistent/snapshots")).unwrap();
+    assert!(!elsewhere.contains(&k), "another snapshotter's collect: {elsewhere:?}");
+    let gone = s.collect(&snapshots).unwrap();
     assert!(gone.contains(&k), "{gone:?}");
     assert!(matches!(s.rootfs(&k), Err(Error::NoTree(_))));
 }

@@ -39,10 +39,21 @@ pub struct PendingRestore {
     pub cleanup: Vec<PathBuf>,
 }
 
+/// Whose checkpoint directory a restore reads, which says what the shim may do with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum DirOwner {
+    /// containerd's unpacked checkpoint: its images are moved and removed.
+    Containerd,
+    /// An import's unpacked archive: the shim's to remove.
+    Import,
+    /// A client's image path (`WithRestoreImagePath`): read where it is, kept.
+    Client,
+}
+
 /// Where a restored task's files and processes come from.
 enum Plan {
-    /// A checkpoint directory (containerd's when the flag is set, else an import).
-    Dir(PathBuf, bool),
+    /// A checkpoint directory.
+    Dir(PathBuf, DirOwner),
     /// A checkpoint in a history on this host.
     History(ContainerKey, Entry),
 }
@@ -66,7 +77,7 @@ impl TaskService {
         } else {
             Some(ImageSource::from_mounts(&inst.image)?)
         };
-        let dir = PathBuf::from(&req.path);
+        let dir = PathBuf::from(opts.image_path.as_deref().unwrap_or(&req.path));
         std::fs::create_dir_all(&dir)
             .map_err(|e| ShimError::Other(format!("create {}: {e}", dir.display())))?;
         let copts = CheckpointOpts {
@@ -150,12 +161,16 @@ impl TaskService {
         config: Config,
         bundle: PathBuf,
         restore: Option<RestoreOptions>,
+        image_path: Option<PathBuf>,
     ) -> ShimResult<Instance> {
         let key = ContainerKey::new(&self.namespace, &req.id)?;
         let target = bundle.join("rootfs");
         let plan = match restore.map(|r| r.source) {
-            None => Plan::Dir(PathBuf::from(&req.checkpoint), true),
-            Some(Source::Dir { path }) => Plan::Dir(path, false),
+            None => match image_path {
+                Some(path) if req.checkpoint.is_empty() => Plan::Dir(path, DirOwner::Client),
+                _ => Plan::Dir(PathBuf::from(&req.checkpoint), DirOwner::Containerd),
+            },
+            Some(Source::Dir { path }) => Plan::Dir(path, DirOwner::Import),
             Some(Source::History {
                 namespace,
                 id,
@@ -192,20 +207,26 @@ impl TaskService {
         let prepared = blocking(
             move || -> crab_runtime::Result<(Container, PendingRestore)> {
                 match plan {
-                    Plan::Dir(dir, from_containerd) => {
+                    Plan::Dir(dir, owner) => {
                         let manifest = Manifest::read(&dir)?;
                         check_terminal(terminal, manifest.stdio.tty.is_some(), &dir)?;
                         apply_fs_delta(&dir, &manifest, &target)?;
-                        let (c, images, manifest) = Container::prepare_restore(&cfg, opts, &dir)?;
+                        let keep = owner == DirOwner::Client;
+                        let (c, images, manifest) =
+                            Container::prepare_restore(&cfg, opts, &dir, !keep)?;
                         let dumped = Dumped::from(&manifest);
                         // containerd never removes its unpacked checkpoint; an import's
-                        // unpacked archive is the shim's to remove too.
-                        let whole = !from_containerd
+                        // unpacked archive is the shim's to remove too; a client's
+                        // images are the client's.
+                        let whole = owner == DirOwner::Import
                             || dir.file_name().is_some_and(|n| {
                                 n.to_string_lossy().starts_with(CONTAINERD_UNPACKED_PREFIX)
                             });
-                        let mut cleanup = vec![images.clone()];
-                        if whole {
+                        let mut cleanup = Vec::new();
+                        if !keep {
+                            cleanup.push(images.clone());
+                        }
+                        if whole && !keep {
                             cleanup.push(dir);
                         }
                         Ok((

@@ -61,6 +61,10 @@ pub fn restore_options(
 pub struct CheckpointOptions {
     /// Stop the container after the checkpoint (default: leave it running).
     pub exit: bool,
+    /// Where to write the checkpoint (`WithCheckpointImagePath`): containerd 1.7
+    /// gives the path itself only to runc's runtimes, and its own temporary
+    /// directory to the others.
+    pub image_path: Option<String>,
 }
 
 /// The checkpoint option types clients send (the same message, two names).
@@ -82,8 +86,10 @@ impl CheckpointOptions {
             return Ok(out);
         };
         for_each_field(&any.value, "checkpoint options", |field, value| {
-            if let (1, Field::Varint(v)) = (field, value) {
-                out.exit = v != 0;
+            match (field, value) {
+                (1, Field::Varint(v)) => out.exit = v != 0,
+                (8, Field::Bytes(b)) if !b.is_empty() => out.image_path = Some(string(b)),
+                _ => {}
             }
         })?;
         Ok(out)
@@ -258,10 +264,9 @@ mod tests {
                 value: value.clone(),
                 ..Default::default()
             };
-            assert!(
-                CheckpointOptions::from_any(Some(&any)).unwrap().exit,
-                "{type_url}"
-            );
+            let o = CheckpointOptions::from_any(Some(&any)).unwrap();
+            assert!(o.exit, "{type_url}");
+            assert_eq!(o.image_path.as_deref(), Some("/img"), "{type_url}");
         }
         assert!(!CheckpointOptions::from_any(None).unwrap().exit);
         let other = Any {

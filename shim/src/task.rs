@@ -111,8 +111,13 @@ impl TaskService {
         std::fs::write(bundle.join(BUNDLE_CONFIG), config.to_toml())
             .map_err(|e| ShimError::Other(format!("write {BUNDLE_CONFIG}: {e}")))?;
 
-        if !req.checkpoint.is_empty() || restore.is_some() {
-            let instance = self.create_restored(&req, config, bundle, restore).await?;
+        let runc = crate::options::RuncTaskOptions::from_any(req.options.as_ref())
+            .map_err(ShimError::InvalidArgument)?;
+        let image_path = runc.criu_image_path.map(PathBuf::from);
+        if !req.checkpoint.is_empty() || restore.is_some() || image_path.is_some() {
+            let instance = self
+                .create_restored(&req, config, bundle, restore, image_path)
+                .await?;
             let _held = creating.fill(instance);
             self.publish_create(&req, 0).await;
             return Ok(CreateTaskResponse::default());

@@ -318,6 +318,7 @@ impl Container {
         config: &Config,
         opts: CreateOpts,
         dir: &Path,
+        take_images: bool,
     ) -> Result<(Self, PathBuf, Manifest)> {
         let manifest = Manifest::read(dir)?;
         if manifest.kind == Kind::FsOnly {
@@ -330,8 +331,12 @@ impl Container {
         let (container, _) = Container::new_unsaved(config, &opts)?;
         // containerd leaves the unpacked checkpoint in place until the shim is done
         // (runc's shim restores from it at Start). Moving it is free on the same file
-        // system; across file systems it is used where it is, never copied.
+        // system; across file systems it is used where it is, never copied. A
+        // client's own image directory (`take_images` false) is only read.
         let images = dir.join(CRIU_DIR);
+        if !take_images {
+            return Ok((container, images, manifest));
+        }
         let staged = container.dir().join("checkpoint");
         let moved = std::fs::create_dir_all(container.dir())
             .and_then(|()| std::fs::rename(&images, &staged))
