@@ -398,7 +398,6 @@ fn docker_start_from_a_checkpoint_keeps_the_published_port_working() {
 }
 
 #[test]
-#[ignore = "issue 16 item 6: Docker builds an exec's environment from its own config; the shim adds the proxy's URLs to the init only"]
 fn docker_exec_sees_the_turn_proxy_urls() {
     let c = DockerGuard::run(
         &["--annotation", "io.crab.proxy.upstream=http://127.0.0.1:9"],

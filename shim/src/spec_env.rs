@@ -1,4 +1,5 @@
-//! Environment variables the shim adds to a container's spec before creating it.
+//! Environment variables the shim adds to a container's spec before creating it, and
+//! to each exec's process spec.
 //!
 //! Only variables the spec does not set are added: a client's own value wins.
 
@@ -20,14 +21,30 @@ pub fn add_missing(bundle: &Path, vars: &[(String, String)]) -> ShimResult<()> {
     let text = std::fs::read(&file).map_err(|e| bad(e.to_string()))?;
     let mut spec: serde_json::Value =
         serde_json::from_slice(&text).map_err(|e| bad(e.to_string()))?;
-    let Some(process) = spec.get_mut("process").and_then(|p| p.as_object_mut()) else {
+    let Some(process) = spec.get_mut("process") else {
         return Ok(());
+    };
+    if !add_to_process(process, vars).map_err(bad)? {
+        return Ok(());
+    }
+    let out = serde_json::to_vec(&spec).map_err(|e| bad(e.to_string()))?;
+    std::fs::write(&file, out).map_err(|e| bad(e.to_string()))
+}
+
+/// Adds each of `vars` that the OCI process object `process` lacks; returns whether
+/// anything was added.
+pub fn add_to_process(
+    process: &mut serde_json::Value,
+    vars: &[(String, String)],
+) -> Result<bool, String> {
+    let Some(process) = process.as_object_mut() else {
+        return Err("process is not an object".into());
     };
     let env = process
         .entry("env")
         .or_insert_with(|| serde_json::Value::Array(Vec::new()));
     let Some(env) = env.as_array_mut() else {
-        return Err(bad("process.env is not a list".into()));
+        return Err("process.env is not a list".into());
     };
     let before = env.len();
     for (name, value) in vars {
@@ -39,11 +56,7 @@ pub fn add_missing(bundle: &Path, vars: &[(String, String)]) -> ShimResult<()> {
             env.push(format!("{prefix}{value}").into());
         }
     }
-    if env.len() == before {
-        return Ok(());
-    }
-    let out = serde_json::to_vec(&spec).map_err(|e| bad(e.to_string()))?;
-    std::fs::write(&file, out).map_err(|e| bad(e.to_string()))
+    Ok(env.len() != before)
 }
 
 #[cfg(test)]

@@ -340,18 +340,22 @@ impl TaskService {
             req.spec.as_ref().map(|a| a.value.clone()).ok_or_else(|| {
                 ShimError::InvalidArgument("exec request has no process spec".into())
             })?;
-        let parsed: oci_spec::runtime::Process = serde_json::from_slice(&spec)
-            .map_err(|e| ShimError::InvalidArgument(format!("invalid exec process spec: {e}")))?;
-        if parsed.terminal().unwrap_or(false) != req.terminal {
-            // The request's flag wins, as with runc's shim: clients set it and
-            // leave the spec's as their process template has it.
-            let mut json: serde_json::Value = serde_json::from_slice(&spec).map_err(|e| {
-                ShimError::InvalidArgument(format!("invalid exec process spec: {e}"))
-            })?;
-            json["terminal"] = req.terminal.into();
-            spec = serde_json::to_vec(&json)
-                .map_err(|e| ShimError::Other(format!("exec process spec: {e}")))?;
-        }
+        let invalid = |e: String| ShimError::InvalidArgument(format!("invalid exec process spec: {e}"));
+        serde_json::from_slice::<oci_spec::runtime::Process>(&spec)
+            .map_err(|e| invalid(e.to_string()))?;
+        let mut json: serde_json::Value =
+            serde_json::from_slice(&spec).map_err(|e| invalid(e.to_string()))?;
+        // The request's flag wins, as with runc's shim: clients set it and leave
+        // the spec's as their process template has it.
+        json["terminal"] = req.terminal.into();
+        // An exec reaches the turn proxy as the init does: Docker builds an exec's
+        // environment from its own record, not the spec the shim edited, and agent
+        // platforms act through exec.
+        let mut vars = vec![("PATH".into(), crate::spec_env::DEFAULT_PATH.into())];
+        vars.extend(crate::proxy::env_vars(&inst.config));
+        crate::spec_env::add_to_process(&mut json, &vars).map_err(invalid)?;
+        spec = serde_json::to_vec(&json)
+            .map_err(|e| ShimError::Other(format!("exec process spec: {e}")))?;
         let mut proc = Process::new(
             &req.exec_id,
             StdioPaths {
