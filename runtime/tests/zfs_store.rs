@@ -664,8 +664,11 @@ fn trees_follow_their_owner() {
     assert_eq!(s.prepare(&k, &image).unwrap(), live);
     assert_eq!(fs::read(live.join("kept")).unwrap(), b"across tasks");
     // Another owner while this one exists: refused.
+    // containerd's layout (`<snapshots>/<n>/fs`): the collect's scope.
+    let snapshots = temp_dir("other").join("snapshots");
+    fs::create_dir_all(snapshots.join("1/fs")).unwrap();
     let other = ImageSource {
-        owner: Some(temp_dir("other")),
+        owner: Some(snapshots.join("1/fs")),
         ..sc.image.clone()
     };
     assert!(matches!(
@@ -678,7 +681,7 @@ fn trees_follow_their_owner() {
     assert!(!fresh.join("kept").exists());
     // And collected once its owner goes too.
     fs::remove_dir_all(other.owner.as_ref().unwrap()).unwrap();
-    let gone = s.collect().unwrap();
+    let gone = s.collect(&snapshots).unwrap();
     assert!(gone.contains(&k), "{gone:?}");
     assert!(matches!(s.rootfs(&k), Err(Error::NoTree(_))));
 }
