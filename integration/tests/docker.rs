@@ -381,6 +381,26 @@ fn crabctl_checkpoint_and_rollback_work_on_a_docker_container() {
 }
 
 #[test]
+fn crabctl_turns_on_a_docker_container_see_its_file_writes() {
+    let c = DockerGuard::run(&[], DOCKER_BUSYBOX, &["sleep", "1000"]);
+    let id = c.id();
+    let turn = || {
+        let out = crabctl_moby(&["turn", &id]);
+        let (o, e) = text(&out);
+        assert!(out.status.success(), "crabctl turn: {o}{e}");
+        o
+    };
+    let first = turn();
+    assert!(first.contains(": full"), "{first}");
+    assert!(c.exec(&["sh", "-c", "echo a > /f"]).status.success());
+    let second = turn();
+    assert!(
+        second.contains(": fs-only") && second.contains("path /f"),
+        "{second}"
+    );
+}
+
+#[test]
 fn a_docker_containers_tree_has_dockers_init_files_and_survives_a_restart() {
     // -w: Docker makes the working dir in its writable layer before the start.
     let c = DockerGuard::run(&["-w", "/work/dir"], DOCKER_BUSYBOX, &["sleep", "1000"]);
