@@ -30,6 +30,8 @@
 #   CRAB_NAMESPACE         [crab, k8s.io]              namespace the images go into
 #   CRAB_CONFIG            passed through to containerd, hence to the crab shim; with
 #                          --cri also the crab handler's ConfigPath
+#   CRAB_SHIM_DIR          a directory put first on containerd's PATH, where it
+#                          finds containerd-shim-crab-v2 (a build of one's own)
 set -euo pipefail
 
 CRI=0
@@ -244,7 +246,9 @@ start() {
     command -v containerd >/dev/null || die "containerd not found"
     write_config
     rm -f "$PIDFILE"
-    local env=(PATH="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" HOME="${HOME:-/root}")
+    local path=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+    [ -n "${CRAB_SHIM_DIR:-}" ] && path="$CRAB_SHIM_DIR:$path"
+    local env=(PATH="$path" HOME="${HOME:-/root}")
     [ -n "${CRAB_CONFIG:-}" ] && env+=(CRAB_CONFIG="$CRAB_CONFIG")
     [ -n "${RUST_LOG:-}" ] && env+=(RUST_LOG="$RUST_LOG")
     [ -n "${RUST_BACKTRACE:-}" ] && env+=(RUST_BACKTRACE="$RUST_BACKTRACE")

@@ -326,11 +326,36 @@ fn checkpoint_store() -> std::path::PathBuf {
     "/var/lib/crab/checkpoints".into()
 }
 
+/// Whether Crab's store still has a tree for Docker container `id`.
+fn has_tree(id: &str) -> bool {
+    crabctl_moby(&["fs", "du", id]).status.success()
+}
+
+/// Removes the Docker container `c` and waits until Crab's tree for it and its
+/// checkpoint history are gone: the next container's create collects them.
+fn assert_rm_removes_tree_and_history(c: &DockerGuard, id: &str) {
+    let history = checkpoint_store().join(MOBY).join(id);
+    docker_ok(&["rm", "-f", &c.name]);
+    let (o, _) = text(&run_rm(&[], DOCKER_BUSYBOX, &["true"], None));
+    assert_eq!(o, "");
+    assert!(
+        wait_until(Duration::from_secs(30), || !has_tree(id)
+            && !history.exists()),
+        "after docker rm and a new create: tree {}, {} {}",
+        if has_tree(id) { "kept" } else { "gone" },
+        history.display(),
+        if history.exists() { "kept" } else { "gone" },
+    );
+}
+
 #[test]
-#[ignore = "issue 16 item 1: Docker mounts the rootfs itself; crabctl says 'has no root file system in the store'"]
 fn crabctl_checkpoint_and_rollback_work_on_a_docker_container() {
     let c = DockerGuard::run(&[], DOCKER_BUSYBOX, &["sleep", "1000"]);
     let id = c.id();
+    assert!(
+        has_tree(&id),
+        "Docker's rootfs was not adopted into the store"
+    );
     assert!(c
         .exec(&["sh", "-c", "echo before > /state"])
         .status
@@ -347,6 +372,50 @@ fn crabctl_checkpoint_and_rollback_work_on_a_docker_container() {
     assert!(out.status.success(), "crabctl rollback: {o}{e}");
     let (o, _) = text(&c.exec(&["cat", "/state"]));
     assert_eq!(o, "before\n");
+    // The init goes on, and Docker still sees the container running.
+    let (o, _) = text(&c.exec(&["cat", "/proc/1/cmdline"]));
+    assert_eq!(o, "sleep\u{0}1000\u{0}");
+    assert_eq!(docker_inspect(&c.name, "{{.State.Running}}"), "true");
+    assert!(checkpoint_store().join(MOBY).join(&id).exists());
+    assert_rm_removes_tree_and_history(&c, &id);
+}
+
+#[test]
+fn crabctl_turns_on_a_docker_container_see_its_file_writes() {
+    let c = DockerGuard::run(&[], DOCKER_BUSYBOX, &["sleep", "1000"]);
+    let id = c.id();
+    let turn = || {
+        let out = crabctl_moby(&["turn", &id]);
+        let (o, e) = text(&out);
+        assert!(out.status.success(), "crabctl turn: {o}{e}");
+        o
+    };
+    let first = turn();
+    assert!(first.contains(": full"), "{first}");
+    assert!(c.exec(&["sh", "-c", "echo a > /f"]).status.success());
+    let second = turn();
+    assert!(
+        second.contains(": fs-only") && second.contains("path /f"),
+        "{second}"
+    );
+}
+
+#[test]
+fn a_docker_containers_tree_has_dockers_init_files_and_survives_a_restart() {
+    // -w: Docker makes the working dir in its writable layer before the start.
+    let c = DockerGuard::run(&["-w", "/work/dir"], DOCKER_BUSYBOX, &["sleep", "1000"]);
+    let id = c.id();
+    assert!(has_tree(&id));
+    let (o, e) = text(&c.exec(&[
+        "sh",
+        "-c",
+        "pwd; test -e /.dockerenv && echo env; echo kept > /kept",
+    ]));
+    assert_eq!(o, "/work/dir\nenv\n", "{e}");
+    docker_ok(&["stop", "-t", "1", &c.name]);
+    docker_ok(&["start", &c.name]);
+    let (o, _) = text(&c.exec(&["cat", "/kept"]));
+    assert_eq!(o, "kept\n", "the same tree after docker stop and start");
 }
 
 #[test]
@@ -412,16 +481,10 @@ fn docker_exec_sees_the_turn_proxy_urls() {
 }
 
 #[test]
-#[ignore = "issue 16 item 7: <store>/moby/<id>/containerd-last outlives docker rm"]
 fn docker_rm_removes_the_containers_checkpoint_copies() {
     let c = DockerGuard::run(&[], DOCKER_BUSYBOX, &["sleep", "1000"]);
     let id = c.id();
     docker_ok(&["checkpoint", "create", "--leave-running", &c.name, "c1"]);
-    let dir = checkpoint_store().join(MOBY).join(&id);
-    docker_ok(&["rm", "-f", &c.name]);
-    assert!(
-        wait_until(Duration::from_secs(30), || !dir.exists()),
-        "{} outlived its container",
-        dir.display()
-    );
+    assert!(checkpoint_store().join(MOBY).join(&id).exists());
+    assert_rm_removes_tree_and_history(&c, &id);
 }

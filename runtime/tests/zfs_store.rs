@@ -682,7 +682,10 @@ fn trees_follow_their_owner() {
     // And collected once its owner goes too.
     fs::remove_dir_all(other.owner.as_ref().unwrap()).unwrap();
     let elsewhere = s.collect(Path::new("/nonexistent/snapshots")).unwrap();
-    assert!(!elsewhere.contains(&k), "another snapshotter's collect: {elsewhere:?}");
+    assert!(
+        !elsewhere.contains(&k),
+        "another snapshotter's collect: {elsewhere:?}"
+    );
     let gone = s.collect(&snapshots).unwrap();
     assert!(gone.contains(&k), "{gone:?}");
     assert!(matches!(s.rootfs(&k), Err(Error::NoTree(_))));

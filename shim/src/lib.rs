@@ -7,6 +7,7 @@
 //! - [`events`], [`oom`], [`metrics`], [`rootfs`], [`options`]: what the names say.
 //! - [`error`]: the one mapping from errors to ttrpc codes.
 
+pub mod adopt;
 pub mod checkpoint;
 pub mod console;
 pub mod containers;

@@ -1,5 +1,6 @@
 //! The container's root file system: from the configured store (a btrfs subvolume, a
-//! ZFS dataset, ...) bind-mounted on `bundle/rootfs`, or, with the `passthrough`
+//! ZFS dataset, ...) bind-mounted on `bundle/rootfs` (or, for a root the client
+//! mounted itself, over that root: [`crate::adopt`]), or, with the `passthrough`
 //! backend, the mounts containerd's snapshotter prepared.
 
 use std::path::Path;
@@ -51,22 +52,33 @@ pub async fn prepare(
     mounts: &[Mount],
     target: &Path,
 ) -> ShimResult<bool> {
-    // No mounts: the spec names a rootfs directory of its own (`ctr run --rootfs`);
-    // it is used as it is.
-    if config.storage.backend == Backend::Passthrough || mounts.is_empty() {
+    if config.storage.backend == Backend::Passthrough {
         return mount_all(mounts, target).await;
+    }
+    // No mounts: the client mounted the root itself (Docker). An overlay there is
+    // adopted into the store; anything else (`ctr run --rootfs DIR`) is used as it is.
+    if mounts.is_empty() {
+        let bundle = target.parent().unwrap_or(target);
+        return Ok(match crate::adopt::prepare(config, key, bundle).await? {
+            Some(spec) => {
+                collect(config, &[crate::adopt::as_mount(&spec)]);
+                true
+            }
+            None => false,
+        });
     }
     let image = ImageSource::from_mounts(&mount_specs(mounts))?;
     let op = StoreOp::Prepare {
         key: key.clone(),
         image,
         target: target.to_path_buf(),
+        top: Vec::new(),
     };
     store_op(config, op).await.map(|_| true)
 }
 
 /// Runs a store operation in the helper process.
-async fn store_op(config: &Config, op: StoreOp) -> ShimResult<serde_json::Value> {
+pub(crate) async fn store_op(config: &Config, op: StoreOp) -> ShimResult<serde_json::Value> {
     let config = config.clone();
     tokio::task::spawn_blocking(move || in_helper::run(&config, op))
         .await
@@ -81,6 +93,7 @@ pub async fn release(config: &Config, key: &ContainerKey, target: &Path, mounted
     if mounted {
         unmount(target).await;
     }
+    crate::adopt::release(target.parent().unwrap_or(target)).await;
     if config.storage.backend == Backend::Passthrough {
         return;
     }

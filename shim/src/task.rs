@@ -340,7 +340,8 @@ impl TaskService {
             req.spec.as_ref().map(|a| a.value.clone()).ok_or_else(|| {
                 ShimError::InvalidArgument("exec request has no process spec".into())
             })?;
-        let invalid = |e: String| ShimError::InvalidArgument(format!("invalid exec process spec: {e}"));
+        let invalid =
+            |e: String| ShimError::InvalidArgument(format!("invalid exec process spec: {e}"));
         serde_json::from_slice::<oci_spec::runtime::Process>(&spec)
             .map_err(|e| invalid(e.to_string()))?;
         let mut json: serde_json::Value =

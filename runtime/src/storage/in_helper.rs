@@ -28,6 +28,10 @@ pub enum StoreOp {
         image: ImageSource,
         /// Where to bind it.
         target: PathBuf,
+        /// Layers of this container alone (top first) applied onto a new tree over
+        /// `image`: an adopted rootfs's ([`super::adopt`]).
+        #[serde(default)]
+        top: Vec<PathBuf>,
     },
     /// Make the container's tree a clone of `snapshot` of `src` (a fork), owned by the
     /// image's containerd layer, and bind it on `target`.
@@ -82,16 +86,35 @@ pub(crate) fn serve(config: &Config, op: StoreOp) -> Result<serde_json::Value> {
     })?;
     let null = serde_json::Value::Null;
     match op {
-        StoreOp::Prepare { key, image, target } => {
+        StoreOp::Prepare {
+            key,
+            image,
+            target,
+            top,
+        } => {
             // A new tree is a new container (perhaps under the id of a removed
             // one): its history starts afresh. Removed first, so that a crash in
             // between leaves no history beside a tree it does not describe.
-            match store.existing(&key, &image)? {
-                None | Some(Existing::Replace) => forget_history(config, &key)?,
+            let new = match store.existing(&key, &image)? {
+                None | Some(Existing::Replace) => {
+                    forget_history(config, &key)?;
+                    true
+                }
                 // The same container's tree; or another's, which prepare refuses.
-                Some(Existing::Reuse | Existing::Conflict) => {}
-            }
+                Some(Existing::Reuse | Existing::Conflict) => false,
+            };
             let live = store.prepare(&key, &image)?;
+            if new && !top.is_empty() {
+                let view = std::env::temp_dir().join(super::work::tmp_name("adopt-view"));
+                std::fs::create_dir_all(&view)
+                    .map_err(Error::io(format!("create {}", view.display())))?;
+                let applied = super::adopt::apply_top(&live, &image, &top, &view);
+                let _ = std::fs::remove_dir(&view);
+                if let Err(e) = applied {
+                    let _ = store.destroy(&key);
+                    return Err(e);
+                }
+            }
             bind_at(&live, &target).map(|()| null)
         }
         StoreOp::Clone {

@@ -23,6 +23,7 @@ use std::time::SystemTime;
 use crate::config::{Backend, Config};
 use crate::Result;
 
+pub mod adopt;
 pub mod btrfs;
 mod btrfs_ioctl;
 pub mod cmd;

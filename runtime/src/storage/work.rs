@@ -75,15 +75,18 @@ pub fn collectable(owner: &Path, scope: &Path) -> bool {
     owner.is_absolute() && snapshotter_of(owner) == Some(scope) && !owner.exists()
 }
 
-/// The snapshots directory an owner (`<snapshots>/<n>/fs`) belongs to.
+/// The snapshots directory an owner belongs to: `<snapshots>` for containerd's
+/// `<snapshots>/<n>/fs`, and Docker's `overlay2` dir for its graph driver's
+/// writable layer `<data-root>/overlay2/<layer>/diff` (adopted trees, see
+/// [`super::adopt`]).
 pub fn snapshotter_of(owner: &Path) -> Option<&Path> {
     let snapshot = owner.parent()?;
-    snapshot
-        .file_name()?
-        .to_str()?
-        .bytes()
-        .all(|b| b.is_ascii_digit())
-        .then(|| snapshot.parent())?
+    let name = snapshot.file_name()?.to_str()?;
+    if !name.is_empty() && name.bytes().all(|b| b.is_ascii_digit()) {
+        return snapshot.parent();
+    }
+    let overlay2 = snapshot.parent()?;
+    (owner.file_name()? == "diff" && overlay2.file_name()? == "overlay2").then_some(overlay2)
 }
 
 /// The recorded owner file's content as a path, if there is one.
@@ -154,5 +157,26 @@ mod tests {
             Path::new("relative/3/fs"),
             Path::new("relative")
         ));
+    }
+
+    #[test]
+    fn test_dockers_overlay2_writable_layers_are_scoped_to_their_overlay2_dir() {
+        let scope = Path::new("/nonexistent/docker/overlay2");
+        let upper = scope.join("6f1e0c/diff");
+        assert_eq!(snapshotter_of(&upper), Some(scope));
+        assert!(collectable(&upper, scope));
+        let other = Path::new("/nonexistent/docker-b/overlay2/6f1e0c/diff");
+        assert!(!collectable(other, scope), "another dockerd's tree");
+        assert!(!collectable(&upper, Path::new("/nonexistent/docker")));
+        // Neither a layer's other dirs nor a diff dir elsewhere.
+        assert_eq!(snapshotter_of(&scope.join("6f1e0c/merged")), None);
+        assert_eq!(snapshotter_of(Path::new("/x/layers/6f1e0c/diff")), None);
+        // A new container of the same dockerd replaces a leftover tree.
+        let root = tempfile::tempdir().unwrap();
+        let new = root.path().join("overlay2/b/diff");
+        std::fs::create_dir_all(&new).unwrap();
+        let old = root.path().join("overlay2/a/diff");
+        std::fs::create_dir_all(&old).unwrap();
+        assert_eq!(existing_tree(Some(&old), Some(&new)), Existing::Replace);
     }
 }
