@@ -53,9 +53,6 @@ pub fn existing_tree(recorded: Option<&Path>, requested: Option<&Path>) -> Exist
         (Some(r), Some(o)) if snapshotter_of(r).is_some_and(|s| Some(s) == snapshotter_of(o)) => {
             Existing::Replace
         }
-        // A read-only view (no writable layer, so no owner) on both sides: the
-        // tree holds nothing that could have been written.
-        (None, None) => Existing::Replace,
         _ => Existing::Conflict,
     }
 }
@@ -116,7 +113,9 @@ mod tests {
         assert_eq!(existing_tree(Some(gone), Some(here)), Existing::Replace);
         assert_eq!(existing_tree(Some(here), Some(gone)), Existing::Conflict);
         assert_eq!(existing_tree(None, Some(here)), Existing::Conflict);
-        assert_eq!(existing_tree(None, None), Existing::Replace);
+        // No owner on either side (a read-only view's tree goes with its task
+        // instead): a second prepare must not take a tree someone uses.
+        assert_eq!(existing_tree(None, None), Existing::Conflict);
     }
 
     #[test]
