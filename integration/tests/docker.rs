@@ -432,7 +432,6 @@ fn docker_checkpoint_create_stops_the_container_by_default() {
 }
 
 #[test]
-#[ignore = "issue 16 item 4: the restore runs no OCI hooks, so Docker's prestart hook never attaches it to the bridge"]
 fn docker_start_from_a_checkpoint_keeps_the_published_port_working() {
     let c = DockerGuard::run(
         &["-p", "127.0.0.1::8000"],

@@ -77,6 +77,8 @@ pub struct Dump {
     /// The tree's network namespace is the container's own (made by the runtime,
     /// which brings its `lo` up after every restore).
     pub own_network: bool,
+    /// Dump that namespace empty (`--empty-ns net`): hooks make it at the restore.
+    pub empty_network: bool,
     /// It is, and it has no interface but `lo`: nothing outside can send to it, so
     /// the dump does not lock it (CRIU's lock is a firewall table, set and removed
     /// with libnftables at each end).
@@ -102,6 +104,10 @@ pub struct Restore {
     pub inherit: Vec<(RawFd, String)>,
     /// (mount point inside the container, source on this host) of each bind mount.
     pub external_mounts: Vec<(String, PathBuf)>,
+    /// The network namespace was dumped empty: CRIU makes a new, empty one and runs
+    /// this action script (command, environment), which makes it as the spec's
+    /// hooks do.
+    pub network_by_hooks: Option<(String, Vec<(String, String)>)>,
 }
 
 /// Dumps the process tree.
@@ -132,6 +138,9 @@ pub fn dump(d: &Dump) -> Result<()> {
     if d.terminal {
         cmd.arg("--shell-job");
     }
+    if d.empty_network {
+        cmd.args(["--empty-ns", "net"]);
+    }
     run(cmd, "dump", &d.criu, &d.images.join("dump.log"))?;
     let pruned = crate::checkpoint::net_images::prune(&d.images, d.own_network)?;
     tracing::debug!(?pruned, "network images that restore nothing, dropped");
@@ -160,6 +169,10 @@ pub fn restore(r: &Restore) -> Result<i32> {
     for (dst, src) in &r.external_mounts {
         cmd.arg("--external")
             .arg(format!("mnt[{dst}]:{}", src.display()));
+    }
+    if let Some((script, env)) = &r.network_by_hooks {
+        cmd.args(["--empty-ns", "net", "--action-script", script]);
+        cmd.envs(env.iter().map(|(k, v)| (k, v)));
     }
     let _ = std::fs::remove_file(&r.pidfile);
     run(cmd, "restore", &r.criu, &r.work.join("restore.log"))?;

@@ -91,6 +91,9 @@ impl TaskService {
             // into one (not with the passthrough backend).
             store: (inst.config.storage.backend != Backend::Passthrough && !inst.image.is_empty())
                 .then(|| inst.config.clone()),
+            // containerd's checkpoint restores as a new task: the spec's hooks
+            // (Docker's network) run again then.
+            network_by_hooks: true,
         };
         let (c, config, sandbox) = (inst.container.clone(), inst.config.clone(), inst.sandbox());
         // The claim keeps conflicting operations out; the container's lock is let

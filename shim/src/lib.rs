@@ -39,6 +39,9 @@ pub fn main() {
     if args.get(1).map(String::as_str) == Some(crab_runtime::helper::HELPER_ARG) {
         crab_runtime::helper::main(&args[2..]);
     }
+    if crab_runtime::checkpoint::hooks::is_action_script() {
+        crab_runtime::checkpoint::hooks::main();
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

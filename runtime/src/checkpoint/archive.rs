@@ -93,6 +93,7 @@ pub fn export(
             terminal: dumped.stdio.tty.is_some(),
             timings: Timings::default(),
             criu_files: super::engine::image_files(&staging.join(CRIU_DIR)),
+            network_by_hooks: dumped.network_by_hooks,
         };
         manifest.write(&staging, false)?;
         let json = serde_json::to_vec_pretty(record).expect("record serializes");

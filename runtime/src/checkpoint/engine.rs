@@ -38,6 +38,10 @@ pub struct Dumped {
     /// damaged image is refused, not fed to CRIU (which can spin on one).
     #[serde(default)]
     pub files: BTreeMap<String, u64>,
+    /// Its network namespace was dumped empty, for the spec's hooks to make again
+    /// ([`super::hooks`]).
+    #[serde(default)]
+    pub network_by_hooks: bool,
 }
 
 /// The files of a CRIU image directory and their sizes.
@@ -86,6 +90,7 @@ impl From<&Manifest> for Dumped {
             id: m.id.clone(),
             stdio: m.stdio.clone(),
             files: m.criu_files.clone(),
+            network_by_hooks: m.network_by_hooks,
         }
     }
 }
@@ -111,6 +116,10 @@ pub struct CheckpointOpts {
     /// ([`crate::storage::Store::changed_since_image`]) and compares only those,
     /// instead of walking both whole trees.
     pub store: Option<Config>,
+    /// A checkpoint for containerd's API: when the spec's hooks make the network
+    /// (Docker's bridge), it is dumped empty and made again by them at the restore.
+    #[serde(default)]
+    pub network_by_hooks: bool,
 }
 
 /// The cgroup path of a container under the freezer hierarchy (v1), or the unified one.
@@ -192,6 +201,7 @@ pub(crate) fn dump_request(
         external_namespaces,
         terminal: stdio.tty.is_some(),
         own_network,
+        empty_network: false,
         loopback_only: own_network && crate::netns::only_loopback(pid),
     }
 }
@@ -262,6 +272,7 @@ impl Container {
             terminal,
             timings,
             criu_files,
+            network_by_hooks: opts.network_by_hooks && super::hooks::dumps_network_empty(&spec),
         };
         let mut manifest = manifest;
         manifest.timings.total_ms = started.elapsed().as_millis() as u64;
@@ -283,7 +294,7 @@ impl Container {
         let images = opts.dir.join(CRIU_DIR);
         std::fs::create_dir_all(&images)
             .map_err(Error::io(format!("create {}", images.display())))?;
-        let request = dump_request(
+        let mut request = dump_request(
             opts.criu.clone(),
             pid,
             images.clone(),
@@ -292,6 +303,7 @@ impl Container {
             spec,
             stdio,
         );
+        request.empty_network = opts.network_by_hooks && super::hooks::dumps_network_empty(spec);
         // The file delta (a walk of the rootfs against the image) and CRIU's dump
         // are independent: both run while the container is frozen, side by side.
         let (fs, dumped) = std::thread::scope(|s| {

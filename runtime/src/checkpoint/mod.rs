@@ -13,6 +13,7 @@ pub mod engine;
 pub mod fs_diff;
 pub mod history;
 pub mod history_store;
+pub mod hooks;
 pub mod net_images;
 pub mod ops;
 pub mod restore_helper;
@@ -127,6 +128,10 @@ pub struct Manifest {
     /// The size of every CRIU image file (checked before a restore).
     #[serde(default)]
     pub criu_files: std::collections::BTreeMap<String, u64>,
+    /// The network namespace was dumped empty: the spec's hooks make it again at
+    /// the restore ([`hooks`]).
+    #[serde(default)]
+    pub network_by_hooks: bool,
 }
 
 /// Milliseconds spent in each step of a checkpoint.

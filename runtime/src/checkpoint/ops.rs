@@ -192,6 +192,9 @@ impl Container {
                     id: key.id().to_string(),
                     stdio,
                     files: image_files(&tmp.join(CRIU_DIR)),
+                    // A history's checkpoint keeps the network images: an
+                    // in-place rollback re-attaches nothing.
+                    network_by_hooks: false,
                 };
                 std::fs::write(
                     tmp.join(STDIO_FILE),

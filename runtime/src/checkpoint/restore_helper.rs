@@ -132,6 +132,11 @@ pub fn serve(request: Request) -> Result<(i32, RestorePhases)> {
         pidfile: dir.join("restored.pid"),
         inherit,
         external_mounts,
+        network_by_hooks: dumped.network_by_hooks.then(|| {
+            let exe =
+                std::fs::read_link("/proc/self/exe").unwrap_or_else(|_| "/proc/self/exe".into());
+            super::hooks::action_script(&exe, &bundle, &id)
+        }),
     })?;
     drop(fds);
     drop(joined);
