@@ -239,3 +239,30 @@ fn checkpoint_without_criu_fails_clearly_and_the_container_keeps_running() {
     );
     let _ = std::fs::remove_file(&config);
 }
+
+#[test]
+fn names_that_are_not_utf8_survive_ctr_checkpoint_and_restore() {
+    let g = counter();
+    // `\377` is no UTF-8; `/bin/wget` (deleted by the counter) is the image's.
+    g.exec_ok(&[
+        "sh",
+        "-c",
+        "echo bytes > \"/sandbox/$(printf 'n\\377')\" && mkdir \"/sandbox/$(printf 'd\\376')\" && echo in > \"/sandbox/$(printf 'd\\376')/$(printf '\\375')\"",
+    ]);
+    let reference = checkpoint_ref("names");
+    ctr_ok(&["container", "checkpoint", "--task", &g.id, &reference.0]);
+    g.remove();
+    let r = restore_live(&reference);
+    let out = r.exec_ok(&[
+        "sh",
+        "-c",
+        "cat \"/sandbox/$(printf 'n\\377')\" \"/sandbox/$(printf 'd\\376')/$(printf '\\375')\"",
+    ]);
+    assert_eq!(
+        out.split_whitespace().collect::<Vec<_>>(),
+        ["bytes", "in"],
+        "{out}"
+    );
+    let gone = r.exec(&["test", "-e", "/bin/wget"]);
+    assert_eq!(gone.status.code(), Some(1), "a deleted file came back");
+}

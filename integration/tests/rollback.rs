@@ -494,3 +494,45 @@ fn a_container_recreated_under_a_deleted_ones_id_starts_a_fresh_history() {
         drop(g);
     }
 }
+
+#[test]
+fn names_that_are_not_utf8_are_created_changed_and_deleted_across_a_rollback() {
+    let g = counter(&[]);
+    // `\377` and `\376` are no UTF-8.
+    g.exec_ok(&[
+        "sh",
+        "-c",
+        "mkdir -p /s && echo one > \"/s/$(printf 'a\\377')\" && echo two > \"/s/$(printf 'b\\376')\"",
+    ]);
+    crabctl_ok(&["checkpoint", &g.id, "--name", "names"]);
+    g.exec_ok(&[
+        "sh",
+        "-c",
+        "echo changed > \"/s/$(printf 'a\\377')\" && rm \"/s/$(printf 'b\\376')\" && echo new > \"/s/$(printf 'c\\375')\"",
+    ]);
+    crabctl_ok(&["checkpoint", &g.id, "--name", "after"]);
+    let out = crabctl_ok(&["rollback", &g.id, "names"]);
+    assert!(out.contains("restored"), "{out}");
+    let state = g.exec_ok(&[
+        "sh",
+        "-c",
+        "cat \"/s/$(printf 'a\\377')\" \"/s/$(printf 'b\\376')\"; test -e \"/s/$(printf 'c\\375')\" && echo c-kept || echo c-gone",
+    ]);
+    assert_eq!(
+        state.split_whitespace().collect::<Vec<_>>(),
+        ["one", "two", "c-gone"],
+        "{state}"
+    );
+    let out = crabctl_ok(&["rollback", &g.id, "after"]);
+    assert!(out.contains("restored"), "{out}");
+    let state = g.exec_ok(&[
+        "sh",
+        "-c",
+        "cat \"/s/$(printf 'a\\377')\" \"/s/$(printf 'c\\375')\"; test -e \"/s/$(printf 'b\\376')\" && echo b-kept || echo b-gone",
+    ]);
+    assert_eq!(
+        state.split_whitespace().collect::<Vec<_>>(),
+        ["changed", "new", "b-gone"],
+        "{state}"
+    );
+}

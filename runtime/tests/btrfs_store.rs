@@ -239,7 +239,7 @@ fn the_delta_from_the_changed_names_equals_the_delta_of_a_whole_walk() {
     );
     assert_eq!(named, whole, "send names: {paths:?}");
     assert!(
-        whole.changed.contains(&"keep/moved-in/x".to_string()),
+        whole.changed.contains(&"keep/moved-in/x".into()),
         "{whole:?}"
     );
 

@@ -13,7 +13,9 @@ use serde::{Deserialize, Serialize};
 
 use super::engine::Dumped;
 use super::history::{self, create_private_dir, Entry};
-use super::{dir_bytes, fs_diff, sync_path, FsPart, Kind, Manifest, Timings, CRIU_DIR, FS_DIFF};
+use super::{
+    dir_bytes, fs_diff, sync_path, FsPart, Kind, Manifest, Timings, CRIU_DIR, FS_DIFF, MANIFEST,
+};
 use crate::config::Config;
 use crate::storage::{self, tree, work, ContainerKey, ImageSource};
 use crate::{Error, Result};
@@ -166,8 +168,17 @@ fn write_delta(
     result
 }
 
+/// Bytes the manifest, the container record and any other small member may take.
+const SMALL_MAX: u64 = 16 << 20;
+
 /// Unpacks the archive `file` into `dir` (made, mode 0700) and checks it; returns the
 /// container record.
+///
+/// The archive comes from another host: only regular files and directories below
+/// `dir` are accepted (no links, devices, fifos, absolute or `..` names), none keeps a
+/// set-id bit, and every size is bounded by the manifest (each CRIU image the size the
+/// dump wrote, the delta its size, the whole what the manifest counts). A member that
+/// breaks a rule fails the import, naming it.
 pub fn unpack(file: &Path, dir: &Path) -> Result<ContainerRecord> {
     if dir.exists() {
         return Err(Error::AlreadyExists(format!(
@@ -177,16 +188,10 @@ pub fn unpack(file: &Path, dir: &Path) -> Result<ContainerRecord> {
     }
     create_private_dir(dir)?;
     let result = (|| {
-        run_tar(
-            &[
-                "-C",
-                &dir.display().to_string(),
-                "-xf",
-                &file.display().to_string(),
-            ],
-            "unpack the archive",
-        )?;
+        let manifest = read_manifest(file)?;
+        extract_checked(file, dir, &manifest)?;
         Manifest::read(dir)?;
+        super::engine::verify_images(&dir.join(CRIU_DIR), &manifest.criu_files)?;
         let text = std::fs::read(dir.join(RECORD)).map_err(|e| Error::BadCheckpoint {
             path: file.to_path_buf(),
             message: format!("no {RECORD}: {e}"),
@@ -200,6 +205,146 @@ pub fn unpack(file: &Path, dir: &Path) -> Result<ContainerRecord> {
         let _ = std::fs::remove_dir_all(dir);
     }
     result
+}
+
+fn bad_archive(file: &Path, message: String) -> Error {
+    Error::BadCheckpoint {
+        path: file.to_path_buf(),
+        message,
+    }
+}
+
+fn open_archive(file: &Path) -> Result<tar::Archive<std::io::BufReader<std::fs::File>>> {
+    let f = std::fs::File::open(file).map_err(Error::io(format!("open {}", file.display())))?;
+    Ok(tar::Archive::new(std::io::BufReader::new(f)))
+}
+
+/// The manifest, read from the archive before anything is written: it bounds the rest.
+fn read_manifest(file: &Path) -> Result<Manifest> {
+    let bad = |m: String| bad_archive(file, m);
+    let mut archive = open_archive(file)?;
+    for entry in archive
+        .entries()
+        .map_err(|e| bad(format!("unreadable: {e}")))?
+    {
+        let mut entry = entry.map_err(|e| bad(format!("unreadable: {e}")))?;
+        let name = entry.path_bytes().into_owned();
+        if super::beneath::components(&name).as_deref() != Some(&[MANIFEST.as_bytes()]) {
+            continue;
+        }
+        if !entry.header().entry_type().is_file() || entry.size() > SMALL_MAX {
+            return Err(bad(format!(
+                "member {MANIFEST} is not a regular file of at most {SMALL_MAX} bytes"
+            )));
+        }
+        let mut text = Vec::new();
+        std::io::Read::read_to_end(&mut entry, &mut text)
+            .map_err(|e| bad(format!("{MANIFEST}: {e}")))?;
+        return serde_json::from_slice(&text).map_err(|e| bad(format!("{MANIFEST}: {e}")));
+    }
+    Err(bad(format!("no {MANIFEST}: not a Crab archive")))
+}
+
+/// Writes the archive's members below `dir`, checking each (see [`unpack`]).
+fn extract_checked(file: &Path, dir: &Path, manifest: &Manifest) -> Result<()> {
+    use super::beneath;
+    let root = beneath::open_root(dir).map_err(Error::io(format!("open {}", dir.display())))?;
+    let root = beneath::fd(&root);
+    let fs_bytes = manifest.fs.as_ref().map(|f| f.bytes);
+    let total_max = manifest
+        .process_bytes
+        .saturating_add(fs_bytes.unwrap_or(0))
+        .saturating_add(4 * SMALL_MAX);
+    let mut total = 0u64;
+    let mut archive = open_archive(file)?;
+    let entries = archive
+        .entries()
+        .map_err(|e| bad_archive(file, format!("unreadable: {e}")))?;
+    for entry in entries {
+        let mut entry = entry.map_err(|e| bad_archive(file, format!("unreadable: {e}")))?;
+        let name = entry.path_bytes().into_owned();
+        let shown = format!("\"{}\"", name.escape_ascii());
+        let refuse = |why: &str| bad_archive(file, format!("member {shown}: {why}"));
+        let kind = entry.header().entry_type();
+        if matches!(kind, tar::EntryType::XGlobalHeader) {
+            continue;
+        }
+        let comps = beneath::components(&name)
+            .ok_or_else(|| refuse("absolute, or climbs out with '..'"))?;
+        let size = entry.size();
+        let mode = entry
+            .header()
+            .mode()
+            .map_err(|e| refuse(&format!("bad mode: {e}")))?;
+        // The owner's bits only: no set-id or sticky bit, nothing for others.
+        let mode = mode & 0o700;
+        let Some((last, parents)) = comps.split_last() else {
+            if kind.is_dir() {
+                continue;
+            }
+            return Err(refuse("names the top directory but is not a directory"));
+        };
+        let io = |e: std::io::Error| match e.raw_os_error() {
+            Some(libc::ELOOP | libc::EXDEV | libc::ENOTDIR | libc::EEXIST) => refuse(&format!(
+                "{e} (a symlink, a non-directory, or a name given twice)"
+            )),
+            _ => Error::io(format!("unpack member {shown} of {}", file.display()))(e),
+        };
+        let parent = beneath::dir(root, parents, false).map_err(|e| match e.raw_os_error() {
+            Some(libc::ENOENT) => refuse("comes before its directory"),
+            _ => io(e),
+        })?;
+        if kind.is_dir() {
+            beneath::mkdir(beneath::fd(&parent), last, 0o700).map_err(io)?;
+            continue;
+        }
+        if !matches!(kind, tar::EntryType::Regular | tar::EntryType::Continuous) {
+            return Err(refuse(&format!(
+                "a {kind:?} entry: an archive holds only regular files and directories"
+            )));
+        }
+        // The size the manifest gives it, or the small files' bound.
+        let bound = match comps.as_slice() {
+            [d, img] if *d == CRIU_DIR.as_bytes() => std::str::from_utf8(img)
+                .ok()
+                .and_then(|n| manifest.criu_files.get(n).copied()),
+            [f] if *f == FS_DIFF.as_bytes() => fs_bytes,
+            _ => None,
+        };
+        match bound {
+            Some(b) if size != b => {
+                return Err(refuse(&format!("{size} bytes, the manifest says {b}")))
+            }
+            None if size > SMALL_MAX => {
+                return Err(refuse(&format!(
+                    "{size} bytes, more than the {SMALL_MAX} an unlisted member may have"
+                )))
+            }
+            _ => {}
+        }
+        total = total.saturating_add(size);
+        if total > total_max {
+            return Err(refuse(&format!(
+                "the archive holds more than the {total_max} bytes its manifest accounts for"
+            )));
+        }
+        let f = beneath::open(
+            beneath::fd(&parent),
+            last,
+            libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL,
+            0o600,
+        )
+        .map_err(io)?;
+        let mut f = std::fs::File::from(f);
+        let copied = std::io::copy(&mut std::io::Read::take(&mut entry, size), &mut f)
+            .map_err(Error::io(format!("unpack member {shown}")))?;
+        if copied != size {
+            return Err(refuse("truncated"));
+        }
+        f.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(mode | 0o600))
+            .map_err(io)?;
+    }
+    Ok(())
 }
 
 /// Where imports of `namespace/id` are unpacked.
@@ -224,4 +369,275 @@ fn run_tar(args: &[&str], what: &str) -> Result<()> {
         command: format!("tar ({what})"),
         message: String::from_utf8_lossy(&out.stderr).trim().to_string(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+    use tar::EntryType as T;
+
+    const INVENTORY: &[u8] = b"inventory bytes";
+    const DELTA: &[u8] = b"delta bytes";
+
+    fn manifest() -> Manifest {
+        Manifest {
+            version: super::super::VERSION,
+            kind: Kind::Full,
+            namespace: "default".into(),
+            id: "c1".into(),
+            created_ms: 1,
+            stdio: Default::default(),
+            fs: Some(FsPart {
+                deleted: vec![],
+                changed: 1,
+                bytes: DELTA.len() as u64,
+            }),
+            process_bytes: INVENTORY.len() as u64,
+            terminal: false,
+            timings: Timings::default(),
+            criu_files: BTreeMap::from([("inventory.img".to_string(), INVENTORY.len() as u64)]),
+        }
+    }
+
+    fn record() -> Vec<u8> {
+        serde_json::to_vec(&ContainerRecord {
+            image: "docker.io/library/busybox:latest".into(),
+            runtime: "io.containerd.crab.v2".into(),
+            spec_type: "types.containerd.io/opencontainers/runtime-spec/1/Spec".into(),
+            spec: serde_json::json!({}),
+            snapshotter: "overlayfs".into(),
+        })
+        .unwrap()
+    }
+
+    /// A member written as given (the builder refuses `..`, absolute names).
+    fn raw(
+        b: &mut tar::Builder<std::fs::File>,
+        name: &[u8],
+        kind: T,
+        link: &[u8],
+        mode: u32,
+        data: &[u8],
+    ) {
+        let mut h = tar::Header::new_gnu();
+        h.as_old_mut().name[..name.len()].copy_from_slice(name);
+        h.as_old_mut().linkname[..link.len()].copy_from_slice(link);
+        h.set_entry_type(kind);
+        h.set_mode(mode);
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_mtime(0);
+        h.set_size(data.len() as u64);
+        h.set_cksum();
+        b.append(&h, data).unwrap();
+    }
+
+    /// An archive as `crabctl export` writes it, with `extra` members appended
+    /// (or, with `replace`, in place of the image).
+    fn archive(
+        t: &Path,
+        manifest: &Manifest,
+        extra: impl FnOnce(&mut tar::Builder<std::fs::File>),
+    ) -> PathBuf {
+        let p = t.join(format!("a-{}.tar", work::tmp_name("t")));
+        let mut b = tar::Builder::new(std::fs::File::create(&p).unwrap());
+        raw(&mut b, b"./", T::Directory, b"", 0o755, b"");
+        raw(&mut b, b"./criu/", T::Directory, b"", 0o755, b"");
+        extra(&mut b);
+        raw(
+            &mut b,
+            b"./criu/inventory.img",
+            T::Regular,
+            b"",
+            0o644,
+            INVENTORY,
+        );
+        raw(&mut b, b"./rootfs-diff.tar", T::Regular, b"", 0o644, DELTA);
+        raw(
+            &mut b,
+            b"./container.json",
+            T::Regular,
+            b"",
+            0o644,
+            &record(),
+        );
+        let m = serde_json::to_vec(manifest).unwrap();
+        raw(&mut b, MANIFEST.as_bytes(), T::Regular, b"", 0o644, &m);
+        b.finish().unwrap();
+        p
+    }
+
+    fn refused(t: &Path, file: &Path, says: &str) {
+        let dir = t.join(format!("in-{}", work::tmp_name("t")));
+        let e = unpack(file, &dir).unwrap_err();
+        assert_eq!(e.kind(), crate::error::ErrorKind::InvalidArgument, "{e}");
+        assert!(e.to_string().contains(says), "{e}");
+        assert!(!dir.exists(), "a refused import leaves nothing");
+    }
+
+    #[test]
+    fn a_well_formed_archive_unpacks() {
+        let t = tempfile::tempdir().unwrap();
+        let file = archive(t.path(), &manifest(), |_| {});
+        let dir = t.path().join("in");
+        unpack(&file, &dir).unwrap();
+        assert_eq!(
+            std::fs::read(dir.join("criu/inventory.img")).unwrap(),
+            INVENTORY
+        );
+    }
+
+    #[test]
+    fn an_archive_holds_only_regular_files_and_directories() {
+        let t = tempfile::tempdir().unwrap();
+        let cases: Vec<(&str, T, &[u8])> = vec![
+            ("./criu/pages-1.img", T::Symlink, b"/etc/shadow"),
+            ("./criu/pages-1.img", T::Link, b"/etc/shadow"),
+            ("./criu/pages-2.img", T::Link, b"./container.json"),
+            ("./criu/tty.img", T::Char, b""),
+            ("./criu/sda.img", T::Block, b""),
+            ("./criu/fifo.img", T::Fifo, b""),
+        ];
+        for (name, kind, link) in cases {
+            let file = archive(t.path(), &manifest(), |b| {
+                raw(b, name.as_bytes(), kind, link, 0o644, b"")
+            });
+            refused(t.path(), &file, name);
+        }
+    }
+
+    #[test]
+    fn an_archive_member_out_of_the_directory_is_refused() {
+        let t = tempfile::tempdir().unwrap();
+        let escape = t.path().join("escaped");
+        for name in [
+            escape.as_os_str().as_encoded_bytes().to_vec(),
+            b"../escaped".to_vec(),
+            b"./criu/../../escaped".to_vec(),
+        ] {
+            let file = archive(t.path(), &manifest(), |b| {
+                raw(b, &name, T::Regular, b"", 0o644, b"x")
+            });
+            refused(t.path(), &file, "climbs out");
+        }
+        assert!(!escape.exists());
+    }
+
+    #[test]
+    fn an_archive_member_through_a_symlink_member_is_refused() {
+        let t = tempfile::tempdir().unwrap();
+        let host = t.path().join("host");
+        std::fs::create_dir(&host).unwrap();
+        let file = archive(t.path(), &manifest(), |b| {
+            raw(
+                b,
+                b"./out",
+                T::Symlink,
+                host.as_os_str().as_encoded_bytes(),
+                0o777,
+                b"",
+            );
+            raw(b, b"./out/pwned", T::Regular, b"", 0o644, b"x");
+        });
+        refused(t.path(), &file, "./out");
+        assert!(!host.join("pwned").exists());
+    }
+
+    #[test]
+    fn set_id_bits_are_dropped() {
+        let t = tempfile::tempdir().unwrap();
+        let file = archive(t.path(), &manifest(), |b| {
+            raw(b, b"./criu/suid", T::Regular, b"", 0o6755, b"#!/bin/sh\n")
+        });
+        let dir = t.path().join("in");
+        unpack(&file, &dir).unwrap();
+        let m = std::fs::metadata(dir.join("criu/suid")).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(m.permissions().mode() & 0o7777, 0o700);
+    }
+
+    #[test]
+    fn sizes_are_bounded_by_the_manifest() {
+        let t = tempfile::tempdir().unwrap();
+        // An image bigger than the dump wrote.
+        let mut m = manifest();
+        m.criu_files.insert("inventory.img".into(), 3);
+        let file = archive(t.path(), &m, |_| {});
+        refused(t.path(), &file, "the manifest says 3");
+        // A delta bigger than the manifest says.
+        let mut m = manifest();
+        m.fs.as_mut().unwrap().bytes = 1;
+        let file = archive(t.path(), &m, |_| {});
+        refused(t.path(), &file, "the manifest says 1");
+        // Members the manifest does not list: each small, all within the total.
+        let big = vec![0u8; (SMALL_MAX + 1) as usize];
+        let file = archive(t.path(), &manifest(), |b| {
+            raw(b, b"./criu/extra", T::Regular, b"", 0o644, &big)
+        });
+        refused(t.path(), &file, "an unlisted member");
+        let chunk = vec![0u8; SMALL_MAX as usize];
+        let file = archive(t.path(), &manifest(), |b| {
+            for i in 0..5 {
+                let name = format!("./criu/extra{i}");
+                raw(b, name.as_bytes(), T::Regular, b"", 0o644, &chunk);
+            }
+        });
+        refused(t.path(), &file, "accounts for");
+    }
+
+    #[test]
+    fn a_member_given_twice_is_refused() {
+        let t = tempfile::tempdir().unwrap();
+        let file = archive(t.path(), &manifest(), |b| {
+            raw(
+                b,
+                b"./criu/inventory.img",
+                T::Regular,
+                b"",
+                0o644,
+                INVENTORY,
+            )
+        });
+        refused(t.path(), &file, "given twice");
+    }
+
+    #[test]
+    fn a_checkpoint_directory_with_symlinks_is_refused() {
+        let t = tempfile::tempdir().unwrap();
+        let file = archive(t.path(), &manifest(), |_| {});
+        let dir = t.path().join("in");
+        unpack(&file, &dir).unwrap();
+        let secret = t.path().join("shadow");
+        std::fs::write(&secret, "host secret").unwrap();
+        // An image swapped for a symlink to a host file (as a registry's image may).
+        let images = dir.join(CRIU_DIR);
+        std::os::unix::fs::symlink(&secret, images.join("pages-1.img")).unwrap();
+        let e = super::super::engine::verify_images(&images, &manifest().criu_files).unwrap_err();
+        assert!(e.to_string().contains("pages-1.img"), "{e}");
+        std::fs::remove_file(images.join("pages-1.img")).unwrap();
+        super::super::engine::verify_images(&images, &manifest().criu_files).unwrap();
+        // The inventory, the manifest, the delta as symlinks.
+        for name in [
+            format!("{CRIU_DIR}/inventory.img"),
+            MANIFEST.to_string(),
+            FS_DIFF.to_string(),
+        ] {
+            let p = dir.join(&name);
+            let keep = std::fs::read(&p).unwrap();
+            let moved = t.path().join("moved");
+            std::fs::write(&moved, &keep).unwrap();
+            std::fs::remove_file(&p).unwrap();
+            std::os::unix::fs::symlink(&moved, &p).unwrap();
+            let e = Manifest::read(&dir).unwrap_err();
+            assert_eq!(
+                e.kind(),
+                crate::error::ErrorKind::InvalidArgument,
+                "{name}: {e}"
+            );
+            std::fs::remove_file(&p).unwrap();
+            std::fs::write(&p, &keep).unwrap();
+            Manifest::read(&dir).unwrap();
+        }
+    }
 }

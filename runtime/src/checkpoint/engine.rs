@@ -59,10 +59,36 @@ pub fn image_files(dir: &Path) -> BTreeMap<String, u64> {
         .collect()
 }
 
-/// Refuses an image directory whose files differ from what the dump wrote.
+/// Refuses an image directory whose files differ from what the dump wrote, or that
+/// holds anything but regular files: CRIU opens the images by name, and a symlink
+/// (`pages-1.img -> /etc/shadow`, from a registry or another host) would load a
+/// host file into the restored process.
 pub fn verify_images(dir: &Path, files: &BTreeMap<String, u64>) -> Result<()> {
+    let bad = |message: String| Error::BadCheckpoint {
+        path: dir.to_path_buf(),
+        message,
+    };
+    match std::fs::symlink_metadata(dir) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => return Err(bad("the image directory is not a directory".into())),
+        Err(e) => return Err(bad(format!("the image directory: {e}"))),
+    }
+    let entries = std::fs::read_dir(dir).map_err(|e| bad(format!("read: {e}")))?;
+    for e in entries {
+        let e = e.map_err(|e| bad(format!("read: {e}")))?;
+        let t = e.file_type().map_err(|e| bad(format!("read: {e}")))?;
+        if !t.is_file() {
+            return Err(bad(format!(
+                "{:?} is not a regular file: an image directory holds nothing else",
+                e.file_name()
+            )));
+        }
+    }
     for (name, size) in files {
-        let actual = std::fs::metadata(dir.join(name)).map(|m| m.len());
+        if super::beneath::components(name.as_bytes()).map(|c| c.len()) != Some(1) {
+            return Err(bad(format!("image name {name:?} is not a plain name")));
+        }
+        let actual = std::fs::symlink_metadata(dir.join(name)).map(|m| m.len());
         match actual {
             Ok(a) if a == *size => {}
             Ok(a) => {

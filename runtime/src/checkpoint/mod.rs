@@ -9,6 +9,7 @@
 //! - [`MANIFEST`], written last: a checkpoint without it is incomplete.
 
 pub mod archive;
+pub mod beneath;
 pub mod engine;
 pub mod fs_diff;
 pub mod history;
@@ -93,8 +94,9 @@ pub struct Stdio {
 /// The file-system part.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FsPart {
-    /// Paths (relative to the root) the container deleted or replaced by another type.
-    pub deleted: Vec<String>,
+    /// Paths (relative to the root) the container deleted or replaced by another type
+    /// (bytes: a name need not be UTF-8).
+    pub deleted: Vec<fs_diff::RelPath>,
     /// How many entries the diff tar holds.
     pub changed: usize,
     /// The tar's size.
@@ -184,7 +186,9 @@ impl Manifest {
             message,
         };
         let file = dir.join(MANIFEST);
-        let text = std::fs::read(&file).map_err(|e| {
+        // Never through a symlink (a checkpoint may come from a registry or another
+        // host): `crab-checkpoint.json -> /etc/shadow` is refused, not read.
+        let text = read_no_follow(&file, 16 << 20).map_err(|e| {
             bad(format!(
                 "no {MANIFEST} ({e}): not a Crab checkpoint, or an incomplete one"
             ))
@@ -197,14 +201,42 @@ impl Manifest {
                 m.version
             )));
         }
-        if m.kind != Kind::FsOnly && !dir.join(CRIU_DIR).join("inventory.img").is_file() {
-            return Err(bad(format!("{CRIU_DIR}/inventory.img is missing")));
+        let is = |p: &Path, dir: bool| {
+            std::fs::symlink_metadata(p).is_ok_and(|m| if dir { m.is_dir() } else { m.is_file() })
+        };
+        if m.kind != Kind::FsOnly
+            && !(is(&dir.join(CRIU_DIR), true)
+                && is(&dir.join(CRIU_DIR).join("inventory.img"), false))
+        {
+            return Err(bad(format!(
+                "{CRIU_DIR}/inventory.img is missing (or not a regular file in a directory)"
+            )));
         }
-        if m.fs.is_some() && !dir.join(FS_DIFF).is_file() {
-            return Err(bad(format!("{FS_DIFF} is missing")));
+        if m.fs.is_some() && !is(&dir.join(FS_DIFF), false) {
+            return Err(bad(format!("{FS_DIFF} is missing (or not a regular file)")));
         }
         Ok(m)
     }
+}
+
+/// Reads the regular file `p` (at most `max` bytes), never through a symlink as its
+/// last name.
+pub(crate) fn read_no_follow(p: &Path, max: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(p)?;
+    if !f.metadata()?.is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ));
+    }
+    let mut out = Vec::new();
+    f.take(max).read_to_end(&mut out)?;
+    Ok(out)
 }
 
 /// Runs `f` holding one of the host's checkpoint slots (`checkpoint.max_parallel`),
