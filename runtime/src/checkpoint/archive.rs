@@ -225,9 +225,9 @@ fn read_manifest(file: &Path) -> Result<Manifest> {
     let mut archive = open_archive(file)?;
     for entry in archive
         .entries()
-        .map_err(|e| bad(format!("unreadable: {e}")))?
+        .map_err(|e| bad(format!("the archive is unreadable: {e}")))?
     {
-        let mut entry = entry.map_err(|e| bad(format!("unreadable: {e}")))?;
+        let mut entry = entry.map_err(|e| bad(format!("the archive is unreadable: {e}")))?;
         let name = entry.path_bytes().into_owned();
         if super::beneath::components(&name).as_deref() != Some(&[MANIFEST.as_bytes()]) {
             continue;
@@ -259,9 +259,10 @@ fn extract_checked(file: &Path, dir: &Path, manifest: &Manifest) -> Result<()> {
     let mut archive = open_archive(file)?;
     let entries = archive
         .entries()
-        .map_err(|e| bad_archive(file, format!("unreadable: {e}")))?;
+        .map_err(|e| bad_archive(file, format!("the archive is unreadable: {e}")))?;
     for entry in entries {
-        let mut entry = entry.map_err(|e| bad_archive(file, format!("unreadable: {e}")))?;
+        let mut entry =
+            entry.map_err(|e| bad_archive(file, format!("the archive is unreadable: {e}")))?;
         let name = entry.path_bytes().into_owned();
         let shown = format!("\"{}\"", name.escape_ascii());
         let refuse = |why: &str| bad_archive(file, format!("member {shown}: {why}"));
