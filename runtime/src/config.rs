@@ -33,6 +33,10 @@ pub struct Config {
     pub tracking_cgroup: PathBuf,
     /// Log level of the shim (`error`, `warn`, `info`, `debug`, `trace`).
     pub log_level: LogLevel,
+    /// A group (name or gid) whose members may use the containers' control sockets
+    /// besides root; empty: root only. The shim checks each caller's credentials
+    /// (SO_PEERCRED), whatever the socket file's mode.
+    pub control_group: String,
     /// The snapshot-capable root file system of each container.
     pub storage: Storage,
     /// Where checkpoints are kept.
@@ -186,6 +190,7 @@ impl Default for Config {
             state_dir: PathBuf::from("/run/crab"),
             tracking_cgroup: default_tracking_cgroup(),
             log_level: LogLevel::Info,
+            control_group: String::new(),
             storage: Storage::default(),
             checkpoint: Checkpoint::default(),
             policy: Policy::default(),
@@ -428,6 +433,28 @@ impl Config {
         parse_size(&self.storage.pool_size).map_err(|m| bad("storage.pool_size", m))?;
         self.proxy.check().map_err(|(key, m)| bad(key, m))?;
         Ok(())
+    }
+
+    /// The gid of `control_group`, if one is set.
+    pub fn control_gid(&self) -> Result<Option<u32>> {
+        let g = self.control_group.trim();
+        if g.is_empty() {
+            return Ok(None);
+        }
+        if let Ok(gid) = g.parse::<u32>() {
+            return Ok(Some(gid));
+        }
+        match nix::unistd::Group::from_name(g) {
+            Ok(Some(group)) => Ok(Some(group.gid.as_raw())),
+            Ok(None) => Err(Error::Config {
+                path: "control_group".into(),
+                message: format!("no group {g:?}"),
+            }),
+            Err(e) => Err(Error::Config {
+                path: "control_group".into(),
+                message: format!("look up group {g:?}: {e}"),
+            }),
+        }
     }
 
     /// The state directory of one containerd namespace.

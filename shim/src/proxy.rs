@@ -19,6 +19,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::os::fd::OwnedFd;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -204,6 +205,7 @@ pub fn start(config: &Config, l: &Launch) -> ShimResult<TurnProxy> {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
+        .mode(0o600)
         .open(l.log)
         .map_err(|e| fail(format!("open {}: {e}", l.log.display())))?;
     let program = program(config);
