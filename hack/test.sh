@@ -26,6 +26,9 @@ export CRAB_CONFIG="$TEST_DIR/config.toml"
 cat >"$CRAB_CONFIG" <<'TOML'
 state_dir = "/run/crab/state-test"
 log_level = "debug"
+[proxy]
+# The upstream the CRI and Docker tests' annotations choose (it never answers).
+upstreams = ["http://127.0.0.1:9"]
 TOML
 
 "$ROOT/hack/docker.sh" stop >/dev/null 2>&1 || true

@@ -6,6 +6,10 @@
 //! checkpoint is durable. With `--agent-api` the agent may also checkpoint,
 //! list, roll back and fork its own container under `/.crab/` (REST and MCP).
 //!
+//! The agent API answers only requests carrying the sandbox's token
+//! (`Authorization: Bearer`): `CRAB_API_TOKEN` from this process's environment,
+//! else (by hand) the container init's, else a fresh one, printed.
+//!
 //! Run by hand it stays in the foreground. Run by the shim (`--managed`) it
 //! prints `ready ADDR` once listening, exits when its stdin (a pipe only the
 //! shim holds) reaches EOF, and on SIGHUP (after a restore or rollback put the
@@ -19,6 +23,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use crab_proxy::{Boundary, Gate, Proxy, Sandbox, Upstream};
+use crab_runtime::api_token;
 use crab_runtime::checkpoint::ops::CheckpointRequest;
 use crab_runtime::checkpoint::Kind;
 use crab_runtime::config::Config;
@@ -228,6 +233,28 @@ impl Listening {
     }
 }
 
+/// The agent API's token: `CRAB_API_TOKEN` in this process's environment (the
+/// shim passes it so), else, by hand, the one the container's init carries, else
+/// a fresh one, printed for the caller to give the agent.
+fn agent_token(init_pid: i32, managed: bool) -> Result<String> {
+    if let Ok(t) = std::env::var(api_token::ENV) {
+        api_token::check(&t).map_err(anyhow::Error::msg)?;
+        return Ok(t);
+    }
+    anyhow::ensure!(
+        !managed,
+        "the shim gave no {} for the agent API",
+        api_token::ENV
+    );
+    if let Some(t) = api_token::from_environ(init_pid) {
+        println!("agent API token: the container's {}", api_token::ENV);
+        return Ok(t);
+    }
+    let t = api_token::generate()?;
+    println!("agent API token (Authorization: Bearer): {t}");
+    Ok(t)
+}
+
 /// Runs the proxy until it fails (or, managed, until the shim is gone).
 pub fn run(config: &Config, address: &str, namespace: &str, id: &str, o: Options) -> Result<()> {
     let mut upstream = Upstream::parse(&o.upstream)?;
@@ -249,7 +276,8 @@ pub fn run(config: &Config, address: &str, namespace: &str, id: &str, o: Options
         if netns_inode(&format!("/proc/{pid}/ns/net"))? == netns_inode("/proc/self/ns/net")? {
             eprintln!("crab proxy: {id} shares the host's network namespace: agent API off");
         } else {
-            proxy = proxy.with_sandbox(target.clone());
+            let token = agent_token(pid, o.managed)?;
+            proxy = proxy.with_sandbox(target.clone(), &token);
         }
     }
     let proxy = Arc::new(proxy);

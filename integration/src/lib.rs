@@ -242,13 +242,28 @@ impl Drop for Guard {
 
 /// A configuration file: the one the test containerd passes its shims
 /// (`CRAB_CONFIG`) with `extra` TOML appended; for `--runtime-config-path`.
+/// Tables both name are merged, `extra`'s keys winning.
 pub fn config_with(extra: &str) -> PathBuf {
     let base = std::env::var("CRAB_CONFIG")
         .ok()
         .and_then(|p| std::fs::read_to_string(p).ok())
         .unwrap_or_default();
+    let mut merged: toml::Table = base.parse().expect("CRAB_CONFIG is TOML");
+    let extra: toml::Table = extra.parse().expect("extra config is TOML");
+    for (key, value) in extra {
+        match (merged.get_mut(&key), value) {
+            (Some(toml::Value::Table(mine)), toml::Value::Table(theirs)) => mine.extend(theirs),
+            (_, value) => {
+                merged.insert(key, value);
+            }
+        }
+    }
     let config = std::env::temp_dir().join(format!("{}.toml", unique_id("cfg")));
-    std::fs::write(&config, format!("{base}\n{extra}\n")).expect("write config");
+    std::fs::write(
+        &config,
+        toml::to_string(&merged).expect("config serializes"),
+    )
+    .expect("write config");
     config
 }
 

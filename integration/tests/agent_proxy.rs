@@ -93,12 +93,16 @@ fn the_shim_starts_the_proxy_and_a_sandboxed_agent_finds_it_through_its_environm
 /// The agent outside the sandbox: a long-lived process in the network
 /// namespace it was started in, making one HTTP request through the proxy per
 /// line on stdin (`METHOD PATH BODY`) and printing the status and body.
+/// It sends the sandbox's agent API token when it was given one (`AGENT_TOKEN`).
 const HOST_AGENT: &str = r#"
-import http.client, sys, json
+import http.client, sys, json, os
+headers = {'Content-Type': 'application/json'}
+if os.environ.get('AGENT_TOKEN'):
+    headers['Authorization'] = 'Bearer ' + os.environ['AGENT_TOKEN']
 for line in sys.stdin:
     method, path, body = (line.rstrip('\n').split(' ', 2) + [''])[:3]
     c = http.client.HTTPConnection('127.0.0.1', 8787, timeout=120)
-    c.request(method, path, body=body or None, headers={'Content-Type': 'application/json'})
+    c.request(method, path, body=body or None, headers=headers)
     r = c.getresponse()
     print(json.dumps({'status': r.status, 'body': r.read().decode()}), flush=True)
 "#;
@@ -110,9 +114,22 @@ struct Agent {
 }
 
 impl Agent {
-    /// Starts it in the network namespace of `pid`.
+    /// Starts it in the network namespace of `pid`, with the sandbox's token
+    /// (read, as a platform would, from the environment the shim gave the init).
     fn start(pid: i32) -> Agent {
+        let token = crab_runtime::api_token::from_environ(pid)
+            .unwrap_or_else(|| panic!("the init {pid} has no {}", crab_runtime::api_token::ENV));
+        Agent::start_with(pid, &token)
+    }
+
+    /// A sidecar in the namespace of `pid` that does not know the token.
+    fn start_without_token(pid: i32) -> Agent {
+        Agent::start_with(pid, "")
+    }
+
+    fn start_with(pid: i32, token: &str) -> Agent {
         let mut child = Command::new("nsenter")
+            .env("AGENT_TOKEN", token)
             .arg(format!("--net=/proc/{pid}/ns/net"))
             .args(["python3", "-c", HOST_AGENT])
             .stdin(Stdio::piped())
@@ -150,15 +167,29 @@ impl Drop for Agent {
 
 /// A python sandbox idling, whose shim-started proxy forwards to a stub LLM
 /// (answers `gap` apart in chunks) that the annotation names.
+/// The host's configuration allows that upstream (`[proxy] upstreams`).
 fn sandbox_with_proxy(gap: Duration) -> Guard {
     let (port, _seen) = llm::stub(Duration::ZERO, gap);
-    let annotation = format!("io.crab.proxy.upstream=http://127.0.0.1:{port}");
+    let upstream = format!("http://127.0.0.1:{port}");
+    let config = allowing(&upstream);
     Guard::run_detached(
         CRAB,
         PYTHON,
-        &["--annotation", &annotation],
+        &[
+            "--runtime-config-path",
+            &config,
+            "--annotation",
+            &format!("io.crab.proxy.upstream={upstream}"),
+        ],
         &["sleep", "infinity"],
     )
+}
+
+/// A runtime configuration whose proxy allows `upstream` (none by default).
+fn allowing(upstream: &str) -> String {
+    config_with(&format!("[proxy]\nupstreams = [\"{upstream}\"]"))
+        .to_string_lossy()
+        .into_owned()
 }
 
 fn json_of(body: &str) -> Value {
@@ -374,4 +405,112 @@ fn the_proxy_dies_with_its_shim_and_comes_back_with_a_restored_container() {
     assert!(body.contains("\"safe\""), "{body}");
     let (status, _) = agent.request("POST", "/v1/chat/completions", &json!({}));
     assert_eq!(status, 200);
+}
+
+/// Issue 17 item 8: a process that shares the sandbox's network namespace but was
+/// not given its token (a sidecar, a web page's fetch) gets 401 from every agent
+/// API route, REST and MCP, and takes no checkpoint, rollback or fork.
+#[test]
+fn a_sidecar_without_the_token_gets_401_and_takes_no_checkpoint() {
+    let g = sandbox_with_proxy(Duration::ZERO);
+    let mut sidecar = Agent::start_without_token(g.pid());
+    let mcp = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                     "params": {"name": "sandbox_checkpoint", "arguments": {}}});
+    for (method, path, body) in [
+        ("GET", "/.crab/v1/checkpoints", Value::Null),
+        ("POST", "/.crab/v1/checkpoints", json!({"name": "sidecar"})),
+        ("POST", "/.crab/v1/fork", json!({"count": 3})),
+        ("POST", "/.crab/v1/rollback", json!({"checkpoint": 1})),
+        ("POST", "/.crab/mcp", mcp),
+    ] {
+        let (status, body) = sidecar.request(method, path, &body);
+        assert_eq!(status, 401, "{method} {path}: {body}");
+        assert!(body.contains("CRAB_API_TOKEN"), "{body}");
+    }
+    let h: Vec<Value> = serde_json::from_str(&crabctl_ok(&["ls", &g.id, "--json"])).unwrap();
+    assert!(h.is_empty(), "the sidecar took a checkpoint: {h:?}");
+    assert_eq!(g.status().as_deref(), Some("RUNNING"));
+    // The LLM routes are not the agent API's: they pass without the token.
+    let (status, body) = sidecar.request("POST", "/v1/chat/completions", &json!({}));
+    assert_eq!((status, body.as_str()), (200, llm::JSON_ANSWER));
+    // The sandbox's own processes have the token, in the init's and each exec's
+    // environment, and their requests pass.
+    let token = g.exec_ok(&["sh", "-c", "printf %s \"$CRAB_API_TOKEN\""]);
+    assert_eq!(token.len(), 64, "{token:?}");
+    assert_eq!(
+        crab_runtime::api_token::from_environ(g.pid()).as_deref(),
+        Some(token.as_str())
+    );
+    let mut agent = Agent::start(g.pid());
+    let (status, body) = agent.request("POST", "/.crab/v1/checkpoints", &json!({"name": "own"}));
+    assert_eq!(status, 201, "{body}");
+}
+
+/// The error `ctr run` reports for a container of the crab runtime with `flags`.
+fn refused_run(flags: &[&str]) -> String {
+    let id = crab_integration::unique_id("t");
+    let _g = Guard::new(&id);
+    let mut args = vec!["run", "-d", "--runtime", CRAB];
+    args.extend_from_slice(flags);
+    args.extend([PYTHON, id.as_str(), "sleep", "infinity"]);
+    let out = crab_integration::ctr_run(&args, None, Duration::from_secs(60));
+    assert!(!out.status.success(), "ctr run {flags:?} succeeded");
+    text(&out).1
+}
+
+/// Issue 17 item 8: an annotation cannot open the agent API to the network.
+#[test]
+fn a_listen_annotation_beyond_loopback_is_refused() {
+    let config = allowing("http://127.0.0.1:9");
+    for listen in ["0.0.0.0:8787", "[::]:8787"] {
+        let err = refused_run(&[
+            "--runtime-config-path",
+            &config,
+            "--annotation",
+            "io.crab.proxy.upstream=http://127.0.0.1:9",
+            "--annotation",
+            &format!("io.crab.proxy.listen={listen}"),
+        ]);
+        assert!(err.contains("io.crab.proxy.listen"), "{err}");
+        assert!(err.contains("not a loopback address"), "{err}");
+        assert!(err.to_lowercase().contains("invalid argument"), "{err}");
+    }
+    // The host may allow it.
+    let config =
+        config_with("[proxy]\nupstreams = [\"http://127.0.0.1:9\"]\nallow_listen = [\"0.0.0.0\"]");
+    let g = Guard::run_detached(
+        CRAB,
+        PYTHON,
+        &[
+            "--runtime-config-path",
+            &config.to_string_lossy(),
+            "--annotation",
+            "io.crab.proxy.upstream=http://127.0.0.1:9",
+            "--annotation",
+            "io.crab.proxy.listen=0.0.0.0:8787",
+        ],
+        &["sleep", "infinity"],
+    );
+    assert_eq!(g.status().as_deref(), Some("RUNNING"));
+}
+
+/// Issue 17 item 8: an annotation chooses among the host's upstreams and never
+/// adds one (the proxy connects from the host's network: the host's loopback, a
+/// metadata address).
+#[test]
+fn an_upstream_annotation_not_on_the_list_is_refused() {
+    let config = allowing("http://127.0.0.1:9");
+    for upstream in ["http://169.254.169.254", "http://127.0.0.1:22"] {
+        let err = refused_run(&[
+            "--runtime-config-path",
+            &config,
+            "--annotation",
+            &format!("io.crab.proxy.upstream={upstream}"),
+        ]);
+        assert!(err.contains("not an upstream the host allows"), "{err}");
+        assert!(err.to_lowercase().contains("invalid argument"), "{err}");
+    }
+    // The host's own configuration, without this runtime configuration: the same.
+    let err = refused_run(&["--annotation", "io.crab.proxy.upstream=http://127.0.0.1:2"]);
+    assert!(err.contains("not an upstream the host allows"), "{err}");
 }

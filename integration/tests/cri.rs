@@ -449,8 +449,10 @@ const UPSTREAM: (&str, &str) = ("io.crab.proxy.upstream", "http://127.0.0.1:9");
 
 /// An agent as a pod container's init: writes a file, asks the agent API for a
 /// checkpoint named `api` (its request waits while the dump runs), records the answer.
+/// It sends the token the shim put into its environment.
 const AGENT: &str = "echo before >/work.txt; \
-    wget -qO /api.out --post-data '{\"name\":\"api\"}' http://127.0.0.1:8787/.crab/v1/checkpoints; \
+    wget -qO /api.out --header \"Authorization: Bearer $CRAB_API_TOKEN\" \
+    --post-data '{\"name\":\"api\"}' http://127.0.0.1:8787/.crab/v1/checkpoints; \
     echo $? >/api.rc; exec sleep 100000";
 
 #[test]
@@ -503,9 +505,25 @@ fn agent_api_of_a_pod_annotated_as_kubelet_passes_it_reaches_the_container() {
         .expect("CreateContainer");
     let started = cri.start_container(&c);
     assert!(started.is_ok(), "StartContainer: {started:?}");
+    // An exec gets the agent API's token as the init does.
     let listed = pod.exec_ok(
         &c,
-        &["wget", "-qO-", "http://127.0.0.1:8787/.crab/v1/checkpoints"],
+        &[
+            "sh",
+            "-c",
+            "wget -qO- --header \"Authorization: Bearer $CRAB_API_TOKEN\" \
+             http://127.0.0.1:8787/.crab/v1/checkpoints",
+        ],
     );
     assert!(listed.contains("checkpoints"), "{listed}");
+    // Without it: 401.
+    let refused = cri
+        .exec_sync(
+            &c,
+            &["wget", "-qO-", "http://127.0.0.1:8787/.crab/v1/checkpoints"],
+            10,
+        )
+        .expect("ExecSync");
+    assert_ne!(refused.exit_code, 0, "{:?}", out(&refused));
+    assert!(out(&refused).1.contains("401"), "{:?}", out(&refused));
 }

@@ -477,6 +477,14 @@ fn docker_exec_sees_the_turn_proxy_urls() {
     let (exec, _) = text(&c.exec(&["env"]));
     assert!(exec.contains("OPENAI_BASE_URL="), "{exec}");
     assert!(exec.contains("ANTHROPIC_BASE_URL="), "{exec}");
+    // The agent API's token too, the same in both.
+    let token = |env: &str| {
+        env.lines()
+            .find_map(|l| l.strip_prefix("CRAB_API_TOKEN="))
+            .map(str::to_string)
+    };
+    assert!(token(&init).is_some_and(|t| t.len() == 64), "{init}");
+    assert_eq!(token(&init), token(&exec), "{exec}");
 }
 
 #[test]

@@ -41,6 +41,43 @@ pub trait Sandbox: Send + Sync + 'static {
     ) -> std::result::Result<Vec<String>, Failure>;
 }
 
+/// The agent API's side of a proxy: the sandbox it acts on, and the token a
+/// request must carry.
+pub(crate) struct Agent {
+    pub(crate) sandbox: Arc<dyn Sandbox>,
+    pub(crate) token: Vec<u8>,
+}
+
+/// Whether `given` equals `expected`, in time that does not depend on where they
+/// differ (an attacker in the namespace could otherwise guess it byte by byte).
+fn same_secret(given: &[u8], expected: &[u8]) -> bool {
+    if given.len() != expected.len() {
+        return false;
+    }
+    let diff = given
+        .iter()
+        .zip(expected)
+        .fold(0u8, |acc, (a, b)| acc | (a ^ b));
+    std::hint::black_box(diff) == 0
+}
+
+/// Whether the request carries the sandbox's token as a bearer credential. An
+/// empty expected token lets nothing through.
+fn authorized(req: &Request<Incoming>, token: &[u8]) -> bool {
+    let Some(v) = req.headers().get(http::header::AUTHORIZATION) else {
+        return false;
+    };
+    let v = v.as_bytes();
+    let Some(given) = v
+        .get(..7)
+        .filter(|s| s.eq_ignore_ascii_case(b"bearer "))
+        .map(|_| &v[7..])
+    else {
+        return false;
+    };
+    !token.is_empty() && same_secret(given.trim_ascii(), token)
+}
+
 /// One thing the agent asked for, its arguments checked.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Op {
@@ -216,13 +253,10 @@ pub(crate) async fn read_json(body: Incoming) -> std::result::Result<Value, (Sta
 }
 
 /// Answers a request under `/.crab/`.
-pub(crate) async fn handle(
-    sandbox: Option<&Arc<dyn Sandbox>>,
-    req: Request<Incoming>,
-) -> Response<Body> {
+pub(crate) async fn handle(agent: Option<&Agent>, req: Request<Incoming>) -> Response<Body> {
     let (method, path) = (req.method().clone(), req.uri().path().to_string());
     tracing::info!(%method, %path, "agent API");
-    let Some(sandbox) = sandbox.cloned() else {
+    let Some(agent) = agent else {
         return error(
             StatusCode::NOT_FOUND,
             "the agent API is off: this proxy has no sandbox to act on",
@@ -231,6 +265,19 @@ pub(crate) async fn handle(
     if foreign_origin(&req) {
         return error(StatusCode::FORBIDDEN, "requests from web pages are refused");
     }
+    if !authorized(&req, &agent.token) {
+        tracing::warn!(%method, %path, "agent API request without the sandbox's token");
+        let mut r = error(
+            StatusCode::UNAUTHORIZED,
+            "the agent API needs the sandbox's token: Authorization: Bearer $CRAB_API_TOKEN",
+        );
+        r.headers_mut().insert(
+            http::header::WWW_AUTHENTICATE,
+            http::HeaderValue::from_static("Bearer realm=\"crab\""),
+        );
+        return r;
+    }
+    let sandbox = agent.sandbox.clone();
     let kind = match (path.as_str(), &method) {
         ("/.crab/mcp", &Method::POST) => return crate::mcp::handle(sandbox, req).await,
         ("/.crab/mcp", _) => return method_not_allowed("POST"),
@@ -303,6 +350,13 @@ mod tests {
         assert!(Op::parse(Kind::Fork, json!({"count": 65})).is_err());
         assert!(Op::parse(Kind::Fork, json!({"chekpoint": "a"})).is_err());
         assert!(Op::parse(Kind::List, json!([1])).is_err());
+    }
+
+    #[test]
+    fn secrets_compare_whole() {
+        assert!(same_secret(b"abcd", b"abcd"));
+        assert!(!same_secret(b"abcd", b"abcx"));
+        assert!(!same_secret(b"abc", b"abcd"));
     }
 
     #[test]

@@ -42,7 +42,7 @@ fn plain(status: StatusCode, msg: String) -> Response<Body> {
 pub struct Proxy {
     upstream: Upstream,
     boundary: Arc<dyn Boundary>,
-    sandbox: Option<Arc<dyn Sandbox>>,
+    sandbox: Option<api::Agent>,
     fail_closed: bool,
     pool: Pool,
 }
@@ -108,9 +108,15 @@ impl Proxy {
         }
     }
 
-    /// Turns on the agent API (`/.crab/`) on every listener, acting on `sandbox`.
-    pub fn with_sandbox(mut self, sandbox: Arc<dyn Sandbox>) -> Proxy {
-        self.sandbox = Some(sandbox);
+    /// Turns on the agent API (`/.crab/`) on every listener, acting on `sandbox`,
+    /// for requests that carry `token` (`Authorization: Bearer <token>`); others
+    /// get 401. A process that only shares the sandbox's network namespace does
+    /// not know the token.
+    pub fn with_sandbox(mut self, sandbox: Arc<dyn Sandbox>, token: &str) -> Proxy {
+        self.sandbox = Some(api::Agent {
+            sandbox,
+            token: token.as_bytes().to_vec(),
+        });
         self
     }
 

@@ -203,6 +203,56 @@ async fn web_pages_are_refused() {
 }
 
 #[tokio::test]
+async fn requests_without_the_sandbox_token_are_refused() {
+    let s = setup().await;
+    let wrong = format!("Bearer {}x", &API_TOKEN[..API_TOKEN.len() - 1]);
+    let cases: [&[(&str, &str)]; 5] = [
+        // A sidecar in the namespace that knows nothing, the LLM key, a guess of the
+        // right length, a prefix of the token, the token without the scheme.
+        &[("authorization", "")],
+        &[("authorization", "Bearer sk-secret")],
+        &[("authorization", &wrong)],
+        &[("authorization", &API_TOKEN[..20])],
+        &[("authorization", API_TOKEN)],
+    ];
+    for headers in cases {
+        for (method, path, body) in [
+            ("GET", "/.crab/v1/checkpoints", ""),
+            ("POST", "/.crab/v1/checkpoints", "{}"),
+            ("POST", "/.crab/v1/rollback", "{\"checkpoint\":1}"),
+            ("POST", "/.crab/v1/fork", "{\"count\":64}"),
+            (
+                "POST",
+                "/.crab/mcp",
+                &call(1, "sandbox_checkpoint", json!({})).to_string(),
+            ),
+        ] {
+            let got = send_with(s.proxy, method, path, body, headers).await;
+            assert_eq!(
+                got.status,
+                StatusCode::UNAUTHORIZED,
+                "{method} {path} {headers:?}"
+            );
+            let e = got.json()["error"].as_str().unwrap_or_default().to_string();
+            assert!(e.contains("CRAB_API_TOKEN"), "{}", got.text());
+        }
+    }
+    assert!(s.sandbox.calls().is_empty(), "{:?}", s.sandbox.calls());
+    // The scheme's case does not matter.
+    let lower = format!("bearer {API_TOKEN}");
+    let got = send_with(
+        s.proxy,
+        "GET",
+        "/.crab/v1/checkpoints",
+        "",
+        &[("authorization", &lower)],
+    )
+    .await;
+    assert_eq!(got.status, StatusCode::OK);
+    s.assert_local();
+}
+
+#[tokio::test]
 async fn without_a_sandbox_the_agent_api_is_off() {
     let (up, seen) = start_stub().await;
     let boundary = TestBoundary::new(GateKind::Open);

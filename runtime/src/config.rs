@@ -33,6 +33,10 @@ pub struct Config {
     pub tracking_cgroup: PathBuf,
     /// Log level of the shim (`error`, `warn`, `info`, `debug`, `trace`).
     pub log_level: LogLevel,
+    /// A group (name or gid) whose members may use the containers' control sockets
+    /// besides root; empty: root only. The shim checks each caller's credentials
+    /// (SO_PEERCRED), whatever the socket file's mode.
+    pub control_group: String,
     /// The snapshot-capable root file system of each container.
     pub storage: Storage,
     /// Where checkpoints are kept.
@@ -149,6 +153,14 @@ pub struct Proxy {
     /// Where it listens, inside each container's network namespace
     /// (annotation `io.crab.proxy.listen`).
     pub listen: String,
+    /// Further upstreams a container's annotation `io.crab.proxy.upstream` may
+    /// choose (`upstream` itself is always allowed). An annotation chooses among
+    /// them; it never adds one: the proxy connects from the host's network.
+    pub upstreams: Vec<String>,
+    /// Addresses beyond loopback that the annotation `io.crab.proxy.listen` may
+    /// name: an IP (any port) or `ip:port`. Empty: loopback only, so that the
+    /// agent API is never reachable from outside the sandbox.
+    pub allow_listen: Vec<String>,
     /// Put `OPENAI_BASE_URL` and `ANTHROPIC_BASE_URL`, pointing at the
     /// listener, into the container's environment (unless the spec sets them).
     pub inject_env: bool,
@@ -178,6 +190,7 @@ impl Default for Config {
             state_dir: PathBuf::from("/run/crab"),
             tracking_cgroup: default_tracking_cgroup(),
             log_level: LogLevel::Info,
+            control_group: String::new(),
             storage: Storage::default(),
             checkpoint: Checkpoint::default(),
             policy: Policy::default(),
@@ -192,24 +205,66 @@ impl Proxy {
         !self.upstream.is_empty()
     }
 
-    /// Checks the upstream and the listen address; the error names the key.
+    /// Checks the upstreams and the listen addresses; the error names the key.
     pub fn check(&self) -> std::result::Result<(), (&'static str, String)> {
         if self.enabled() {
-            let rest = self
-                .upstream
-                .strip_prefix("http://")
-                .or_else(|| self.upstream.strip_prefix("https://"))
-                .ok_or((
-                    "proxy.upstream",
-                    format!("{:?} is not an http:// or https:// URL", self.upstream),
-                ))?;
-            if rest.split('/').next().unwrap_or("").is_empty() {
-                return Err(("proxy.upstream", format!("{:?} has no host", self.upstream)));
-            }
+            check_url(&self.upstream).map_err(|m| ("proxy.upstream", m))?;
+        }
+        for u in &self.upstreams {
+            check_url(u).map_err(|m| ("proxy.upstreams", m))?;
         }
         self.listen
             .parse::<std::net::SocketAddr>()
             .map_err(|e| ("proxy.listen", format!("{:?}: {e}", self.listen)))?;
+        for a in &self.allow_listen {
+            if a.parse::<std::net::IpAddr>().is_err() && a.parse::<std::net::SocketAddr>().is_err()
+            {
+                return Err((
+                    "proxy.allow_listen",
+                    format!("{a:?} is neither an IP address nor ip:port"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes the upstream a container's annotation chooses: the configured
+    /// `upstream` or one of `upstreams`, nothing else.
+    pub fn choose_upstream(&mut self, wanted: &str) -> std::result::Result<(), String> {
+        let same = |a: &str| a.trim_end_matches('/') == wanted.trim_end_matches('/');
+        if wanted.is_empty() || !(same(&self.upstream) || self.upstreams.iter().any(|u| same(u))) {
+            let mut allowed: Vec<&str> = self.upstreams.iter().map(String::as_str).collect();
+            if self.enabled() {
+                allowed.insert(0, &self.upstream);
+            }
+            return Err(format!(
+                "{wanted:?} is not an upstream the host allows (allowed: {allowed:?}; \
+                 the host configuration's [proxy] upstream and upstreams)"
+            ));
+        }
+        self.upstream = wanted.to_string();
+        Ok(())
+    }
+
+    /// Takes the listen address a container's annotation asks for: a loopback
+    /// address, or one the host's `allow_listen` names.
+    pub fn choose_listen(&mut self, wanted: &str) -> std::result::Result<(), String> {
+        let addr: std::net::SocketAddr = wanted
+            .parse()
+            .map_err(|e| format!("{wanted:?} is not ip:port: {e}"))?;
+        let allowed = addr.ip().is_loopback()
+            || self.allow_listen.iter().any(|a| {
+                a.parse::<std::net::IpAddr>() == Ok(addr.ip())
+                    || a.parse::<std::net::SocketAddr>() == Ok(addr)
+            });
+        if !allowed {
+            return Err(format!(
+                "{wanted} is not a loopback address, and the host's [proxy] allow_listen \
+                 ({:?}) does not name it: the agent API would be open beyond the sandbox",
+                self.allow_listen
+            ));
+        }
+        self.listen = addr.to_string();
         Ok(())
     }
 }
@@ -219,6 +274,8 @@ impl Default for Proxy {
         Proxy {
             upstream: String::new(),
             listen: "127.0.0.1:8787".into(),
+            upstreams: Vec::new(),
+            allow_listen: Vec::new(),
             inject_env: true,
             agent_api: true,
             upstream_ca: PathBuf::new(),
@@ -378,10 +435,44 @@ impl Config {
         Ok(())
     }
 
+    /// The gid of `control_group`, if one is set.
+    pub fn control_gid(&self) -> Result<Option<u32>> {
+        let g = self.control_group.trim();
+        if g.is_empty() {
+            return Ok(None);
+        }
+        if let Ok(gid) = g.parse::<u32>() {
+            return Ok(Some(gid));
+        }
+        match nix::unistd::Group::from_name(g) {
+            Ok(Some(group)) => Ok(Some(group.gid.as_raw())),
+            Ok(None) => Err(Error::Config {
+                path: "control_group".into(),
+                message: format!("no group {g:?}"),
+            }),
+            Err(e) => Err(Error::Config {
+                path: "control_group".into(),
+                message: format!("look up group {g:?}: {e}"),
+            }),
+        }
+    }
+
     /// The state directory of one containerd namespace.
     pub fn namespace_dir(&self, namespace: &str) -> PathBuf {
         self.state_dir.join(namespace)
     }
+}
+
+/// Checks an upstream URL: `http://` or `https://` and a host.
+fn check_url(url: &str) -> std::result::Result<(), String> {
+    let rest = url
+        .strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"))
+        .ok_or(format!("{url:?} is not an http:// or https:// URL"))?;
+    if rest.split('/').next().unwrap_or("").is_empty() {
+        return Err(format!("{url:?} has no host"));
+    }
+    Ok(())
 }
 
 /// Parses sizes such as `512M`, `8G`, `1T` or a plain byte count.
@@ -473,6 +564,46 @@ fail_closed = false
             let e = Config::parse(text, "t").unwrap_err().to_string();
             assert!(e.contains(key), "{text}: {e}");
         }
+    }
+
+    #[test]
+    fn test_an_annotation_chooses_only_an_allowed_upstream() {
+        let mut p = Proxy {
+            upstream: "https://api.openai.com".into(),
+            upstreams: vec!["http://10.0.0.5:8000".into()],
+            ..Proxy::default()
+        };
+        let mut chosen = p.clone();
+        chosen.choose_upstream("http://10.0.0.5:8000/").unwrap();
+        assert_eq!(chosen.upstream, "http://10.0.0.5:8000/");
+        // Choosing again, as a restore does with the same annotation.
+        chosen.choose_upstream("http://10.0.0.5:8000/").unwrap();
+        p.clone().choose_upstream("https://api.openai.com").unwrap();
+        for bad in ["http://169.254.169.254", "http://127.0.0.1:22", ""] {
+            let e = p.choose_upstream(bad).unwrap_err();
+            assert!(e.contains("not an upstream the host allows"), "{e}");
+        }
+        let mut off = Proxy::default();
+        assert!(off.choose_upstream("http://127.0.0.1:1").is_err());
+        assert!(!off.enabled());
+    }
+
+    #[test]
+    fn test_an_annotation_listens_on_loopback_unless_the_host_allows_more() {
+        let mut p = Proxy::default();
+        p.choose_listen("127.0.0.1:9000").unwrap();
+        p.choose_listen("[::1]:9000").unwrap();
+        for bad in ["0.0.0.0:8787", "10.0.0.2:8787", "[::]:8787", "nonsense"] {
+            assert!(p.choose_listen(bad).is_err(), "{bad}");
+        }
+        p.allow_listen = vec!["10.0.0.2".into(), "0.0.0.0:8787".into()];
+        p.choose_listen("10.0.0.2:1234").unwrap();
+        p.choose_listen("0.0.0.0:8787").unwrap();
+        assert!(p.choose_listen("0.0.0.0:9999").is_err());
+        let e = Config::parse("[proxy]\nallow_listen = [\"nope\"]", "t").unwrap_err();
+        assert!(e.to_string().contains("proxy.allow_listen"), "{e}");
+        let e = Config::parse("[proxy]\nupstreams = [\"ftp://x\"]", "t").unwrap_err();
+        assert!(e.to_string().contains("proxy.upstreams"), "{e}");
     }
 
     #[test]

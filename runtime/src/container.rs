@@ -119,9 +119,9 @@ impl Container {
         config: &Config,
         opts: &CreateOpts,
     ) -> Result<(Container, TrackingCgroup)> {
+        // Root-only: the containers' state, control sockets and proxy logs.
         let root = config.namespace_dir(&opts.namespace);
-        std::fs::create_dir_all(&root)
-            .map_err(Error::io(format!("create state dir {}", root.display())))?;
+        crate::checkpoint::history::create_private_dir(&root)?;
         if root.join(&opts.id).exists() {
             return Err(Error::AlreadyExists(opts.id.clone()));
         }

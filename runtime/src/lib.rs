@@ -22,6 +22,7 @@
 //!   the pure decision ([`inspect::policy`]).
 //! - [`storage`]: snapshot-capable root file systems (btrfs, zfs, overlay).
 
+pub mod api_token;
 pub mod cgroup_view;
 pub mod checkpoint;
 pub mod config;

@@ -296,6 +296,7 @@ impl TaskService {
             restore: Some(pending),
             control,
             proxy: None,
+            api_token: None,
         })
     }
 

@@ -31,6 +31,51 @@ use crate::task::{blocking, TaskService};
 /// How long a rollback waits for the old processes to be gone.
 const KILL_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Whether the process at the other end of `conn` may use the control socket: root,
+/// or a member (primary or supplementary) of the configured group.
+fn peer_allowed(conn: &tokio::net::UnixStream, group: Option<u32>) -> Result<(), String> {
+    let cred = conn
+        .peer_cred()
+        .map_err(|e| format!("no peer credentials: {e}"))?;
+    if cred.uid() == 0 {
+        return Ok(());
+    }
+    let refused = || {
+        format!(
+            "uid {} gid {} is not root{}",
+            cred.uid(),
+            cred.gid(),
+            if group.is_some() {
+                " nor in the control group"
+            } else {
+                ""
+            }
+        )
+    };
+    let Some(gid) = group else {
+        return Err(refused());
+    };
+    if cred.gid() == gid {
+        return Ok(());
+    }
+    // Supplementary groups: only /proc has them.
+    let member = cred.pid().is_some_and(|pid| {
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("Groups:"))
+                    .map(|g| g.split_whitespace().any(|g| g.parse() == Ok(gid)))
+            })
+            .unwrap_or(false)
+    });
+    if member {
+        Ok(())
+    } else {
+        Err(refused())
+    }
+}
+
 impl TaskService {
     /// Binds the container's control socket and serves it until the task is deleted.
     pub(crate) fn serve_control(&self, config: &Config, id: &str) -> ShimResult<JoinHandle<()>> {
@@ -38,7 +83,13 @@ impl TaskService {
         let _ = std::fs::remove_file(&path);
         let listener = UnixListener::bind(&path)
             .map_err(|e| ShimError::Other(format!("bind {}: {e}", path.display())))?;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+        let group = config.control_gid()?;
+        if let Some(gid) = group {
+            nix::unistd::chown(&path, None, Some(nix::unistd::Gid::from_raw(gid)))
+                .map_err(|e| ShimError::Other(format!("chown {}: {e}", path.display())))?;
+        }
+        let mode = if group.is_some() { 0o660 } else { 0o600 };
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))
             .map_err(|e| ShimError::Other(format!("chmod {}: {e}", path.display())))?;
         let service = self.clone();
         let id = id.to_string();
@@ -47,6 +98,20 @@ impl TaskService {
                 let service = service.clone();
                 let id = id.clone();
                 tokio::spawn(async move {
+                    // The socket's mode is the first fence; the caller's credentials
+                    // are the one that holds when the mode is loosened by mistake.
+                    if let Err(why) = peer_allowed(&conn, group) {
+                        tracing::warn!(%id, %why, "control socket: caller refused");
+                        let (_, mut w) = conn.into_split();
+                        let response = Response::Error {
+                            kind: ErrorKind::InvalidArgument,
+                            message: format!("permission denied: {why}"),
+                        };
+                        let mut out = serde_json::to_vec(&response).expect("response serializes");
+                        out.push(b'\n');
+                        let _ = w.write_all(&out).await;
+                        return;
+                    }
                     let (r, mut w) = conn.into_split();
                     let mut line = String::new();
                     if BufReader::new(r).read_line(&mut line).await.is_err() {

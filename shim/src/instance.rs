@@ -40,6 +40,8 @@ pub struct Instance {
     pub control: Option<JoinHandle<()>>,
     /// The turn proxy, when the configuration asks for one.
     pub proxy: Option<crate::proxy::TurnProxy>,
+    /// The agent API's token, when the proxy serves the agent API.
+    pub api_token: Option<String>,
 }
 
 impl Instance {

@@ -6,6 +6,10 @@
 //! - **The environment.** Before the container is made, its spec gets
 //!   `OPENAI_BASE_URL` and `ANTHROPIC_BASE_URL` pointing at the listener
 //!   (unless the spec sets them already).
+//! - **The agent API's token.** With the agent API on, the container's processes
+//!   also get `CRAB_API_TOKEN` (the spec's own, else a fresh random one), and the
+//!   proxy answers `/.crab/` only to requests that carry it. After a restore the
+//!   token is read back from the restored init's environment.
 //! - **Lifetime.** The proxy reads a pipe whose other end only the shim holds:
 //!   when the shim dies, even by SIGKILL, the proxy sees EOF and exits. The shim
 //!   stops it when the task is deleted.
@@ -15,10 +19,12 @@
 
 use std::io::{BufRead, BufReader};
 use std::os::fd::OwnedFd;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use crab_runtime::api_token;
 use crab_runtime::config::Config;
 use nix::sys::signal::Signal;
 use oci_spec::runtime::Spec;
@@ -49,18 +55,71 @@ pub fn configure(config: &mut Config, spec: &Spec) -> ShimResult<()> {
         config.proxy.upstream.clear();
         return Ok(());
     }
+    // An annotation chooses among what the host allows; it never adds: the
+    // upstream is reached from the host's network, and a listener beyond
+    // loopback would open the agent API to whoever reaches that address.
+    let refused =
+        |key: &str, m: String| ShimError::InvalidArgument(format!("turn proxy: {key}: {m}"));
     if let Some(a) = spec.annotations() {
         if let Some(u) = a.get(UPSTREAM_ANNOTATION) {
-            config.proxy.upstream = u.clone();
+            config
+                .proxy
+                .choose_upstream(u)
+                .map_err(|m| refused(UPSTREAM_ANNOTATION, m))?;
         }
         if let Some(l) = a.get(LISTEN_ANNOTATION) {
-            config.proxy.listen = l.clone();
+            config
+                .proxy
+                .choose_listen(l)
+                .map_err(|m| refused(LISTEN_ANNOTATION, m))?;
         }
     }
-    config
-        .proxy
-        .check()
-        .map_err(|(key, m)| ShimError::InvalidArgument(format!("turn proxy: {key}: {m}")))
+    config.proxy.check().map_err(|(key, m)| refused(key, m))
+}
+
+/// Whether the container's proxy serves the agent API, which needs a token.
+pub fn wants_token(config: &Config) -> bool {
+    config.proxy.enabled() && config.proxy.agent_api
+}
+
+/// The agent API token of a container about to be created: the one its spec sets
+/// (a platform that drives the agent API from outside the sandbox chooses it),
+/// else a fresh one. `None` when its proxy serves no agent API.
+pub fn token_for_create(config: &Config, spec: &Spec) -> ShimResult<Option<String>> {
+    if !wants_token(config) {
+        return Ok(None);
+    }
+    let given = spec
+        .process()
+        .as_ref()
+        .and_then(|p| p.env().as_ref())
+        .and_then(|env| api_token::from_env_list(env.iter().map(String::as_str)));
+    match given {
+        Some(t) => {
+            api_token::check(&t).map_err(|m| ShimError::InvalidArgument(format!("spec: {m}")))?;
+            Ok(Some(t))
+        }
+        None => Ok(Some(api_token::generate()?)),
+    }
+}
+
+/// The agent API token of a restored container: the one its restored init carries
+/// (the token is in the sandbox's memory, and a checkpoint keeps it), else a fresh
+/// one, which only its execs will know.
+pub fn token_for_restored(config: &Config, init_pid: i32) -> ShimResult<Option<String>> {
+    if !wants_token(config) {
+        return Ok(None);
+    }
+    match api_token::from_environ(init_pid) {
+        Some(t) => Ok(Some(t)),
+        None => {
+            tracing::warn!(
+                pid = init_pid,
+                "the restored init has no agent API token: a new one, for execs only"
+            );
+            Ok(Some(api_token::generate()?))
+        }
+    }
 }
 
 /// The variables that point an agent's SDK at the proxy.
@@ -71,16 +130,25 @@ fn base_urls(listen: &str) -> [(&'static str, String); 2] {
     ]
 }
 
-/// The base-URL variables the container's process gets (none when the
-/// configuration asks for no proxy, or for no injection).
-pub fn env_vars(config: &Config) -> Vec<(String, String)> {
-    if !config.proxy.enabled() || !config.proxy.inject_env {
-        return Vec::new();
+/// The variables the container's processes get: the base URLs (none when the
+/// configuration asks for no proxy, or for no injection) and the agent API's
+/// token (whenever there is one: without it the agent API refuses the agent).
+pub fn env_vars(config: &Config, token: Option<&str>) -> Vec<(String, String)> {
+    let mut vars = Vec::new();
+    if !config.proxy.enabled() {
+        return vars;
     }
-    base_urls(&config.proxy.listen)
-        .into_iter()
-        .map(|(name, value)| (name.to_string(), value))
-        .collect()
+    if config.proxy.inject_env {
+        vars.extend(
+            base_urls(&config.proxy.listen)
+                .into_iter()
+                .map(|(name, value)| (name.to_string(), value)),
+        );
+    }
+    if let Some(t) = token {
+        vars.push((api_token::ENV.to_string(), t.to_string()));
+    }
+    vars
 }
 
 /// The running proxy of one container.
@@ -125,6 +193,8 @@ pub struct Launch<'a> {
     pub id: &'a str,
     /// Where its log goes.
     pub log: &'a Path,
+    /// The agent API's token (given to the proxy in its environment).
+    pub token: Option<&'a str>,
 }
 
 /// Starts the proxy and waits until it listens in the container.
@@ -135,6 +205,7 @@ pub fn start(config: &Config, l: &Launch) -> ShimResult<TurnProxy> {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
+        .mode(0o600)
         .open(l.log)
         .map_err(|e| fail(format!("open {}: {e}", l.log.display())))?;
     let program = program(config);
@@ -150,6 +221,11 @@ pub fn start(config: &Config, l: &Launch) -> ShimResult<TurnProxy> {
     }
     if config.proxy.agent_api {
         cmd.arg("--agent-api");
+    }
+    // Never on the command line, which every local user can read.
+    cmd.env_remove(api_token::ENV);
+    if let Some(t) = l.token {
+        cmd.env(api_token::ENV, t);
     }
     if !config.proxy.upstream_ca.as_os_str().is_empty() {
         cmd.arg("--upstream-ca").arg(&config.proxy.upstream_ca);

@@ -122,9 +122,10 @@ impl TaskService {
             self.publish_create(&req, 0).await;
             return Ok(CreateTaskResponse::default());
         }
-        // One edit of the spec: a default PATH, the proxy's base URLs.
+        // One edit of the spec: a default PATH, the proxy's base URLs and token.
+        let api_token = crate::proxy::token_for_create(&config, &spec)?;
         let mut vars = vec![("PATH".into(), crate::spec_env::DEFAULT_PATH.into())];
-        vars.extend(crate::proxy::env_vars(&config));
+        vars.extend(crate::proxy::env_vars(&config, api_token.as_deref()));
         crate::spec_env::add_missing(&bundle, &vars)?;
         let rootfs_mounted =
             rootfs::prepare(&config, &key, &req.rootfs, &bundle.join("rootfs")).await?;
@@ -151,7 +152,10 @@ impl TaskService {
                 return Err(e);
             }
         };
-        let proxy = match self.start_proxy(&config, &bundle, &req.id).await {
+        let proxy = match self
+            .start_proxy(&config, &bundle, &req.id, api_token.as_deref())
+            .await
+        {
             Ok(p) => p,
             Err(e) => {
                 let c = container.clone();
@@ -182,6 +186,7 @@ impl TaskService {
             restore: None,
             control,
             proxy,
+            api_token,
         });
         self.publish_create(&req, pid).await;
         Ok(CreateTaskResponse {
@@ -196,11 +201,13 @@ impl TaskService {
         config: &Config,
         bundle: &Path,
         id: &str,
+        token: Option<&str>,
     ) -> ShimResult<Option<crate::proxy::TurnProxy>> {
         if !config.proxy.enabled() {
             return Ok(None);
         }
         let (config, bundle, id) = (config.clone(), bundle.to_path_buf(), id.to_string());
+        let token = token.map(str::to_string);
         let (namespace, address) = (self.namespace.clone(), self.address.clone());
         tokio::task::spawn_blocking(move || {
             let log = crate::proxy::log_path(&config, &namespace, &id);
@@ -210,6 +217,7 @@ impl TaskService {
                 namespace: &namespace,
                 id: &id,
                 log: &log,
+                token: token.as_deref(),
             };
             crate::proxy::start(&config, &launch).map(Some)
         })
@@ -254,8 +262,17 @@ impl TaskService {
             }
             if inst.restore.is_some() {
                 self.start_restored(inst).await?;
+                inst.api_token = crate::proxy::token_for_restored(&inst.config, inst.init.pid)?;
                 // The restored processes are in a new network namespace.
-                match self.start_proxy(&inst.config, &inst.bundle, &req.id).await {
+                match self
+                    .start_proxy(
+                        &inst.config,
+                        &inst.bundle,
+                        &req.id,
+                        inst.api_token.as_deref(),
+                    )
+                    .await
+                {
                     Ok(p) => inst.proxy = p,
                     Err(e) => tracing::error!(id = %req.id, error = %e, "no turn proxy"),
                 }
@@ -353,7 +370,10 @@ impl TaskService {
         // environment from its own record, not the spec the shim edited, and agent
         // platforms act through exec.
         let mut vars = vec![("PATH".into(), crate::spec_env::DEFAULT_PATH.into())];
-        vars.extend(crate::proxy::env_vars(&inst.config));
+        vars.extend(crate::proxy::env_vars(
+            &inst.config,
+            inst.api_token.as_deref(),
+        ));
         crate::spec_env::add_to_process(&mut json, &vars).map_err(invalid)?;
         spec = serde_json::to_vec(&json)
             .map_err(|e| ShimError::Other(format!("exec process spec: {e}")))?;

@@ -253,6 +253,9 @@ impl Sandbox for TestSandbox {
     }
 }
 
+/// The sandbox's agent API token in these tests.
+pub const API_TOKEN: &str = "0123456789abcdef0123456789abcdef-test";
+
 /// Serves `proxy` on a fresh 127.0.0.1 listener; returns its address.
 pub fn listen(proxy: &Arc<Proxy>) -> SocketAddr {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -271,7 +274,7 @@ pub fn start_proxy(
     let upstream = Upstream::parse(&format!("http://{upstream}")).unwrap();
     let mut proxy = Proxy::new(upstream, boundary, fail_closed);
     if let Some(s) = sandbox {
-        proxy = proxy.with_sandbox(s);
+        proxy = proxy.with_sandbox(s, API_TOKEN);
     }
     listen(&Arc::new(proxy))
 }
@@ -321,8 +324,20 @@ pub async fn send_with(
     let mut req = Request::builder()
         .method(method)
         .uri(path)
-        .header("host", addr.to_string())
-        .header("authorization", "Bearer sk-secret");
+        .header("host", addr.to_string());
+    // The agent's SDK sends its own key upstream; the agent API wants the
+    // sandbox's token. A test's own `authorization` header replaces both.
+    if !headers
+        .iter()
+        .any(|(k, _)| k.eq_ignore_ascii_case("authorization"))
+    {
+        let auth = if path.starts_with("/.crab") {
+            format!("Bearer {API_TOKEN}")
+        } else {
+            "Bearer sk-secret".to_string()
+        };
+        req = req.header("authorization", auth);
+    }
     for (k, v) in headers {
         req = req.header(*k, *v);
     }

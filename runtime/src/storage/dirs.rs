@@ -22,10 +22,13 @@ pub(crate) struct PoolDirs {
 }
 
 impl PoolDirs {
-    /// The pool at `root`, with its directories `areas` made if missing.
+    /// The pool at `root`, with its directories `areas` made if missing, and made
+    /// root-only (0700): they hold every container's files, 0600 ones included,
+    /// and setuid programs a container placed in its tree. A container reaches its
+    /// tree through the bind mount at its bundle, never through these paths.
     pub(crate) fn open(root: PathBuf, areas: &[&str]) -> Result<PoolDirs> {
         for area in areas {
-            mkdirs(&root.join(area))?;
+            crate::checkpoint::history::create_private_dir(&root.join(area))?;
         }
         Ok(PoolDirs { root })
     }
