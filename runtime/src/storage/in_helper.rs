@@ -206,5 +206,16 @@ fn bind_at(live: &Path, target: &Path) -> Result<()> {
         "bind {} on {}",
         live.display(),
         target.display()
-    )))
+    )))?;
+    // The pool is mounted nosuid,nodev, and a bind keeps its source's flags: the
+    // container's own view of its tree gets what runc's gives a container (its
+    // setuid programs work inside), at the bundle, which only root can reach.
+    mount(
+        None::<&str>,
+        target,
+        None::<&str>,
+        MsFlags::MS_REMOUNT | MsFlags::MS_BIND,
+        None::<&str>,
+    )
+    .map_err(Error::sys(format!("remount {} suid,dev", target.display())))
 }
