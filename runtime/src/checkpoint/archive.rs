@@ -398,6 +398,7 @@ mod tests {
             terminal: false,
             timings: Timings::default(),
             criu_files: BTreeMap::from([("inventory.img".to_string(), INVENTORY.len() as u64)]),
+            network_by_hooks: false,
         }
     }
 
