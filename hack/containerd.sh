@@ -27,7 +27,7 @@
 #   CRAB_CONTAINERD_STATE  [/run/crab/containerd, /run/crab/containerd-cri]
 #                          socket, config.toml, pid file
 #   CRAB_IMAGE_DIR         [/var/lib/crab/images]      busybox.tar, python.tar, pause.tar
-#   CRAB_NAMESPACE         [crab, k8s.io]              namespace the images go into
+#   CRAB_NAMESPACE         [crab; always k8s.io with --cri] namespace the images go into
 #   CRAB_CONFIG            passed through to containerd, hence to the crab shim; with
 #                          --cri also the crab handler's ConfigPath
 #   CRAB_SHIM_DIR          a directory put first on containerd's PATH, where it
@@ -39,7 +39,9 @@ if [ "${1:-}" = --cri ]; then CRI=1; shift; fi
 if [ "$CRI" = 1 ]; then
     ROOT_DIR="${CRAB_CONTAINERD_ROOT:-/var/lib/crab/containerd-cri}"
     STATE_DIR="${CRAB_CONTAINERD_STATE:-/run/crab/containerd-cri}"
-    NAMESPACE="${CRAB_NAMESPACE:-k8s.io}"
+    # The CRI plugin's own namespace, whatever CRAB_NAMESPACE the caller exported
+    # for the other instance.
+    NAMESPACE=k8s.io
     IMAGES=(busybox pause)
 else
     ROOT_DIR="${CRAB_CONTAINERD_ROOT:-/var/lib/crab/containerd}"

@@ -31,7 +31,10 @@ async fn a_crashed_sandbox_recovered_by_crab_ends_as_the_fault_free_run_and_file
         replay,
         replay_addr,
         speedup: 50.0,
-        crab_config: config_with("[checkpoint]\nkeep_last = 1000"),
+        // The sandboxes' proxy annotation names the replay server: the host allows it.
+        crab_config: config_with(&format!(
+            "[checkpoint]\nkeep_last = 1000\n[proxy]\nupstreams = [\"http://{replay_addr}\"]"
+        )),
         progress: None,
     };
     let plain = run(&env, t.clone(), Strategy::Plain, None).await;

@@ -164,7 +164,7 @@ async fn main() -> Result<()> {
         replay,
         replay_addr,
         speedup: cli.speedup,
-        crab_config: eval_config(&cli.config)?,
+        crab_config: eval_config(&cli.config, &format!("http://{replay_addr}"))?,
         progress: None,
     };
     if let Some(name) = &cli.demo {
@@ -253,20 +253,15 @@ fn progress(o: &Outcome) {
 
 /// The sandboxes' configuration: the given one, with every turn's checkpoint
 /// kept (the figures read the history).
-fn eval_config(base: &std::path::Path) -> Result<PathBuf> {
+fn eval_config(base: &std::path::Path, upstream: &str) -> Result<PathBuf> {
     let text = std::fs::read_to_string(base).unwrap_or_default();
-    let lines: Vec<&str> = text
-        .lines()
-        .filter(|l| !l.trim_start().starts_with("keep_last"))
-        .collect();
-    let mut text = lines.join("\n");
-    if lines.iter().any(|l| l.trim() == "[checkpoint]") {
-        text = text.replacen("[checkpoint]", "[checkpoint]\nkeep_last = 1000", 1);
-    } else {
-        text.push_str("\n[checkpoint]\nkeep_last = 1000\n");
-    }
+    let mut config = crab_runtime::config::Config::parse(&text, &base.display().to_string())?;
+    // Every checkpoint of a run is kept (a recovery may go back to any), and the
+    // sandboxes' annotation names the replay server: the host allows it.
+    config.checkpoint.keep_last = 1000;
+    config.proxy.upstreams.push(upstream.to_string());
     let path = std::env::temp_dir().join(format!("crab-eval-{}.toml", std::process::id()));
-    std::fs::write(&path, text).with_context(|| format!("write {}", path.display()))?;
+    std::fs::write(&path, config.to_toml()).with_context(|| format!("write {}", path.display()))?;
     Ok(path)
 }
 
