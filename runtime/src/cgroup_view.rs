@@ -20,7 +20,7 @@
 //!   Without that CRIU refuses the dump ("doesn't have a proper root mount").
 
 use std::fs::File;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use oci_spec::runtime::Spec;
@@ -62,34 +62,11 @@ fn mountinfo(text: &str) -> Vec<MountLine> {
             let point = left.split(' ').nth(4)?;
             let fstype = right.split(' ').next()?;
             Some(MountLine {
-                point: unescape(point),
+                point: crate::storage::adopt::unescape(point),
                 fstype: fstype.to_string(),
             })
         })
         .collect()
-}
-
-fn unescape(field: &str) -> String {
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let octal = bytes
-            .get(i + 1..i + 4)
-            .filter(|_| bytes[i] == b'\\')
-            .and_then(|d| u8::from_str_radix(std::str::from_utf8(d).ok()?, 8).ok());
-        match octal {
-            Some(b) => {
-                out.push(b);
-                i += 4;
-            }
-            None => {
-                out.push(bytes[i]);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 fn is_cgroup(fstype: &str) -> bool {
@@ -249,7 +226,16 @@ pub fn seal(pid: i32, spec: &Spec) -> Result<()> {
     // following any symlink, and never above that root.
     let root = File::open("/").map_err(Error::io("open the container's root"))?;
     let rel = dest.strip_prefix("/").unwrap_or(&dest);
-    let target = open_beneath(&root, rel)?;
+    let target = crate::checkpoint::beneath::open(
+        std::os::fd::AsFd::as_fd(&root),
+        std::os::unix::ffi::OsStrExt::as_bytes(rel.as_os_str()),
+        libc::O_PATH | libc::O_DIRECTORY,
+        0,
+    )
+    .map_err(Error::io(format!(
+        "open {} in the container",
+        rel.display()
+    )))?;
     let attr = MountAttr {
         attr_set: MOUNT_ATTR_RDONLY,
         attr_clr: 0,
@@ -276,38 +262,6 @@ pub fn seal(pid: i32, spec: &Spec) -> Result<()> {
         ))(std::io::Error::last_os_error()));
     }
     Ok(())
-}
-
-/// openat2(2) of `rel` below `dir` as an O_PATH directory: no symlinks, no
-/// escaping `dir`.
-fn open_beneath(dir: &File, rel: &Path) -> Result<OwnedFd> {
-    use std::os::unix::ffi::OsStrExt;
-    let name = std::ffi::CString::new(rel.as_os_str().as_bytes()).map_err(|_| Error::Cgroup {
-        operation: "seal the cgroup view",
-        message: format!("mount destination {} holds a NUL", rel.display()),
-    })?;
-    // SAFETY: open_how is plain old data; all-zero is a valid value.
-    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
-    how.flags = (libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) as u64;
-    how.resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS;
-    // SAFETY: openat2 reads `name` and `how` (of the size passed) during the call.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_openat2,
-            dir.as_raw_fd(),
-            name.as_ptr(),
-            &how as *const libc::open_how,
-            std::mem::size_of::<libc::open_how>(),
-        )
-    };
-    if fd < 0 {
-        return Err(Error::io(format!(
-            "open {} in the container",
-            rel.display()
-        ))(std::io::Error::last_os_error()));
-    }
-    // SAFETY: openat2 returned a new fd that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
 #[cfg(test)]

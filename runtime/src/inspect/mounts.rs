@@ -69,29 +69,10 @@ fn parse_line(line: &str) -> Option<Mount> {
     let (major, minor) = fields.get(2)?.split_once(':')?;
     let dash = fields.iter().position(|f| *f == "-")?;
     Some(Mount {
-        point: unescape(fields.get(4)?),
+        point: crate::storage::adopt::unescape(fields.get(4)?),
         dev: (major.parse::<u32>().ok()? << 20) | minor.parse::<u32>().ok()?,
         fstype: fields.get(dash + 1)?.to_string(),
     })
-}
-
-/// mountinfo escapes space, tab, newline and backslash as octal.
-fn unescape(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\' && i + 4 <= b.len() {
-            if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 4], 8) {
-                out.push(v);
-                i += 4;
-                continue;
-            }
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// A container's mounts, each with its [`Place`].

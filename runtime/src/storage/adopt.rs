@@ -146,7 +146,9 @@ impl MountInfo {
 }
 
 /// Undoes mountinfo's octal escapes (`\040` for a space, `\054` for a comma, ...).
-fn unescape(s: &str) -> String {
+/// The one parser of those escapes: the inspector's and the cgroup view's
+/// mountinfo readers use it too.
+pub(crate) fn unescape(s: &str) -> String {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
