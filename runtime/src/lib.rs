@@ -15,12 +15,15 @@
 //!   cgroups only, external to CRIU).
 //! - [`metrics`]: cgroup statistics of a container; [`oom`]: its OOM events.
 //! - [`netns`]: network namespaces (what a restore puts back in them).
-//! - [`checkpoint`]: checkpoint directories (CRIU images, the file-system delta, the
-//!   manifest), a container's history ([`checkpoint::history_store`]), the host's
-//!   checkpoint queue; [`criu`] runs CRIU.
+//! - [`checkpoint`]: checkpoint directories (CRIU images, the file-system delta applied
+//!   beneath the tree, the manifest), a container's history
+//!   ([`checkpoint::history_store`]), the host's checkpoint queue, the spec's hooks at
+//!   a restore ([`checkpoint::hooks`]); [`criu`] runs CRIU.
+//! - [`api_token`]: the per-sandbox token of the agent API.
 //! - [`inspect`]: a turn's classification: what changed (observed) and
 //!   the pure decision ([`inspect::policy`]).
-//! - [`storage`]: snapshot-capable root file systems (btrfs, zfs, overlay).
+//! - [`storage`]: snapshot-capable root file systems (btrfs, zfs, overlay), and the
+//!   adoption of a root a client mounted itself (Docker's, [`storage::adopt`]).
 
 pub mod api_token;
 pub mod cgroup_view;
