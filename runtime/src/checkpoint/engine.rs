@@ -276,7 +276,10 @@ impl Container {
         timings.freeze_ms = started.elapsed().as_millis() as u64;
         let stdio = stdio_keys(pid);
         let terminal = stdio.tty.is_some();
-        let result = self.dump_frozen(opts, pid, &spec, &stdio, &mut timings);
+        // Decided once: the dump's `--empty-ns net` and the manifest that tells
+        // the restore to run the hooks must agree.
+        let network_by_hooks = opts.network_by_hooks && super::hooks::dumps_network_empty(&spec);
+        let result = self.dump_frozen(opts, pid, &spec, &stdio, network_by_hooks, &mut timings);
         if result.is_ok() && keeps_running {
             // Still frozen: everything is in this checkpoint.
             if let Err(e) = inspect::captured(self, Kind::Full, pid) {
@@ -298,7 +301,7 @@ impl Container {
             terminal,
             timings,
             criu_files,
-            network_by_hooks: opts.network_by_hooks && super::hooks::dumps_network_empty(&spec),
+            network_by_hooks,
         };
         let mut manifest = manifest;
         manifest.timings.total_ms = started.elapsed().as_millis() as u64;
@@ -315,6 +318,7 @@ impl Container {
         pid: i32,
         spec: &Spec,
         stdio: &Stdio,
+        empty_network: bool,
         timings: &mut Timings,
     ) -> Result<(FsPart, u64, BTreeMap<String, u64>)> {
         let images = opts.dir.join(CRIU_DIR);
@@ -329,7 +333,7 @@ impl Container {
             spec,
             stdio,
         );
-        request.empty_network = opts.network_by_hooks && super::hooks::dumps_network_empty(spec);
+        request.empty_network = empty_network;
         // The file delta (a walk of the rootfs against the image) and CRIU's dump
         // are independent: both run while the container is frozen, side by side.
         let (fs, dumped) = std::thread::scope(|s| {
