@@ -14,6 +14,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Subcommand;
+use crab_runtime::checkpoint::history::check_hand_snapshot_name;
 use crab_runtime::config::{Backend, Config};
 use crab_runtime::container::Container;
 use crab_runtime::control::{self, Request, Response};
@@ -161,6 +162,7 @@ pub fn run(config: &Config, namespace: &str, args: FsArgs) -> Result<()> {
     let key = |id: &str| ContainerKey::new(namespace, id).map_err(anyhow::Error::from);
     match cmd {
         FsCommand::Snapshot { id, name } => {
+            check_hand_snapshot_name(&name)?;
             if let Some((name, ms)) = through_shim(config, namespace, &id, &name, false)? {
                 println!("{name} ({ms:.1} ms)");
                 return Ok(());
@@ -195,6 +197,7 @@ pub fn run(config: &Config, namespace: &str, args: FsArgs) -> Result<()> {
             );
         }
         FsCommand::Rm { id, name } => {
+            check_hand_snapshot_name(&name)?;
             let store = open_store(config, backend_of(config, container_of(&id).as_ref()))?;
             store.delete_snapshot(&key(&id)?, &name)?;
         }

@@ -45,6 +45,12 @@ pub struct Config {
     pub policy: Policy,
     /// The turn proxy the shim starts for each container.
     pub proxy: Proxy,
+    /// For the fault-injection tests only: a file naming the step (see
+    /// `storage::fault`) at which the helper process running a checkpoint, rollback
+    /// or store operation kills itself (with a `shim:` prefix its shim too), as a
+    /// crash would. Read when each helper starts, so a test arms one operation at a
+    /// time; absent or empty: no fault.
+    pub fault_file: Option<PathBuf>,
 }
 
 /// Shim log levels.
@@ -195,6 +201,7 @@ impl Default for Config {
             checkpoint: Checkpoint::default(),
             policy: Policy::default(),
             proxy: Proxy::default(),
+            fault_file: None,
         }
     }
 }

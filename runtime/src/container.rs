@@ -235,6 +235,36 @@ impl Container {
         result
     }
 
+    /// Runs `roll_back`, a rollback of the files, like [`Container::frozen`]. If it
+    /// fails once it may have changed the tree (an I/O error, a full pool, a killed
+    /// helper: not a missing snapshot or a bad name, found before any change), the
+    /// processes are killed while frozen, so none runs on a partly rolled-back tree.
+    pub fn rolled_back_frozen<T>(&self, roll_back: impl FnOnce() -> Result<T>) -> Result<T> {
+        let running = self.is_running();
+        if running {
+            self.pause()?;
+        }
+        let result = roll_back();
+        let result = match result {
+            Err(e) if may_have_changed(&e) => {
+                tracing::error!(id = %self.state.id, error = %e, "rollback failed part of the way: killing the processes");
+                // Delivered when thawed, before any of them returns to user space.
+                if let Err(k) = self.kill(Signal::SIGKILL, true) {
+                    tracing::error!(id = %self.state.id, error = %k, "kill after a failed rollback");
+                }
+                Err(Error::HalfRolledBack {
+                    id: self.state.id.clone(),
+                    source: Box::new(e),
+                })
+            }
+            other => other,
+        };
+        if running {
+            self.resume()?;
+        }
+        result
+    }
+
     /// Lets the created init run the container's process.
     pub fn start(&self) -> Result<()> {
         let mut c = self.lc()?;
@@ -433,4 +463,15 @@ fn check_rootfs(bundle: &Path, spec: &Spec) -> Result<()> {
         Some(args) if !args.is_empty() && !args[0].is_empty() => Ok(()),
         _ => Err(invalid("process.args must not be empty")),
     }
+}
+
+/// Whether a failed rollback may have changed the tree: not when it failed on what
+/// is checked before any change (the snapshot's name or presence, the state).
+fn may_have_changed(e: &Error) -> bool {
+    !matches!(
+        e.kind(),
+        crate::error::ErrorKind::InvalidArgument
+            | crate::error::ErrorKind::NotFound
+            | crate::error::ErrorKind::FailedPrecondition
+    )
 }

@@ -88,6 +88,12 @@ pub enum Error {
         /// The name.
         name: String,
     },
+    /// A snapshot name that belongs to the checkpoints (`ckpt-<seq>`).
+    #[error("snapshot name {name:?} is reserved: names starting with ckpt- are the checkpoints' own (use crabctl checkpoint and crabctl rm for those)")]
+    ReservedName {
+        /// The name.
+        name: String,
+    },
     /// No such snapshot.
     #[error("container {container} has no snapshot {name:?}")]
     SnapshotNotFound {
@@ -162,6 +168,16 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// A rollback of the files failed part of the way: the tree may be neither the
+    /// old one nor the snapshot's, so the processes were killed before any ran on it.
+    #[error("rollback of {id} failed part of the way, so its processes were stopped (none runs on a partly rolled-back tree); roll back again or restore it: {source}")]
+    HalfRolledBack {
+        /// Container id.
+        id: String,
+        /// Why the rollback failed.
+        #[source]
+        source: Box<Error>,
+    },
     /// The eBPF inspector could not be loaded or read.
     #[error("eBPF inspector: {0}")]
     Inspector(#[from] crab_bpf::Error),
@@ -184,6 +200,7 @@ impl Error {
             | Error::InvalidSpec { .. }
             | Error::MissingRootfs(_)
             | Error::BadName { .. }
+            | Error::ReservedName { .. }
             | Error::BadCheckpoint { .. } => ErrorKind::InvalidArgument,
             Error::AlreadyExists(_) | Error::SnapshotExists { .. } => ErrorKind::AlreadyExists,
             Error::NotFound(_) | Error::SnapshotNotFound { .. } => ErrorKind::NotFound,
@@ -200,6 +217,7 @@ impl Error {
             | Error::Criu { .. }
             | Error::Io { .. }
             | Error::Inspector(_)
+            | Error::HalfRolledBack { .. }
             | Error::Sys { .. } => ErrorKind::Internal,
         }
     }

@@ -373,6 +373,9 @@ fn serve(request: Request) -> Result<Reply> {
         pid: 0,
         data: value,
     };
+    if let Request::History { config, .. } | Request::Store { config, .. } = &request {
+        crate::storage::fault::choose_from(config.fault_file.as_deref());
+    }
     match request {
         Request::Restore { .. } => {
             crate::checkpoint::restore_helper::serve(request).map(|(pid, phases)| Reply {

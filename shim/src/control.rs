@@ -245,13 +245,13 @@ impl TaskService {
         let inst = slot.lock().await?;
         let (sandbox, name) = (inst.sandbox(), name.to_string());
         blocking(move || {
-            sandbox.container().frozen(|| {
-                if rollback {
-                    sandbox.rollback_files(&name)
-                } else {
-                    sandbox.snapshot_files(&name)
-                }
-            })
+            if rollback {
+                sandbox
+                    .container()
+                    .rolled_back_frozen(|| sandbox.rollback_files(&name))
+            } else {
+                sandbox.container().frozen(|| sandbox.snapshot_files(&name))
+            }
         })
         .await?;
         Ok(started.elapsed().as_secs_f64() * 1000.0)
@@ -290,7 +290,7 @@ impl TaskService {
         };
         let Some((images, dumped)) = image else {
             // Files only: the processes stay, frozen around the change.
-            blocking(move || c.frozen(rollback_fs)).await?;
+            blocking(move || c.rolled_back_frozen(rollback_fs)).await?;
             return Ok(Rollback {
                 checkpoint: entry,
                 pid: inst.init.pid,

@@ -244,10 +244,12 @@ impl Container {
     /// shim's reaper (which would collect them before their exit status is read).
     pub fn checkpoint(&self, opts: &CheckpointOpts) -> Result<Manifest> {
         let (root, state, opts) = (self.root.clone(), self.state.clone(), opts.clone());
-        let reply = helper::run_reply(
-            Box::new(move |_| Request::Checkpoint { root, state, opts }),
-            ChildStdio::default(),
-        )?;
+        let reply = self.thawed_if_it_fails(|| {
+            helper::run_reply(
+                Box::new(move |_| Request::Checkpoint { root, state, opts }),
+                ChildStdio::default(),
+            )
+        })?;
         serde_json::from_value(reply.data).map_err(|e| Error::Helper {
             operation: "checkpoint container",
             message: format!("the helper answered without a manifest: {e}"),

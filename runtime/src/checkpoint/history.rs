@@ -64,6 +64,11 @@ pub struct History {
     pub next_seq: u64,
     /// Checkpoints, oldest first.
     pub entries: Vec<Entry>,
+    /// Entries removed from `entries` whose process images and snapshots may not be
+    /// deleted yet: saved with the removal, so that a crash before the deletion
+    /// leaks nothing (the next checkpoint deletes them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub uncollected: Vec<Entry>,
 }
 
 /// The directory of a container's checkpoints.
@@ -76,9 +81,28 @@ pub fn image_dir(dir: &Path, seq: u64) -> PathBuf {
     dir.join(seq.to_string())
 }
 
+/// Prefix of the checkpoints' own snapshot names.
+const SNAPSHOT_PREFIX: &str = "ckpt-";
+
 /// The name of the file-system snapshot of checkpoint `seq`.
 pub fn snapshot_name(seq: u64) -> String {
-    format!("ckpt-{seq}")
+    format!("{SNAPSHOT_PREFIX}{seq}")
+}
+
+/// The seq of a checkpoint's snapshot name (`None`: not a checkpoint's).
+pub fn snapshot_seq(name: &str) -> Option<u64> {
+    name.strip_prefix(SNAPSHOT_PREFIX)?.parse().ok()
+}
+
+/// Refuses, for a snapshot taken or deleted by hand, a name the checkpoints use: the
+/// next checkpoint would take it for one a crash left behind.
+pub fn check_hand_snapshot_name(name: &str) -> Result<()> {
+    if name.starts_with(SNAPSHOT_PREFIX) {
+        return Err(Error::ReservedName {
+            name: name.to_string(),
+        });
+    }
+    Ok(())
 }
 
 impl History {
@@ -94,6 +118,7 @@ impl History {
                     id: key.id().to_string(),
                     next_seq: 1,
                     entries: Vec::new(),
+                    uncollected: Vec::new(),
                 })
             }
             Err(e) => return Err(Error::io(format!("read {}", file.display()))(e)),
@@ -143,7 +168,8 @@ impl History {
             })
     }
 
-    /// Removes the entry `name` from the manifest (the caller saves, then collects).
+    /// Removes the entry `name` from the manifest, to [`History::uncollected`] (the
+    /// caller saves, then collects).
     pub fn remove(&mut self, name: &str) -> Result<Entry> {
         let seq = self.find(name)?.seq;
         let at = self
@@ -151,10 +177,13 @@ impl History {
             .iter()
             .position(|e| e.seq == seq)
             .expect("found");
-        Ok(self.entries.remove(at))
+        let removed = self.entries.remove(at);
+        self.uncollected.push(removed.clone());
+        Ok(removed)
     }
 
-    /// Drops unmarked entries beyond the newest `keep_last`; returns them.
+    /// Drops unmarked entries beyond the newest `keep_last`, to
+    /// [`History::uncollected`]; returns them.
     pub fn retain_last(&mut self, keep_last: usize) -> Vec<Entry> {
         let n = self.entries.len();
         let mut dropped = Vec::new();
@@ -167,6 +196,7 @@ impl History {
             }
             keep
         });
+        self.uncollected.extend(dropped.iter().cloned());
         dropped
     }
 
@@ -230,5 +260,30 @@ mod tests {
         assert_eq!(History::load(t.path(), &key).unwrap(), h);
         assert_eq!(h.find("5").unwrap().seq, 5);
         assert!(h.find("1").is_err());
+    }
+
+    #[test]
+    fn removed_and_dropped_entries_are_saved_as_uncollected() {
+        let key = ContainerKey::new("ns", "c").unwrap();
+        let t = tempfile::tempdir().unwrap();
+        let mut h = History::load(t.path(), &key).unwrap();
+        h.entries = (1..=4).map(|s| entry(s, false)).collect();
+        h.remove("2").unwrap();
+        h.retain_last(2);
+        h.save(t.path()).unwrap();
+        let saved = History::load(t.path(), &key).unwrap();
+        let uncollected: Vec<u64> = saved.uncollected.iter().map(|e| e.seq).collect();
+        assert_eq!(uncollected, vec![2, 1]);
+        let kept: Vec<u64> = saved.entries.iter().map(|e| e.seq).collect();
+        assert_eq!(kept, vec![3, 4]);
+    }
+
+    #[test]
+    fn hand_snapshots_may_not_take_a_checkpoints_name() {
+        assert!(check_hand_snapshot_name("before-upgrade").is_ok());
+        let e = check_hand_snapshot_name(&snapshot_name(3)).unwrap_err();
+        assert!(e.to_string().contains("reserved"), "{e}");
+        assert_eq!(snapshot_seq("ckpt-12"), Some(12));
+        assert_eq!(snapshot_seq("ckpt-x"), None);
     }
 }

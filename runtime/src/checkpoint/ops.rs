@@ -20,7 +20,7 @@ use crate::config::Config;
 use crate::container::{load_spec, Container};
 use crate::helper::{self, ChildStdio, Request};
 use crate::inspect::{self, Freeze};
-use crate::storage::{self, names, ContainerKey, Store};
+use crate::storage::{self, fault, names, ContainerKey, Store};
 use crate::{criu, Error, Result};
 
 /// The stdio keys of a process image, beside its CRIU images.
@@ -64,16 +64,37 @@ impl Container {
     /// out of reach of the shim's reaper); answers what the op answers.
     pub fn history(&self, config: &Config, op: HistoryOp) -> Result<serde_json::Value> {
         let (config, root, state) = (config.clone(), self.root.clone(), self.state.clone());
-        let reply = helper::run_reply(
-            Box::new(move |_| Request::History {
-                config,
-                root,
-                state,
-                op,
-            }),
-            ChildStdio::default(),
-        )?;
+        let reply = self.thawed_if_it_fails(|| {
+            helper::run_reply(
+                Box::new(move |_| Request::History {
+                    config,
+                    root,
+                    state,
+                    op,
+                }),
+                ChildStdio::default(),
+            )
+        })?;
         Ok(reply.data)
+    }
+
+    /// Runs `op`, a helper that may freeze the container. A helper that dies (killed,
+    /// out of memory) cannot thaw what it froze: if the container ran before and is
+    /// frozen after a failure, it is thawed here, and the inspector tainted (the dead
+    /// helper may have reset it for a checkpoint it never recorded).
+    pub(crate) fn thawed_if_it_fails<T>(&self, op: impl FnOnce() -> Result<T>) -> Result<T> {
+        let was_running = self.is_running();
+        let result = op();
+        if result.is_err() && was_running {
+            if matches!(self.status(), Ok(ContainerStatus::Paused)) {
+                tracing::warn!(id = %self.state.id, "a failed helper left the container frozen: thawing it");
+                if let Err(e) = self.resume() {
+                    tracing::error!(id = %self.state.id, error = %e, "thaw after a failed helper");
+                }
+            }
+            inspect::taint(self);
+        }
+        result
     }
 
     /// Takes a checkpoint (through [`Container::history`]).
@@ -98,6 +119,7 @@ impl Container {
                 Ok(serde_json::Value::Null)
             }
             HistoryOp::SnapshotFs(name) => {
+                history::check_hand_snapshot_name(&name)?;
                 let info = Container::open_store(config)?.snapshot(&self.key()?, &name)?;
                 Ok(serde_json::Value::String(info.name))
             }
@@ -164,13 +186,23 @@ impl Container {
         let snapshot = history::snapshot_name(seq);
         let tmp = dir.join(format!(".{seq}.tmp"));
         let froze = status == ContainerStatus::Running && req.kind != Kind::Skip;
+        // A checkpoint that died before its entry was recorded left its parts under
+        // this seq (no entry names it yet): they go before the seq is reused.
+        discard_half_made(&dir, seq, store.as_ref(), &key)?;
+        // And what a crash kept an earlier removal from deleting (saved as
+        // uncollected; the save below records it done).
+        if !history.uncollected.is_empty() {
+            collect(history, &dir, store.as_ref(), &key);
+        }
         let freeze = Freeze::begin(self, froze, true)?;
         timings.freeze_ms = started.elapsed().as_millis() as u64;
+        fault::point("checkpoint.frozen");
         let frozen = (|| -> Result<()> {
             if with_fs {
                 let t = Instant::now();
                 store.snapshot(&key, &snapshot)?;
                 timings.fs_ms = t.elapsed().as_millis() as u64;
+                fault::point("checkpoint.snapshotted");
             }
             if with_proc {
                 let t = Instant::now();
@@ -201,6 +233,7 @@ impl Container {
                     serde_json::to_vec(&dumped).expect("json"),
                 )
                 .map_err(Error::io(format!("write {}", tmp.display())))?;
+                fault::point("checkpoint.dumped");
             }
             // Still frozen: the inspector forgets exactly what was captured.
             if req.kind != Kind::Skip {
@@ -217,6 +250,7 @@ impl Container {
                 std::fs::rename(&tmp, history::image_dir(&dir, seq))
                     .map_err(Error::io(format!("rename {}", tmp.display())))?;
                 sync_path(&dir)?;
+                fault::point("checkpoint.renamed");
             }
             Ok(())
         });
@@ -258,11 +292,13 @@ impl Container {
         history.entries.push(entry.clone());
         history.next_seq = seq + 1;
         history.save(&dir)?;
+        fault::point("checkpoint.recorded");
         // Only now, with the new entry durable, may older ones go.
         let dropped = history.retain_last(config.checkpoint.keep_last as usize);
         if !dropped.is_empty() {
             history.save(&dir)?;
-            collect(history, &dir, &dropped, store.as_ref(), &key);
+            fault::point("checkpoint.retained");
+            collect(history, &dir, store.as_ref(), &key);
         }
         Ok(entry)
     }
@@ -273,33 +309,31 @@ impl Container {
         let mut locked = HistoryStore::open(config, &key)?;
         let removed = locked.history_mut().remove(name)?;
         locked.save()?;
-        collect(
-            locked.history(),
-            locked.dir(),
-            std::slice::from_ref(&removed),
-            store.as_ref(),
-            &key,
-        );
+        let dir = locked.dir().to_path_buf();
+        collect(locked.history_mut(), &dir, store.as_ref(), &key);
         Ok(removed)
     }
 }
 
 /// Deletes the process images and snapshots of `dropped` that no remaining entry uses.
-fn collect(
-    history: &History,
-    dir: &Path,
-    dropped: &[Entry],
-    store: &dyn Store,
-    key: &ContainerKey,
-) {
+/// Deletes the process images and snapshots of the history's uncollected entries that
+/// no remaining entry uses, and forgets them (the next save records that).
+/// Idempotent: after a crash, the saved list is collected again.
+fn collect(history: &mut History, dir: &Path, store: &dyn Store, key: &ContainerKey) {
     let (images, snapshots) = history.referenced();
-    for e in dropped {
+    for e in std::mem::take(&mut history.uncollected) {
         if let Some(seq) = e.process_image.filter(|s| !images.contains(s)) {
             let _ = std::fs::remove_dir_all(history::image_dir(dir, seq));
         }
         if let Some(s) = e.fs_snapshot.as_ref().filter(|s| !snapshots.contains(*s)) {
-            if let Err(err) = store.delete_snapshot(key, s) {
-                tracing::warn!(%key, snapshot = %s, error = %err, "delete snapshot");
+            // Gone already when a crash interrupted an earlier collection.
+            if store
+                .list(key)
+                .is_ok_and(|l| l.iter().any(|i| &i.name == s))
+            {
+                if let Err(err) = store.delete_snapshot(key, s) {
+                    tracing::warn!(%key, snapshot = %s, error = %err, "delete snapshot");
+                }
             }
         }
     }
@@ -331,4 +365,30 @@ pub fn process_image(
         });
     }
     Ok(Some((dir.join(CRIU_DIR), dumped)))
+}
+
+/// Removes what a checkpoint that died before recording its entry left at `seq`, the
+/// next one (no entry names it): its temporary or renamed process images and its
+/// file-system snapshot.
+fn discard_half_made(dir: &Path, seq: u64, store: &dyn Store, key: &ContainerKey) -> Result<()> {
+    let mut found = false;
+    for images in [
+        dir.join(format!(".{seq}.tmp")),
+        history::image_dir(dir, seq),
+    ] {
+        if images.exists() {
+            std::fs::remove_dir_all(&images)
+                .map_err(Error::io(format!("remove {}", images.display())))?;
+            found = true;
+        }
+    }
+    let snapshot = history::snapshot_name(seq);
+    if store.list(key)?.iter().any(|s| s.name == snapshot) {
+        store.delete_snapshot(key, &snapshot)?;
+        found = true;
+    }
+    if found {
+        tracing::warn!(%key, seq, "discarded a checkpoint a crash left unrecorded");
+    }
+    Ok(())
 }
