@@ -360,3 +360,42 @@ fn shim_killed_after_the_snapshot_restores_the_last_checkpoint() {
 fn shim_killed_after_the_rename_restores_the_last_checkpoint() {
     shim_crash_in_checkpoint("checkpoint.renamed");
 }
+
+/// A rollback whose helper died leaves its durable marker; the next container to
+/// start on the host reconciles the store (at most once a minute: the test removes
+/// the stamp) and finishes it, so the tree is the snapshot's again.
+#[test]
+fn a_rollback_a_crash_left_half_done_is_finished_when_the_next_container_starts() {
+    let c = Crashable::start();
+    crabctl_ok(&["fs", "snapshot", c.id(), "files"]);
+    c.guard.exec_ok(&[
+        "sh",
+        "-c",
+        "for i in $(seq 1 50); do echo $i > /file$i; done",
+    ]);
+    let out = c.crash_during("btrfs.rollback.mid", &["fs", "rollback", c.id(), "files"]);
+    assert!(!out.status.success());
+    let tree = Path::new("/var/lib/crab/pool/containers")
+        .join(namespace())
+        .join(c.id());
+    let marker = tree.with_extension("rollback");
+    assert!(marker.exists(), "{} after the crash", marker.display());
+    let half = (1..=50)
+        .filter(|i| tree.join(format!("file{i}")).exists())
+        .count();
+    assert!(half > 0 && half < 50, "{half} of 50 files left half-way");
+    let _ = std::fs::remove_file(state_dir().join(".reconciled-btrfs"));
+    let _other = Guard::sh("sleep 60");
+    assert!(
+        wait_until(Duration::from_secs(20), || !marker.exists()),
+        "the next container's shim did not finish the rollback"
+    );
+    let left = (1..=50)
+        .filter(|i| tree.join(format!("file{i}")).exists())
+        .count();
+    assert_eq!(left, 0, "files written after the snapshot");
+    assert_eq!(
+        std::fs::read_to_string(tree.join("f")).unwrap().trim(),
+        "before"
+    );
+}

@@ -109,6 +109,7 @@ pub fn collect(config: &Config, mounts: &[Mount]) {
     if config.storage.backend == Backend::Passthrough {
         return;
     }
+    reconcile(config);
     let Some(scope) = ImageSource::from_mounts(&mount_specs(mounts))
         .ok()
         .and_then(|image| image.snapshotter())
@@ -126,6 +127,27 @@ pub fn collect(config: &Config, mounts: &[Mount]) {
             }
             Ok(_) => {}
             Err(e) => tracing::warn!(error = %e, "collect removed containers' trees"),
+        }
+    });
+}
+
+/// Finishes or undoes, in the background, what crashes left in the store (at most once
+/// a minute on the host, and at the first container after a reboot): the work of dead
+/// processes and rollbacks whose process died. Live work is left alone.
+fn reconcile(config: &Config) {
+    if !in_helper::reconcile_due(config) {
+        return;
+    }
+    let config = config.clone();
+    tokio::spawn(async move {
+        match store_op(&config, StoreOp::Reconcile).await {
+            Ok(report) => {
+                let empty = |k: &str| report[k].as_array().is_none_or(|a| a.is_empty());
+                if !empty("removed") || !empty("completed") {
+                    tracing::warn!(%report, "reconciled what crashes left in the store");
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "reconcile the store"),
         }
     });
 }

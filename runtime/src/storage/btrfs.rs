@@ -269,7 +269,7 @@ impl Store for BtrfsStore {
             return ioctl::snapshot(&snap, &live, false);
         }
         let marker = self.marker(key);
-        write_durably(&marker, name.as_bytes())?;
+        write_durably(&marker, work::rollback_mark(name).as_bytes())?;
         fault::point("btrfs.rollback.marked");
         if !self.rollback_changed(&snap, &live)? {
             tree::mirror_with_fault(&snap, &live, "btrfs.rollback.mid")?;
@@ -453,12 +453,15 @@ impl Store for BtrfsStore {
                 continue;
             };
             let key = ContainerKey::new(&ns, id)?;
-            let snap = std::fs::read_to_string(e.path())
+            let mark = std::fs::read_to_string(e.path())
                 .map_err(Error::io(format!("read {}", e.path().display())))?;
-            self.rollback(&key, snap.trim())?;
+            let Some(snap) = work::dead_rollback(&mark) else {
+                continue; // its process still runs
+            };
+            self.rollback(&key, &snap)?;
             report
                 .completed
-                .push(format!("rollback of {key} to {}", snap.trim()));
+                .push(format!("rollback of {key} to {snap}"));
         }
         Ok(report)
     }

@@ -66,6 +66,32 @@ pub enum StoreOp {
         /// Its image.
         image: ImageSource,
     },
+    /// Finish or undo what crashes interrupted anywhere in the store
+    /// ([`super::Store::reconcile`]: work of dead processes, rollbacks whose process
+    /// died); answers what it removed and completed.
+    Reconcile,
+}
+
+/// How often shims reconcile the store on their own (at most; a new state dir, as
+/// after a reboot, makes the next one due at once).
+const RECONCILE_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Whether a shim starting a container should reconcile the store now: none did in
+/// the last [`RECONCILE_EVERY`] on this host (a stamp in the state dir, renewed here).
+pub fn reconcile_due(config: &Config) -> bool {
+    let stamp = config
+        .state_dir
+        .join(format!(".reconciled-{:?}", config.storage.backend).to_lowercase());
+    let fresh = std::fs::metadata(&stamp)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.elapsed().ok())
+        .is_some_and(|age| age < RECONCILE_EVERY);
+    if fresh {
+        return false;
+    }
+    // Renewed before the run: shims starting together do not all reconcile.
+    std::fs::create_dir_all(&config.state_dir).is_ok() && std::fs::write(&stamp, b"").is_ok()
 }
 
 /// Runs `op` on the configured store in a helper process; answers what it answers.
@@ -157,6 +183,13 @@ pub(crate) fn serve(config: &Config, op: StoreOp) -> Result<serde_json::Value> {
             .changed_since_image(&key, &image)?
             .map(|paths| serde_json::to_value(paths).expect("paths serialize"))
             .unwrap_or(null)),
+        StoreOp::Reconcile => {
+            let report = store.reconcile()?;
+            Ok(serde_json::json!({
+                "removed": report.removed,
+                "completed": report.completed,
+            }))
+        }
         StoreOp::Collect { scope } => {
             let keys = collect(config, store.as_ref(), &scope)?;
             Ok(

@@ -361,7 +361,7 @@ impl Store for OverlayStore {
             return Ok(());
         }
         let marker = dir.join("rollback");
-        write_durably(&marker, name.as_bytes())?;
+        write_durably(&marker, work::rollback_mark(name).as_bytes())?;
         self.rollback_in_place(key, &snap)?;
         std::fs::remove_file(&marker).map_err(Error::io(format!("remove {}", marker.display())))
     }
@@ -532,14 +532,17 @@ impl Store for OverlayStore {
         }
         for (ns, c) in self.dirs.by_namespace(CONTAINERS) {
             let marker = c.path().join("rollback");
-            let Ok(snap) = std::fs::read_to_string(&marker) else {
+            let Ok(mark) = std::fs::read_to_string(&marker) else {
                 continue;
             };
+            let Some(snap) = work::dead_rollback(&mark) else {
+                continue; // its process still runs
+            };
             let key = ContainerKey::new(&ns, &c.file_name().to_string_lossy())?;
-            self.rollback(&key, snap.trim())?;
+            self.rollback(&key, &snap)?;
             report
                 .completed
-                .push(format!("rollback of {key} to {}", snap.trim()));
+                .push(format!("rollback of {key} to {snap}"));
         }
         Ok(report)
     }

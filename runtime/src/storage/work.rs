@@ -22,6 +22,23 @@ pub fn owner_alive(name: &str) -> bool {
         .is_some_and(pid_alive)
 }
 
+/// The content of a rollback marker: the process rolling back and the snapshot
+/// (`<pid>:<snapshot>`), so that a reconcile leaves a live rollback alone.
+pub fn rollback_mark(snapshot: &str) -> String {
+    format!("{}:{snapshot}", std::process::id())
+}
+
+/// The snapshot a rollback marker names, unless the process that wrote it still runs
+/// (then `None`: the rollback is live). A marker without a pid (older) is dead.
+pub fn dead_rollback(mark: &str) -> Option<String> {
+    let mark = mark.trim();
+    match mark.split_once(':') {
+        Some((pid, _)) if pid.parse::<i32>().is_ok_and(pid_alive) => None,
+        Some((_, name)) => Some(name.to_string()),
+        None => Some(mark.to_string()),
+    }
+}
+
 /// Whether process `pid` exists.
 pub fn pid_alive(pid: i32) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()

@@ -8,7 +8,7 @@ use super::datasets::{children, is_missing, values_below, zfs};
 use super::{ZfsStore, DELETED, OWNER, RETIRED, ROLLBACK};
 use crate::storage::dirs::dead_work_in;
 use crate::storage::names::{self, CONTAINERS, TMP};
-use crate::storage::work::{owner_alive, pid_alive};
+use crate::storage::work::{dead_rollback, owner_alive};
 use crate::storage::{ContainerKey, ReconcileReport, Store};
 use crate::{Error, Result};
 
@@ -90,13 +90,9 @@ impl ZfsStore {
         }
         // Interrupted rollbacks.
         for (ds, value) in self.marked(ROLLBACK)? {
-            let (owner, name) = match value.split_once(':') {
-                Some((pid, name)) => (pid.parse::<i32>().ok(), name.to_string()),
-                None => (None, value.clone()),
-            };
-            if owner.is_some_and(pid_alive) {
+            let Some(name) = dead_rollback(&value) else {
                 continue; // still running
-            }
+            };
             let Some(key) = self.key_of(&ds) else {
                 continue;
             };

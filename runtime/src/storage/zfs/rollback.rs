@@ -17,7 +17,7 @@ use super::datasets::zfs;
 use super::fuse::{coarse_times, drop_changed_since};
 use super::{ZfsStore, ROLLBACK, TREE};
 use crate::storage::names::snapshot_not_found;
-use crate::storage::{fault, tree, ContainerKey};
+use crate::storage::{fault, tree, work, ContainerKey};
 use crate::{Error, Result};
 
 impl ZfsStore {
@@ -90,7 +90,7 @@ impl ZfsStore {
         };
         let result = (|| {
             // From here on the live tree changes: mark it first.
-            let mark = format!("{ROLLBACK}={}:{name}", std::process::id());
+            let mark = format!("{ROLLBACK}={}", work::rollback_mark(name));
             zfs(&["set", &mark, ds])?;
             fault::point("zfs.rollback.marked");
             if coarse_times(live)? {
