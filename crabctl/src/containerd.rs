@@ -15,7 +15,7 @@ use containerd_client::services::v1::snapshots::{
 use containerd_client::services::v1::tasks_client::TasksClient;
 use containerd_client::services::v1::{
     Container, CreateContainerRequest, CreateTaskRequest, DeleteTaskRequest, GetContainerRequest,
-    GetImageRequest, ReadContentRequest, StartRequest,
+    GetImageRequest, ListContainersRequest, ReadContentRequest, StartRequest,
 };
 use containerd_client::tonic::transport::Channel;
 use containerd_client::tonic::{Code, Request};
@@ -93,6 +93,19 @@ impl Client {
         resp.into_inner()
             .container
             .ok_or_else(|| anyhow!("containerd returned no container {id}"))
+    }
+
+    /// The containers whose label `key` is `value`.
+    pub async fn containers_labelled(&self, key: &str, value: &str) -> Result<Vec<Container>> {
+        let req = ListContainersRequest {
+            filters: vec![format!("labels.\"{key}\"=={value}")],
+        };
+        Ok(ContainersClient::new(self.channel.clone())
+            .list(with_namespace!(req, self.namespace))
+            .await
+            .with_context(|| format!("list containers labelled {key}={value}"))?
+            .into_inner()
+            .containers)
     }
 
     /// Creates a container record from its parts (an import).

@@ -6,6 +6,7 @@ mod fs;
 mod inspect;
 mod migrate;
 mod proxy;
+mod quota;
 mod recover;
 mod turn;
 

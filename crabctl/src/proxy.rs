@@ -60,6 +60,8 @@ struct Target {
     address: String,
     namespace: String,
     id: String,
+    /// The agent's checkpoints of the last minute (`[quota]`).
+    checkpoints: Arc<crate::quota::PerMinute>,
 }
 
 impl Target {
@@ -140,6 +142,10 @@ impl Sandbox for Target {
     }
 
     fn checkpoint(&self, name: Option<String>) -> Result<Value, Failure> {
+        self.checkpoints.take(
+            self.config.quota.agent_checkpoints_per_minute,
+            "quota.agent_checkpoints_per_minute",
+        )?;
         let request = Request::Checkpoint {
             namespace: self.namespace.clone(),
             id: self.id.clone(),
@@ -185,6 +191,7 @@ impl Sandbox for Target {
                 checkpoint.as_deref(),
                 count as usize,
                 Some(&prefix),
+                true,
             )
             .map(|f| f.made.into_iter().map(|(id, _, _)| id).collect())
             .map_err(|e| Failure::new(crate::kind_of(&e), format!("{e:#}")))
@@ -266,6 +273,7 @@ pub fn run(config: &Config, address: &str, namespace: &str, id: &str, o: Options
         address: address.into(),
         namespace: namespace.into(),
         id: id.into(),
+        checkpoints: Arc::default(),
     });
     let mut proxy = Proxy::new(upstream, target.clone(), !o.fail_open);
     if o.agent_api {

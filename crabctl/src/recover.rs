@@ -77,7 +77,7 @@ pub fn fork(
     prefix: Option<&str>,
 ) -> Result<()> {
     let started = Instant::now();
-    let f = fork_into(config, address, namespace, id, ckpt, count, prefix)?;
+    let f = fork_into(config, address, namespace, id, ckpt, count, prefix, false)?;
     for (new_id, pid, took) in &f.made {
         println!(
             "{new_id}: forked from {id} checkpoint {} in {} ms; init pid {pid}",
@@ -94,6 +94,10 @@ pub fn fork(
 }
 
 /// Makes the forks (see [`fork`]); fails, naming each failure, unless all were made.
+/// Forks the sandbox's agent asked for (`by_agent`) are admitted by the host's
+/// `[quota]` first, join the sandbox's lineage, and get no agent API unless the
+/// quota allows it ([`crate::quota`]).
+#[allow(clippy::too_many_arguments)]
 pub fn fork_into(
     config: &Config,
     address: &str,
@@ -102,9 +106,22 @@ pub fn fork_into(
     ckpt: Option<&str>,
     count: usize,
     prefix: Option<&str>,
+    by_agent: bool,
 ) -> Result<Forked> {
     let key = ContainerKey::new(namespace, id)?;
     let started = Instant::now();
+    let rt = crate::containerd::runtime()?;
+    let client = rt.block_on(Client::connect(address, namespace))?;
+    let mut src = rt.block_on(client.container(id))?;
+    if by_agent {
+        rt.block_on(crate::quota::admit_forks(
+            &client,
+            &config.quota,
+            &src,
+            count,
+        ))?;
+        src = crate::quota::agent_fork_template(&config.quota, &src)?;
+    }
     let checkpoint = match ckpt {
         Some(n) => checkpoint_name(config, &key, Some(n))?,
         None => crate::ckpt::take_full(config, namespace, id)?,
@@ -113,9 +130,6 @@ pub fn fork_into(
     let prefix = prefix
         .map(str::to_string)
         .unwrap_or_else(|| format!("{id}-fork"));
-    let rt = crate::containerd::runtime()?;
-    let client = rt.block_on(Client::connect(address, namespace))?;
-    let src = rt.block_on(client.container(id))?;
     let parent = rt.block_on(client.snapshot_parent(&src.snapshotter, &src.snapshot_key))?;
     // All at once: the work is in containerd, the shims and CRIU, which run in
     // parallel; this process only waits.

@@ -37,6 +37,9 @@ pub enum ErrorKind {
     Busy,
     /// The service cannot answer now (no shim, a full queue, no space left).
     Unavailable,
+    /// A quota of the host configuration is used up (forks alive, forks or
+    /// checkpoints per minute); retry later or free some.
+    ResourceExhausted,
     /// Anything else: a bug, or a tool that failed.
     #[default]
     Internal,
@@ -44,13 +47,14 @@ pub enum ErrorKind {
 
 impl ErrorKind {
     /// Every kind.
-    pub const ALL: [ErrorKind; 7] = [
+    pub const ALL: [ErrorKind; 8] = [
         ErrorKind::NotFound,
         ErrorKind::AlreadyExists,
         ErrorKind::FailedPrecondition,
         ErrorKind::InvalidArgument,
         ErrorKind::Busy,
         ErrorKind::Unavailable,
+        ErrorKind::ResourceExhausted,
         ErrorKind::Internal,
     ];
 
@@ -62,6 +66,7 @@ impl ErrorKind {
             ErrorKind::FailedPrecondition => 412,
             ErrorKind::InvalidArgument => 400,
             ErrorKind::Unavailable => 503,
+            ErrorKind::ResourceExhausted => 429,
             ErrorKind::Internal => 500,
         }
     }
@@ -76,6 +81,7 @@ impl ErrorKind {
             ErrorKind::InvalidArgument => 6,
             ErrorKind::Busy => 7,
             ErrorKind::Unavailable => 8,
+            ErrorKind::ResourceExhausted => 9,
         }
     }
 
@@ -88,6 +94,7 @@ impl ErrorKind {
             ErrorKind::InvalidArgument => "invalid-argument",
             ErrorKind::Busy => "busy",
             ErrorKind::Unavailable => "unavailable",
+            ErrorKind::ResourceExhausted => "resource-exhausted",
             ErrorKind::Internal => "internal",
         }
     }
@@ -143,7 +150,7 @@ mod tests {
     #[test]
     fn test_http_statuses_follow_the_table() {
         let statuses: Vec<u16> = ErrorKind::ALL.iter().map(|k| k.http_status()).collect();
-        assert_eq!(statuses, [404, 409, 412, 400, 409, 503, 500]);
+        assert_eq!(statuses, [404, 409, 412, 400, 409, 503, 429, 500]);
     }
 
     #[test]

@@ -15,6 +15,11 @@ use std::io::Read;
 
 use crate::{Error, Result};
 
+/// The annotation that turns the agent API off for one container (`false`): an
+/// annotation may turn it off, never on. Forks an agent makes carry it unless the
+/// host's `[quota] agent_forks_get_agent_api` allows them the API.
+pub const AGENT_API_ANNOTATION: &str = "io.crab.proxy.agent-api";
+
 /// The variable that carries the token into the sandbox.
 pub const ENV: &str = "CRAB_API_TOKEN";
 

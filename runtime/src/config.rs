@@ -45,6 +45,8 @@ pub struct Config {
     pub policy: Policy,
     /// The turn proxy the shim starts for each container.
     pub proxy: Proxy,
+    /// What the agent inside a sandbox may make through the agent API.
+    pub quota: Quota,
     /// For the fault-injection tests only: a file naming the step (see
     /// `storage::fault`) at which the helper process running a checkpoint, rollback
     /// or store operation kills itself (with a `shim:` prefix its shim too), as a
@@ -201,6 +203,7 @@ impl Default for Config {
             checkpoint: Checkpoint::default(),
             policy: Policy::default(),
             proxy: Proxy::default(),
+            quota: Quota::default(),
             fault_file: None,
         }
     }
@@ -299,6 +302,35 @@ impl Default for Storage {
             zfs_dataset: "crab/crab".into(),
             overlay_dir: PathBuf::from("/var/lib/crab/overlay"),
             pool_size: "8G".into(),
+        }
+    }
+}
+
+/// Bounds on what agents make through the agent API (the operator's `crabctl` is not
+/// bounded). A lineage is a sandbox and every fork made from it or from its forks.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Quota {
+    /// Containers agents forked that exist at once, per lineage (0: agents cannot
+    /// fork).
+    pub agent_forks_alive: u32,
+    /// Forks the agents of one lineage may make per minute.
+    pub agent_forks_per_minute: u32,
+    /// Checkpoints an agent may ask for per minute (`POST /.crab/v1/checkpoints`;
+    /// a turn's own checkpoint is not counted).
+    pub agent_checkpoints_per_minute: u32,
+    /// Whether a fork an agent made serves the agent API itself (its agent could
+    /// then fork again, within the lineage's quota).
+    pub agent_forks_get_agent_api: bool,
+}
+
+impl Default for Quota {
+    fn default() -> Self {
+        Quota {
+            agent_forks_alive: 8,
+            agent_forks_per_minute: 4,
+            agent_checkpoints_per_minute: 30,
+            agent_forks_get_agent_api: false,
         }
     }
 }

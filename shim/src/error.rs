@@ -55,6 +55,7 @@ impl ShimError {
             ErrorKind::InvalidArgument => Code::INVALID_ARGUMENT,
             ErrorKind::FailedPrecondition => Code::FAILED_PRECONDITION,
             ErrorKind::Busy | ErrorKind::Unavailable => Code::UNAVAILABLE,
+            ErrorKind::ResourceExhausted => Code::RESOURCE_EXHAUSTED,
             ErrorKind::Internal => Code::UNKNOWN,
         }
     }

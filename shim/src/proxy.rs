@@ -67,6 +67,9 @@ pub fn configure(config: &mut Config, spec: &Spec) -> ShimResult<()> {
                 .choose_upstream(u)
                 .map_err(|m| refused(UPSTREAM_ANNOTATION, m))?;
         }
+        if a.get(api_token::AGENT_API_ANNOTATION).map(String::as_str) == Some("false") {
+            config.proxy.agent_api = false;
+        }
         if let Some(l) = a.get(LISTEN_ANNOTATION) {
             config
                 .proxy
