@@ -378,7 +378,7 @@ fn subvolume_create(p: &Path) {
 }
 
 #[test]
-fn a_nested_subvolume_fails_the_snapshot_naming_it_and_destroy_deletes_it() {
+fn a_nested_subvolume_fails_the_snapshot_naming_it_and_rollback_and_destroy_delete_it() {
     let s = store();
     let image = temp_dir("img");
     std::fs::write(image.join("kept"), b"kept").unwrap();
@@ -400,6 +400,16 @@ fn a_nested_subvolume_fails_the_snapshot_naming_it_and_destroy_deletes_it() {
     let e = s.changed_since_image(&k, &source).unwrap_err().to_string();
     assert!(e.contains("subvolume at /work/nested"), "{e}");
 
+    // A rollback makes the tree the snapshot's: the nested subvolumes go.
+    s.rollback(&k, "before").unwrap();
+    assert!(!live.join("work").exists());
+    assert_eq!(std::fs::read(live.join("kept")).unwrap(), b"kept");
+    s.snapshot(&k, "after").unwrap();
+
+    // Destroy deletes them, however deep.
+    subvolume_create(&live.join("nested"));
+    subvolume_create(&live.join("nested/deeper"));
+    std::fs::write(live.join("nested/deeper/file"), b"deeper").unwrap();
     s.destroy(&k).unwrap();
     assert!(!live.exists());
     let list = std::process::Command::new("btrfs")

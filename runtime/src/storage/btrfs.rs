@@ -114,8 +114,6 @@ impl BtrfsStore {
     /// `live`: btrfs compares the two b-trees and skips every block they share, so
     /// the cost follows the changes. `None` when the stream cannot be had or read.
     fn names_changed(&self, from: &Path, live: &Path) -> Result<Option<BTreeSet<String>>> {
-        // The stream would not show what a nested subvolume holds.
-        refuse_nested(live)?;
         let now = self.tmp("now");
         mkdirs(now.parent().expect("has a parent"))?;
         ioctl::snapshot(live, &now, true)?;
@@ -194,6 +192,8 @@ impl Store for BtrfsStore {
         if !ioctl::is_subvolume(&base) || !ioctl::is_subvolume(&live) {
             return Ok(None);
         }
+        // The stream would not show what a nested subvolume holds.
+        refuse_nested(&live)?;
         self.names_changed(&base, &live)
     }
 
@@ -263,6 +263,9 @@ impl Store for BtrfsStore {
         let marker = self.marker(key);
         write_durably(&marker, work::rollback_mark(name).as_bytes())?;
         fault::point("btrfs.rollback.marked");
+        // No snapshot holds a nested subvolume (a snapshot of a tree with one is
+        // refused), so the tree rolled back holds none either.
+        btrfs_nested::delete_nested(&live)?;
         if !self.rollback_changed(&snap, &live)? {
             tree::mirror_with_fault(&snap, &live, "btrfs.rollback.mid")?;
         }
