@@ -178,3 +178,65 @@ fn overlay_backend_snapshots_and_rolls_back_a_running_container() {
         mounts_mentioning(&g.id)
     );
 }
+
+/// Makes a btrfs subvolume named `name` in the container's root directory, as any
+/// process that can write a directory can (`BTRFS_IOC_SUBVOL_CREATE` on the
+/// directory, `struct btrfs_ioctl_vol_args { i64 fd; char name[4088]; }`), and
+/// writes a file in it. (A mutable buffer: Python copies an immutable argument
+/// of at most 1024 bytes only.)
+const NESTED_SUBVOLUME: &str = r#"
+import fcntl, os, struct, time
+fd = os.open("/", os.O_RDONLY | os.O_DIRECTORY)
+args = bytearray(struct.pack("q4088s", 0, b"nested"))
+fcntl.ioctl(fd, 0x5000940E, args, True)
+with open("/nested/data", "w") as f:
+    f.write("inside the nested subvolume\n")
+with open("/made", "w") as f:
+    f.write("yes\n")
+time.sleep(1000)
+"#;
+
+#[test]
+fn a_nested_subvolume_a_container_made_fails_its_checkpoint_and_goes_with_its_tree() {
+    let id;
+    {
+        let g = Guard::run_detached(CRAB, PYTHON, &[], &["python3", "-c", NESTED_SUBVOLUME]);
+        id = g.id.clone();
+        let made = tree(&id).join("made");
+        assert!(wait_until(T, || made.exists()), "no nested subvolume made");
+        assert!(is_subvolume(&tree(&id).join("nested")));
+
+        // A snapshot would hold an empty directory in its place: refused, naming it.
+        let out = crabctl(&["fs", "snapshot", &id, "s1"], &[]);
+        let (o, e) = text(&out);
+        assert!(!out.status.success(), "snapshot taken: {o}");
+        assert!(e.contains("subvolume at /nested"), "{e}");
+        let out = crabctl(&["checkpoint", &id, "--name", "c1"], &[]);
+        let (o, e) = text(&out);
+        assert!(!out.status.success(), "checkpoint taken: {o}");
+        assert!(e.contains("subvolume at /nested"), "{e}");
+        assert_eq!(crabctl_ok(&["fs", "ls", &id]), "");
+        // The container keeps running.
+        assert_eq!(g.status().as_deref(), Some("RUNNING"));
+    }
+    // Removed: once containerd has dropped its writable layer, the next create
+    // collects the tree, nested subvolume included.
+    let owner = std::fs::read_to_string(tree(&id).with_extension("owner")).unwrap();
+    assert!(
+        wait_until(Duration::from_secs(30), || !std::path::Path::new(&owner)
+            .exists()),
+        "containerd kept {owner}"
+    );
+    let _other = Guard::run_detached(CRAB, BUSYBOX, &[], &["sleep", "1000"]);
+    assert!(
+        wait_until(Duration::from_secs(20), || !tree(&id).exists()),
+        "{} still exists",
+        tree(&id).display()
+    );
+    let list = std::process::Command::new("btrfs")
+        .args(["subvolume", "list", POOL])
+        .output()
+        .unwrap();
+    let list = String::from_utf8_lossy(&list.stdout);
+    assert!(!list.contains(&id), "left in the pool:\n{list}");
+}

@@ -129,6 +129,11 @@ pub enum Error {
         /// Its error output.
         message: String,
     },
+    /// A stream or archive given to a store's import reaches beyond what it may
+    /// change (a path out of the tree, another container's snapshot, a layer the
+    /// store does not hold). Nothing of it is kept.
+    #[error("import refused: {0}")]
+    ImportRefused(String),
     /// A storage operation failed.
     #[error("storage {operation}: {message}")]
     Storage {
@@ -201,7 +206,8 @@ impl Error {
             | Error::MissingRootfs(_)
             | Error::BadName { .. }
             | Error::ReservedName { .. }
-            | Error::BadCheckpoint { .. } => ErrorKind::InvalidArgument,
+            | Error::BadCheckpoint { .. }
+            | Error::ImportRefused(_) => ErrorKind::InvalidArgument,
             Error::AlreadyExists(_) | Error::SnapshotExists { .. } => ErrorKind::AlreadyExists,
             Error::NotFound(_) | Error::SnapshotNotFound { .. } => ErrorKind::NotFound,
             Error::WrongState { .. } | Error::CriuMissing(_) | Error::NoTree(_) => {

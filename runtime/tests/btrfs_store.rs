@@ -253,3 +253,170 @@ fn the_delta_from_the_changed_names_equals_the_delta_of_a_whole_walk() {
     s.destroy(&k).unwrap();
     let _ = std::fs::remove_dir_all(image);
 }
+
+/// What a refused import must leave: no snapshot of the container, nothing in its
+/// snapshots directory, nothing in the host directory the attack aimed at, nothing
+/// escaped into the pool's directories.
+fn assert_nothing_received(s: &BtrfsStore, k: &ContainerKey, outside: &Path) {
+    assert!(s.list(k).unwrap().is_empty());
+    let dir = Path::new(POOL).join("snapshots/conformance").join(k.id());
+    let left: Vec<_> = std::fs::read_dir(&dir)
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "left in {}: {left:?}", dir.display());
+    let host: Vec<_> = std::fs::read_dir(outside).unwrap().flatten().collect();
+    assert!(host.is_empty(), "written on the host: {host:?}");
+    for area in ["", "snapshots", "snapshots/conformance"] {
+        let escaped = Path::new(POOL).join(area).join("escaped");
+        assert!(!escaped.exists(), "{} exists", escaped.display());
+    }
+}
+
+#[test]
+fn a_crafted_btrfs_stream_cannot_reach_outside_the_containers_snapshots() {
+    use crab_runtime::Error;
+    use support::crafted::Crafted;
+    let s = store();
+    let outside = temp_dir("outside");
+    let key = |tag: &str| ContainerKey::new("conformance", &unique(tag)).unwrap();
+
+    // A harmless crafted stream is received: the crafted streams are ones `btrfs
+    // receive` takes, so what stops the attacks below is the store's check.
+    let ok = key("crafted-ok");
+    let stream = Crafted::subvolume(b"ok").file(b"f", b"data").end();
+    assert_eq!(s.import(&ok, &mut stream.as_slice()).unwrap().name, "ok");
+    s.rollback(&ok, "ok").unwrap();
+    assert_eq!(
+        std::fs::read(s.rootfs(&ok).unwrap().join("f")).unwrap(),
+        b"data"
+    );
+    s.destroy(&ok).unwrap();
+
+    let target = |name: &str| outside.join(name).display().to_string().into_bytes();
+    let attacks: Vec<(&str, Vec<u8>, &str)> = vec![
+        (
+            "a file climbing out of the subvolume",
+            Crafted::subvolume(b"s")
+                .file(b"../../../escaped", b"x")
+                .end(),
+            "not a path inside its subvolume",
+        ),
+        (
+            "a file at an absolute host path",
+            Crafted::subvolume(b"s").file(&target("pwned"), b"x").end(),
+            "not a path inside its subvolume",
+        ),
+        (
+            "a file through a symlink to a host directory the stream made",
+            Crafted::subvolume(b"s")
+                .symlink(b"x", outside.display().to_string().as_bytes())
+                .file(b"x/pwned", b"x")
+                .end(),
+            "through the symlink \"x\"",
+        ),
+        (
+            "a subvolume named out of the snapshots directory",
+            Crafted::subvolume(b"../../escaped").end(),
+            "invalid snapshot name",
+        ),
+        (
+            "a second subvolume after the first",
+            [
+                Crafted::subvolume(b"a").end(),
+                Crafted::subvolume(b"escaped").end(),
+            ]
+            .concat(),
+            "data follows the stream's end",
+        ),
+    ];
+    for (what, stream, says) in attacks {
+        let k = key("crafted");
+        let e = s.import(&k, &mut stream.as_slice()).unwrap_err();
+        assert!(matches!(e, Error::ImportRefused(_)), "{what}: {e}");
+        assert!(e.to_string().contains(says), "{what}: {e}");
+        assert_nothing_received(&s, &k, &outside);
+        s.destroy(&k).unwrap();
+    }
+
+    // A real incremental stream whose parent is another container's snapshot:
+    // `btrfs receive` alone finds that parent anywhere in the pool, and the new
+    // snapshot would hold the other container's files.
+    let image = temp_dir("img");
+    let victim = key("victim");
+    let live = s
+        .prepare(&victim, &ImageSource::from_layers(vec![image.clone()]))
+        .unwrap();
+    std::fs::write(live.join("secret"), b"the victim's").unwrap();
+    s.snapshot(&victim, "s1").unwrap();
+    std::fs::write(live.join("more"), b"more").unwrap();
+    s.snapshot(&victim, "s2").unwrap();
+    let mut incremental = Vec::new();
+    s.export(&victim, "s2", Some("s1"), &mut incremental)
+        .unwrap();
+    let thief = key("thief");
+    let e = s.import(&thief, &mut incremental.as_slice()).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("not one of this container's snapshots"),
+        "{e}"
+    );
+    assert_nothing_received(&s, &thief, &outside);
+    s.destroy(&thief).unwrap();
+    s.destroy(&victim).unwrap();
+    let _ = std::fs::remove_dir_all(image);
+    let _ = std::fs::remove_dir_all(outside);
+}
+
+/// `btrfs subvolume create`, the same ioctl a container can make.
+fn subvolume_create(p: &Path) {
+    let out = std::process::Command::new("btrfs")
+        .args(["subvolume", "create"])
+        .arg(p)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+}
+
+#[test]
+fn a_nested_subvolume_fails_the_snapshot_naming_it_and_rollback_and_destroy_delete_it() {
+    let s = store();
+    let image = temp_dir("img");
+    std::fs::write(image.join("kept"), b"kept").unwrap();
+    let source = ImageSource::from_layers(vec![image.clone()]);
+    let k = ContainerKey::new("conformance", &unique("nested")).unwrap();
+    let live = s.prepare(&k, &source).unwrap();
+    s.snapshot(&k, "before").unwrap();
+    std::fs::create_dir(live.join("work")).unwrap();
+    subvolume_create(&live.join("work/nested"));
+    std::fs::write(live.join("work/nested/data"), b"in the nested one").unwrap();
+    subvolume_create(&live.join("work/nested/deeper"));
+    std::fs::write(live.join("work/nested/deeper/file"), b"deeper").unwrap();
+
+    let e = s.snapshot(&k, "after").unwrap_err().to_string();
+    assert!(e.contains("subvolume at /work/nested"), "{e}");
+    let names: Vec<String> = s.list(&k).unwrap().into_iter().map(|i| i.name).collect();
+    assert_eq!(names, ["before"]);
+    // The checkpoint's file delta (the names a send stream gives) refuses too.
+    let e = s.changed_since_image(&k, &source).unwrap_err().to_string();
+    assert!(e.contains("subvolume at /work/nested"), "{e}");
+
+    // A rollback makes the tree the snapshot's: the nested subvolumes go.
+    s.rollback(&k, "before").unwrap();
+    assert!(!live.join("work").exists());
+    assert_eq!(std::fs::read(live.join("kept")).unwrap(), b"kept");
+    s.snapshot(&k, "after").unwrap();
+
+    // Destroy deletes them, however deep.
+    subvolume_create(&live.join("nested"));
+    subvolume_create(&live.join("nested/deeper"));
+    std::fs::write(live.join("nested/deeper/file"), b"deeper").unwrap();
+    s.destroy(&k).unwrap();
+    assert!(!live.exists());
+    let list = std::process::Command::new("btrfs")
+        .args(["subvolume", "list", POOL])
+        .output()
+        .unwrap();
+    let list = String::from_utf8_lossy(&list.stdout);
+    assert!(!list.contains(k.id()), "left in the pool:\n{list}");
+    let _ = std::fs::remove_dir_all(image);
+}

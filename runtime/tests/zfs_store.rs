@@ -1115,3 +1115,57 @@ fn latencies() {
     });
     s.destroy(&k).unwrap();
 }
+
+/// Whether `dir` is a mount point (another device than its parent's).
+fn is_mount_point(dir: &Path) -> bool {
+    let dev = |p: &Path| fs::metadata(p).map(|m| m.dev()).ok();
+    dev(dir) != dev(dir.parent().unwrap())
+}
+
+#[test]
+fn a_compound_zfs_stream_with_a_host_mountpoint_is_refused() {
+    let _lock = shared();
+    let s = store();
+    let sc = Scene::new("compound");
+    let victim = temp_dir("victim");
+    fs::write(victim.join("host-file"), b"host").unwrap();
+    // The attacker's dataset, whose mountpoint property is the victim directory:
+    // `zfs send -R` carries its properties, and `zfs receive` of it alone would
+    // mount what it receives over that directory.
+    let src = format!("{}/attacker", sc.ns_dataset());
+    zfs(&["create", "-p", &src]);
+    let planted =
+        Path::new(zfs(&["get", "-H", "-o", "value", "mountpoint", &src]).trim()).join("planted");
+    fs::write(&planted, b"from the stream").unwrap();
+    zfs(&["snapshot", &format!("{src}@s1")]);
+    zfs(&["unmount", &src]);
+    zfs(&["set", &format!("mountpoint={}", victim.display()), &src]);
+    let out = Command::new("zfs")
+        .args(["send", "-R", &format!("{src}@s1")])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let stream = out.stdout;
+    destroy_all(&src);
+    assert!(!is_mount_point(&victim));
+
+    let c = sc.key("c");
+    let e = s.import(&c, &mut stream.as_slice()).unwrap_err();
+    assert!(matches!(e, Error::ImportRefused(_)), "{e}");
+    assert!(e.to_string().contains("compound ZFS stream"), "{e}");
+    assert!(
+        !is_mount_point(&victim),
+        "mounted over {}",
+        victim.display()
+    );
+    assert_eq!(listing(&victim), ["host-file"]);
+    assert_eq!(fs::read(victim.join("host-file")).unwrap(), b"host");
+    assert!(datasets_under(&s.dataset(&c).unwrap()).is_empty());
+    let mine = format!("{}.", std::process::id());
+    let left: Vec<String> = datasets_under(&format!("{ROOT}/tmp"))
+        .into_iter()
+        .filter(|d| d.contains(&mine) && d.contains("receive"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+    let _ = fs::remove_dir_all(victim);
+}

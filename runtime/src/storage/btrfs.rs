@@ -15,8 +15,8 @@ use std::path::{Path, PathBuf};
 use super::dirs::{complete_snapshots, mkdirs, read_dir_lossy, write_durably, PoolDirs};
 use super::names::{CONTAINERS, IMAGES, SNAPSHOTS, TMP};
 use super::{
-    btrfs_ioctl as ioctl, cmd, fault, names, send_stream, tree, work, ContainerKey, ImageSource,
-    ReconcileReport, SnapshotInfo, Store,
+    btrfs_ioctl as ioctl, btrfs_nested, btrfs_receive, cmd, fault, names, send_stream, tree, work,
+    ContainerKey, ImageSource, ReconcileReport, SnapshotInfo, Store,
 };
 use crate::config::Backend;
 use crate::{Error, Result};
@@ -109,17 +109,6 @@ impl BtrfsStore {
         result.map(|()| dst)
     }
 
-    /// Names of every subvolume in the container's snapshots dir (complete or not).
-    fn snapshot_names(&self, key: &ContainerKey) -> Result<Vec<String>> {
-        let dir = self.dirs.snapshots(key);
-        Ok(std::fs::read_dir(&dir)
-            .map_err(Error::io(format!("read {}", dir.display())))?
-            .flatten()
-            .filter(|e| ioctl::is_subvolume(&e.path()))
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .collect())
-    }
-
     /// The names that differ between the read-only subvolume `from` and the live
     /// tree `live`, out of a send stream without data to a read-only snapshot of
     /// `live`: btrfs compares the two b-trees and skips every block they share, so
@@ -203,6 +192,8 @@ impl Store for BtrfsStore {
         if !ioctl::is_subvolume(&base) || !ioctl::is_subvolume(&live) {
             return Ok(None);
         }
+        // The stream would not show what a nested subvolume holds.
+        refuse_nested(&live)?;
         self.names_changed(&base, &live)
     }
 
@@ -242,6 +233,7 @@ impl Store for BtrfsStore {
         if dst.exists() {
             return Err(names::snapshot_exists(key, name));
         }
+        refuse_nested(&live)?;
         mkdirs(&self.dirs.snapshots(key))?;
         ioctl::snapshot(&live, &dst, true)?;
         self.info(key, name)
@@ -271,6 +263,9 @@ impl Store for BtrfsStore {
         let marker = self.marker(key);
         write_durably(&marker, work::rollback_mark(name).as_bytes())?;
         fault::point("btrfs.rollback.marked");
+        // No snapshot holds a nested subvolume (a snapshot of a tree with one is
+        // refused), so the tree rolled back holds none either.
+        btrfs_nested::delete_nested(&live)?;
         if !self.rollback_changed(&snap, &live)? {
             tree::mirror_with_fault(&snap, &live, "btrfs.rollback.mid")?;
         }
@@ -320,6 +315,8 @@ impl Store for BtrfsStore {
         }
         let live = self.live(key);
         if ioctl::is_subvolume(&live) {
+            // A subvolume that holds others cannot be deleted (ENOTEMPTY).
+            btrfs_nested::delete_nested(&live)?;
             ioctl::delete(&live)?;
         }
         let _ = std::fs::remove_file(self.marker(key));
@@ -365,35 +362,10 @@ impl Store for BtrfsStore {
     }
 
     fn import(&self, key: &ContainerKey, input: &mut dyn Read) -> Result<SnapshotInfo> {
-        // `btrfs receive` must create the snapshot where it stays: a received
-        // (read-only) subvolume cannot be renamed, and a copy of it would lose the
-        // received UUID that later incremental streams look their parent up by. It
-        // makes the subvolume read-only as its last step, so a writable subvolume in a
-        // snapshots directory is an interrupted receive; the marker says whose.
         let dir = self.dirs.snapshots(key);
         mkdirs(&dir)?;
-        let before = self.snapshot_names(key)?;
-        let marker = dir.join(format!(".receiving-{}", std::process::id()));
-        write_durably(&marker, b"")?;
-        let d = dir.display().to_string();
-        fault::point("btrfs.import.marked");
-        let received = cmd::run_with_input("btrfs", &["receive", "-q", &d], input);
-        let _ = std::fs::remove_file(&marker);
-        let after = self.snapshot_names(key)?;
-        let new: Vec<&String> = after.iter().filter(|n| !before.contains(n)).collect();
-        if let Err(e) = received {
-            for n in new {
-                let _ = ioctl::delete(&dir.join(n));
-            }
-            return Err(e);
-        }
-        match new.as_slice() {
-            [name] => self.info(key, name),
-            _ => Err(Error::Storage {
-                operation: "import",
-                message: format!("expected one new snapshot, found {new:?}"),
-            }),
-        }
+        let name = btrfs_receive::receive(&dir, input)?;
+        self.info(key, &name)
     }
 
     fn owner(&self, key: &ContainerKey) -> Result<Option<PathBuf>> {
@@ -467,6 +439,15 @@ impl Store for BtrfsStore {
     }
 }
 
+/// Fails, naming it, when the container made a subvolume inside its tree `live`: a
+/// snapshot of the tree would silently hold an empty directory in its place.
+fn refuse_nested(live: &Path) -> Result<()> {
+    match btrfs_nested::first_nested(live)? {
+        Some(nested) => Err(btrfs_nested::refuse(live, &nested)),
+        None => Ok(()),
+    }
+}
+
 /// A complete snapshot: a read-only subvolume.
 fn is_snapshot(p: &Path) -> bool {
     ioctl::is_subvolume(p) && ioctl::is_readonly(p).unwrap_or(false)
@@ -476,6 +457,7 @@ fn is_snapshot(p: &Path) -> bool {
 fn remove_work(p: &Path) -> Result<()> {
     let _ = nix::mount::umount2(p, nix::mount::MntFlags::MNT_DETACH);
     if ioctl::is_subvolume(p) {
+        btrfs_nested::delete_nested(p)?;
         return ioctl::delete(p);
     }
     if let Ok(entries) = std::fs::read_dir(p) {

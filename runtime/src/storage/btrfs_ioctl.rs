@@ -15,7 +15,7 @@ const NAME_MAX_V2: usize = 4040;
 const SUBVOL_RDONLY: u64 = 1 << 1;
 
 #[repr(C)]
-struct VolArgs {
+pub(super) struct VolArgs {
     fd: i64,
     name: [u8; NAME_MAX_V1],
 }
@@ -60,6 +60,7 @@ struct SubvolInfo {
 
 nix::ioctl_write_ptr!(subvol_create, BTRFS_IOCTL_MAGIC, 14, VolArgs);
 nix::ioctl_write_ptr!(snap_destroy, BTRFS_IOCTL_MAGIC, 15, VolArgs);
+pub(super) use snap_destroy as destroy_in;
 nix::ioctl_write_ptr!(snap_create_v2, BTRFS_IOCTL_MAGIC, 23, VolArgsV2);
 nix::ioctl_read!(subvol_getflags, BTRFS_IOCTL_MAGIC, 25, u64);
 nix::ioctl_read!(get_subvol_info, BTRFS_IOCTL_MAGIC, 60, SubvolInfo);
@@ -85,6 +86,14 @@ fn fill<const N: usize>(name: &[u8]) -> [u8; N] {
     let n = name.len().min(N - 1);
     out[..n].copy_from_slice(&name[..n]);
     out
+}
+
+/// The arguments that name the subvolume `name` in the directory they are used on.
+pub(super) fn named(name: &[u8]) -> VolArgs {
+    VolArgs {
+        fd: 0,
+        name: fill(name),
+    }
 }
 
 /// The parent directory of `path`, open, and the arguments that name `path` in it.
@@ -147,8 +156,7 @@ pub fn is_readonly(path: &Path) -> Result<bool> {
     Ok(flags & SUBVOL_RDONLY != 0)
 }
 
-/// When the subvolume at `path` was created.
-pub fn created(path: &Path) -> Result<SystemTime> {
+fn info(path: &Path) -> Result<SubvolInfo> {
     let dir = open_dir(path)?;
     // SAFETY: SubvolInfo is plain old data; all-zero is a valid value.
     let mut info: SubvolInfo = unsafe { std::mem::zeroed() };
@@ -156,8 +164,24 @@ pub fn created(path: &Path) -> Result<SystemTime> {
     // number, so a layout mismatch fails with ENOTTY) into our local.
     unsafe { get_subvol_info(dir.as_raw_fd(), &mut info) }
         .map_err(Error::sys(format!("subvolume info of {}", path.display())))?;
+    Ok(info)
+}
+
+/// When the subvolume at `path` was created.
+pub fn created(path: &Path) -> Result<SystemTime> {
+    let info = info(path)?;
     let _ = CStr::from_bytes_until_nul(&info.name);
     Ok(SystemTime::UNIX_EPOCH + Duration::new(info.otime.sec, info.otime.nsec.min(999_999_999)))
+}
+
+/// The UUIDs by which a send stream can name the subvolume at `path` as its parent
+/// or a clone source: its own, and the one it was received as (if any).
+pub fn uuids(path: &Path) -> Result<Vec<[u8; 16]>> {
+    let info = info(path)?;
+    Ok([info.uuid, info.received_uuid]
+        .into_iter()
+        .filter(|u| u != &[0u8; 16])
+        .collect())
 }
 
 /// Whether `path` is the root of a subvolume (btrfs gives those inode 256).

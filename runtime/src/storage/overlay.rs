@@ -31,7 +31,8 @@ use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use super::dirs::{complete_snapshots, mkdirs, read_dir_lossy, write_durably, PoolDirs};
 use super::names::{CONTAINERS, SNAPSHOTS, TMP};
 use super::{
-    cmd, fault, names, tree, work, ContainerKey, ImageSource, ReconcileReport, SnapshotInfo, Store,
+    cmd, fault, names, overlay_import, tree, work, ContainerKey, ImageSource, ReconcileReport,
+    SnapshotInfo, Store,
 };
 use crate::config::Backend;
 use crate::{Error, Result};
@@ -505,6 +506,8 @@ impl Store for OverlayStore {
             };
             let name = name.to_string_lossy().into_owned();
             let dst = self.dirs.snapshot(key, &name)?;
+            let known = overlay_import::known_layers(&self.dirs);
+            overlay_import::check_snapshot(&work.join(&name), &name, &known)?;
             if dst.exists() {
                 return Err(names::snapshot_exists(key, &name));
             }

@@ -264,6 +264,7 @@ pub fn turn_three(root: &Path) {
     }
 }
 pub mod conformance;
+pub mod crafted;
 
 /// A pool of its own, small enough to fill.
 pub struct SmallPool {

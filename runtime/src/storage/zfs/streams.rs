@@ -28,12 +28,22 @@ struct StreamHead {
     name: String,
     /// Whether it is incremental (needs its parent on the receiving side).
     incremental: bool,
+    /// Whether it is a compound stream (`zfs send -R` or `-p`), which carries
+    /// properties and may hold several datasets.
+    compound: bool,
+    /// Whether it makes a clone of an origin looked up anywhere in the pool.
+    clone: bool,
 }
 
 /// The size of `dmu_replay_record`, whose first instance is the `DRR_BEGIN` record.
 const STREAM_HEAD_LEN: usize = 312;
 /// `DMU_BACKUP_MAGIC`.
 const STREAM_MAGIC: u64 = 0x2_F5BA_CBAC;
+/// `DMU_COMPOUNDSTREAM`, in the two low bits of the version info
+/// (`DMU_GET_STREAM_HDRTYPE`).
+const COMPOUND_STREAM: u64 = 2;
+/// `DRR_FLAG_CLONE`.
+const FLAG_CLONE: u32 = 1;
 
 /// Parses the `DRR_BEGIN` record: u32 type (0), u32 payload length, u64 magic, u64
 /// version info, u64 creation time, u32 objset type, u32 flags, u64 to-guid, u64
@@ -69,6 +79,13 @@ fn parse_stream_head(b: &[u8; STREAM_HEAD_LEN]) -> Result<StreamHead> {
         return Err(bad("the ZFS stream does not start with a BEGIN record"));
     }
     let incremental = u64_at(48, le) != 0;
+    let compound = u64_at(16, le) & 3 == COMPOUND_STREAM;
+    let f: [u8; 4] = b[36..40].try_into().expect("4 bytes");
+    let flags = if le {
+        u32::from_le_bytes(f)
+    } else {
+        u32::from_be_bytes(f)
+    };
     let raw = &b[56..];
     let end = raw.iter().position(|&c| c == 0).unwrap_or(raw.len());
     let toname = String::from_utf8_lossy(&raw[..end]);
@@ -80,7 +97,55 @@ fn parse_stream_head(b: &[u8; STREAM_HEAD_LEN]) -> Result<StreamHead> {
     Ok(StreamHead {
         name: name.to_string(),
         incremental,
+        compound,
+        clone: flags & FLAG_CLONE != 0,
     })
+}
+
+impl StreamHead {
+    /// Refuses what a stream `zfs send` of one snapshot does not hold, and what would
+    /// let it act beyond the container's dataset: properties (a `mountpoint` or
+    /// `canmount` that mounts the received file system over the host's), several
+    /// datasets, or a clone of another dataset's snapshot.
+    fn confined(&self) -> Result<()> {
+        if self.compound {
+            return Err(Error::ImportRefused(format!(
+                "{} is a compound ZFS stream (zfs send -R or -p: properties, several                  datasets); export one snapshot without them",
+                self.name
+            )));
+        }
+        if self.clone {
+            return Err(Error::ImportRefused(format!(
+                "{} is a clone stream, whose origin is looked up anywhere in the pool",
+                self.name
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// What `zfs receive` gets besides the target, for a full stream: never mount what
+/// it makes (the store mounts it where it belongs), and, where ZFS has `-x` (kernel
+/// OpenZFS; zfs-fuse has neither `-x` nor properties in the streams it accepts
+/// here), ignore any property a stream might carry that places or exposes it.
+fn receive_flags(fuse: bool) -> Vec<&'static str> {
+    let mut flags = vec!["-u"];
+    if !fuse {
+        for p in [
+            "mountpoint",
+            "canmount",
+            "sharenfs",
+            "sharesmb",
+            "setuid",
+            "devices",
+            "exec",
+            "readonly",
+            "zoned",
+        ] {
+            flags.extend(["-x", p]);
+        }
+    }
+    flags
 }
 
 /// Reads exactly the stream's first record.
@@ -117,6 +182,7 @@ impl ZfsStore {
         let ds = self.dataset(key)?;
         let head_bytes = read_stream_head(input)?;
         let head = parse_stream_head(&head_bytes)?;
+        head.confined()?;
         let snap = self.snapshot_name(key, &head.name)?;
         let mut stream = (&head_bytes[..]).chain(input);
         match (head.incremental, self.exists(&ds)?) {
@@ -188,7 +254,10 @@ impl ZfsStore {
         let result = (|| {
             {
                 let _turn = DaemonTurn::take()?;
-                cmd::run_with_input("zfs", &["receive", &work], stream)?;
+                let mut args = vec!["receive"];
+                args.extend(receive_flags(self.fuse));
+                args.push(&work);
+                cmd::run_with_input("zfs", &args, stream)?;
             }
             // It holds a snapshot; the tree is made by a rollback to it.
             zfs(&["set", &format!("{TREE}=none"), &work])?;
@@ -243,7 +312,9 @@ mod tests {
                 full,
                 StreamHead {
                     name: "turn-1".into(),
-                    incremental: false
+                    incremental: false,
+                    compound: false,
+                    clone: false,
                 }
             );
             assert!(
@@ -251,6 +322,24 @@ mod tests {
                     .unwrap()
                     .incremental
             );
+        }
+    }
+
+    #[test]
+    fn test_compound_and_clone_streams_are_refused() {
+        for le in [true, false] {
+            let mut b = head(le, 0, "p/c/a@s");
+            let v: u64 = 2 | (1 << 2);
+            b[16..24].copy_from_slice(&if le { v.to_le_bytes() } else { v.to_be_bytes() });
+            let e = parse_stream_head(&b).unwrap().confined().unwrap_err();
+            assert!(e.to_string().contains("compound"), "{e}");
+            let mut b = head(le, 9, "p/c/a@s");
+            let f: u32 = FLAG_CLONE | 4;
+            b[36..40].copy_from_slice(&if le { f.to_le_bytes() } else { f.to_be_bytes() });
+            let e = parse_stream_head(&b).unwrap().confined().unwrap_err();
+            assert!(e.to_string().contains("clone stream"), "{e}");
+            let plain = parse_stream_head(&head(le, 9, "p/c/a@s")).unwrap();
+            plain.confined().unwrap();
         }
     }
 
