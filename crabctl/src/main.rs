@@ -117,6 +117,10 @@ enum Command {
         /// listen in the container's new namespace on SIGHUP.
         #[arg(long, hide = true)]
         managed: bool,
+        /// Log to this file, rotated to FILE.1 at `[proxy] log_max_size`
+        /// (default: stderr).
+        #[arg(long)]
+        log: Option<PathBuf>,
     },
     /// List a container's checkpoints.
     Ls {
@@ -246,6 +250,7 @@ fn run() -> Result<()> {
             fail_open,
             agent_api,
             managed,
+            log,
         } => proxy::run(
             &config,
             &cli.address,
@@ -258,6 +263,7 @@ fn run() -> Result<()> {
                 fail_open,
                 agent_api,
                 managed,
+                log,
             },
         ),
         Command::Ls { id, json } => ckpt::list(&config, &cli.namespace, &id, json),

@@ -22,7 +22,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use crab_proxy::{Boundary, Gate, Proxy, Sandbox, Upstream};
+use crab_proxy::logfile::CappedLog;
+use crab_proxy::{Boundary, Gate, Limits, LogLimit, Proxy, Sandbox, Upstream};
 use crab_runtime::api_token;
 use crab_runtime::checkpoint::ops::CheckpointRequest;
 use crab_runtime::checkpoint::Kind;
@@ -51,6 +52,8 @@ pub struct Options {
     pub agent_api: bool,
     /// Started by the shim (see the module docs).
     pub managed: bool,
+    /// The log file (rotated at `[proxy] log_max_size`); stderr if none.
+    pub log: Option<PathBuf>,
 }
 
 /// The container the proxy serves: where its control socket and containerd are.
@@ -79,10 +82,15 @@ impl Target {
 
     /// Sends a report without waiting for it.
     fn report(&self, request: Request) {
+        // One report per turn, which the sandbox drives: a failing shim must
+        // not fill the log.
+        static LIMIT: LogLimit = LogLimit::new();
         let t = self.clone();
         tokio::task::spawn_blocking(move || {
             if let Err(e) = t.call(request, REPORT_TIMEOUT) {
-                eprintln!("crab proxy: report to the shim failed: {e}");
+                if let Some(dropped) = LIMIT.allow() {
+                    tracing::warn!(dropped, error = %e, "report to the shim failed");
+                }
             }
         });
     }
@@ -233,7 +241,7 @@ impl Listening {
         let proxy = proxy.clone();
         tokio::spawn(async move {
             if let Err(e) = proxy.serve(listener).await {
-                eprintln!("crab proxy: listener ended: {e}");
+                tracing::error!(error = %e, "listener ended");
             }
         });
         Ok(true)
@@ -262,8 +270,42 @@ fn agent_token(init_pid: i32, managed: bool) -> Result<String> {
     Ok(t)
 }
 
+/// The proxy's bounds, from the host configuration's `[proxy]`.
+fn limits(config: &Config) -> Result<Limits> {
+    let p = &config.proxy;
+    Ok(Limits {
+        max_connections: p.max_connections as usize,
+        header_timeout: Duration::from_secs(p.header_timeout_secs),
+        body_timeout: Duration::from_secs(p.body_timeout_secs),
+        max_body: p.max_body_bytes().map_err(anyhow::Error::msg)?,
+    })
+}
+
+/// Logs to `log`, capped, with stderr pointed there too; else to stderr.
+fn init_logging(config: &Config, log: Option<&std::path::Path>) -> Result<()> {
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(
+            config.log_level.as_str(),
+        ))
+        .with_ansi(false)
+        .with_target(false);
+    let Some(path) = log else {
+        let _ = builder.with_writer(std::io::stderr).try_init();
+        return Ok(());
+    };
+    let max = config
+        .proxy
+        .log_max_bytes()
+        .map_err(anyhow::Error::msg)
+        .context("[proxy] log_max_size")?;
+    let file = CappedLog::open(path, max, true)?;
+    let _ = builder.with_writer(Mutex::new(file)).try_init();
+    Ok(())
+}
+
 /// Runs the proxy until it fails (or, managed, until the shim is gone).
 pub fn run(config: &Config, address: &str, namespace: &str, id: &str, o: Options) -> Result<()> {
+    init_logging(config, o.log.as_deref())?;
     let mut upstream = Upstream::parse(&o.upstream)?;
     if let Some(ca) = &o.upstream_ca {
         upstream = upstream.with_ca_file(ca)?;
@@ -275,14 +317,14 @@ pub fn run(config: &Config, address: &str, namespace: &str, id: &str, o: Options
         id: id.into(),
         checkpoints: Arc::default(),
     });
-    let mut proxy = Proxy::new(upstream, target.clone(), !o.fail_open);
+    let mut proxy = Proxy::new(upstream, target.clone(), !o.fail_open).with_limits(limits(config)?);
     if o.agent_api {
         // The agent API is safe because only the container's own namespace
         // reaches the listener: a container on the host's network would open
         // its rollback to every local user.
         let pid = Container::load(config, namespace, id)?.init_pid()?;
         if netns_inode(&format!("/proc/{pid}/ns/net"))? == netns_inode("/proc/self/ns/net")? {
-            eprintln!("crab proxy: {id} shares the host's network namespace: agent API off");
+            tracing::warn!(%id, "the container shares the host's network namespace: agent API off");
         } else {
             let token = agent_token(pid, o.managed)?;
             proxy = proxy.with_sandbox(target.clone(), &token);
@@ -314,9 +356,9 @@ pub fn run(config: &Config, address: &str, namespace: &str, id: &str, o: Options
             tokio::select! {
                 _ = &mut lifeline => return anyhow::Ok(()),
                 _ = hup.recv() => match listening.bind_current(&target, o.listen, &proxy) {
-                    Ok(true) => eprintln!("crab proxy: listening in the container's new network namespace"),
+                    Ok(true) => tracing::info!("listening in the container's new network namespace"),
                     Ok(false) => {}
-                    Err(e) => eprintln!("crab proxy: cannot listen in the new namespace: {e:#}"),
+                    Err(e) => tracing::error!(error = format!("{e:#}"), "cannot listen in the new namespace"),
                 },
             }
         }

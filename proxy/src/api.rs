@@ -9,9 +9,10 @@ use bytes::Bytes;
 use crab_errkind::{ErrorKind, Failure};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
-use hyper::body::Incoming;
 use serde_json::{json, Value};
 
+use crate::limits::{BodyError, GuardedBody};
+use crate::ratelimit::limited;
 use crate::server::{full, Body};
 
 /// The agent API's requests are small JSON objects; more is refused.
@@ -63,7 +64,7 @@ fn same_secret(given: &[u8], expected: &[u8]) -> bool {
 
 /// Whether the request carries the sandbox's token as a bearer credential. An
 /// empty expected token lets nothing through.
-fn authorized(req: &Request<Incoming>, token: &[u8]) -> bool {
+fn authorized(req: &Request<GuardedBody>, token: &[u8]) -> bool {
     let Some(v) = req.headers().get(http::header::AUTHORIZATION) else {
         return false;
     };
@@ -210,7 +211,7 @@ fn method_not_allowed(allow: &'static str) -> Response<Body> {
 /// A browser page (in the sandbox or reached through DNS rebinding) must not
 /// drive the agent API: a request it sends carries an `Origin`, and only
 /// loopback origins are let through. Agents' HTTP clients send none.
-fn foreign_origin(req: &Request<Incoming>) -> bool {
+fn foreign_origin(req: &Request<GuardedBody>) -> bool {
     let Some(origin) = req.headers().get(http::header::ORIGIN) else {
         return false;
     };
@@ -230,13 +231,21 @@ fn foreign_origin(req: &Request<Incoming>) -> bool {
 }
 
 /// Reads the whole body as JSON; an empty body is `null`.
-pub(crate) async fn read_json(body: Incoming) -> std::result::Result<Value, (StatusCode, String)> {
+pub(crate) async fn read_json(
+    body: GuardedBody,
+) -> std::result::Result<Value, (StatusCode, String)> {
     let bytes = Limited::new(body, MAX_BODY)
         .collect()
         .await
         .map_err(|e| {
+            let status = match e.downcast_ref::<BodyError>() {
+                Some(BodyError::Timeout(_)) => StatusCode::REQUEST_TIMEOUT,
+                Some(BodyError::Read(_)) => StatusCode::BAD_REQUEST,
+                // Limited's own error, or the proxy's body limit.
+                _ => StatusCode::PAYLOAD_TOO_LARGE,
+            };
             (
-                StatusCode::PAYLOAD_TOO_LARGE,
+                status,
                 format!("cannot read the body (at most {MAX_BODY} bytes): {e}"),
             )
         })?
@@ -253,9 +262,9 @@ pub(crate) async fn read_json(body: Incoming) -> std::result::Result<Value, (Sta
 }
 
 /// Answers a request under `/.crab/`.
-pub(crate) async fn handle(agent: Option<&Agent>, req: Request<Incoming>) -> Response<Body> {
+pub(crate) async fn handle(agent: Option<&Agent>, req: Request<GuardedBody>) -> Response<Body> {
     let (method, path) = (req.method().clone(), req.uri().path().to_string());
-    tracing::info!(%method, %path, "agent API");
+    limited!(info, %method, %path, "agent API");
     let Some(agent) = agent else {
         return error(
             StatusCode::NOT_FOUND,
@@ -266,7 +275,7 @@ pub(crate) async fn handle(agent: Option<&Agent>, req: Request<Incoming>) -> Res
         return error(StatusCode::FORBIDDEN, "requests from web pages are refused");
     }
     if !authorized(&req, &agent.token) {
-        tracing::warn!(%method, %path, "agent API request without the sandbox's token");
+        limited!(warn, %method, %path, "agent API request without the sandbox's token");
         let mut r = error(
             StatusCode::UNAUTHORIZED,
             "the agent API needs the sandbox's token: Authorization: Bearer $CRAB_API_TOKEN",
@@ -310,7 +319,7 @@ pub(crate) async fn handle(agent: Option<&Agent>, req: Request<Incoming>) -> Res
         Ok(v) if created => json_response(StatusCode::CREATED, &v),
         Ok(v) => json_response(StatusCode::OK, &v),
         Err(failure) => {
-            tracing::warn!(%method, %path, kind = %failure.kind, error = %failure, "agent API call failed");
+            limited!(warn, %method, %path, kind = %failure.kind, error = %failure, "agent API call failed");
             let status = StatusCode::from_u16(failure.kind.http_status())
                 .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
             json_response(

@@ -16,14 +16,21 @@
 //! rolled-back container lives in a new namespace). This crate knows HTTP
 //! only: what a turn boundary or a sandbox call does is the caller's.
 
+mod ratelimit;
+
 mod api;
+mod limits;
+pub mod logfile;
 mod mcp;
 pub mod netns;
 mod server;
+pub mod target;
 mod turn;
 mod upstream;
 
 pub use api::Sandbox;
+pub use limits::Limits;
+pub use ratelimit::LogLimit;
 pub use server::Proxy;
 pub use turn::{Boundary, Gate};
 pub use upstream::Upstream;

@@ -5,10 +5,10 @@
 use std::sync::Arc;
 
 use http::{Request, Response, StatusCode};
-use hyper::body::Incoming;
 use serde_json::{json, Value};
 
 use crate::api::{json_response, read_json, Kind, Op, Sandbox, MAX_FORKS};
+use crate::limits::GuardedBody;
 use crate::server::{full, Body};
 
 /// Protocol versions this server speaks, the newest first (the answer when the
@@ -92,7 +92,7 @@ fn rpc_error(id: &Value, code: i64, message: impl Into<String>) -> Value {
 }
 
 /// Answers one HTTP request to the MCP endpoint.
-pub(crate) async fn handle(sandbox: Arc<dyn Sandbox>, req: Request<Incoming>) -> Response<Body> {
+pub(crate) async fn handle(sandbox: Arc<dyn Sandbox>, req: Request<GuardedBody>) -> Response<Body> {
     let msg = match read_json(req.into_body()).await {
         Ok(Value::Null) => {
             let e = rpc_error(&Value::Null, INVALID_REQUEST, "empty body");

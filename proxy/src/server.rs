@@ -7,15 +7,20 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::{Request, Response, StatusCode};
+use http::uri::PathAndQuery;
+use http::{Request, Response, StatusCode, Uri};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
+use hyper::body::{Body as _, Incoming};
 use hyper::client::conn::http1::SendRequest;
 use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::sync::Semaphore;
 
 use crate::api::{self, Sandbox};
+use crate::limits::{self, Cut, GuardedBody, Limits};
+use crate::ratelimit::limited;
+use crate::target;
 use crate::turn::Boundary;
 use crate::upstream::Upstream;
 use crate::{is_turn_boundary, Error, Result};
@@ -36,6 +41,17 @@ fn plain(status: StatusCode, msg: String) -> Response<Body> {
     full(status, "text/plain; charset=utf-8", Bytes::from(msg))
 }
 
+/// A refusal after which the connection is closed: the request's body (if
+/// any) is not read, so the next request could not be told from it.
+fn refusal(status: StatusCode, msg: String) -> Response<Body> {
+    let mut r = plain(status, msg);
+    r.headers_mut().insert(
+        http::header::CONNECTION,
+        http::HeaderValue::from_static("close"),
+    );
+    r
+}
+
 /// One proxy: its upstream, what turn boundaries do, and optionally the agent
 /// API. Shared by every listener it serves, so a container that moved to a new
 /// network namespace (after a rollback) keeps the same turns and sandbox.
@@ -45,6 +61,9 @@ pub struct Proxy {
     sandbox: Option<api::Agent>,
     fail_closed: bool,
     pool: Pool,
+    limits: Limits,
+    /// One permit per client connection served: the cap.
+    connections: Arc<Semaphore>,
 }
 
 /// Upstream connections are kept this long after their last answer ended, for
@@ -56,7 +75,7 @@ const POOL_IDLE: Duration = Duration::from_secs(4);
 const POOL_MAX: usize = 32;
 
 /// An idle upstream connection and when its last answer ended.
-type Idle = (Instant, SendRequest<Incoming>);
+type Idle = (Instant, SendRequest<GuardedBody>);
 
 /// Idle upstream connections (HTTP/1 keep-alive), most recently used last.
 #[derive(Clone, Default)]
@@ -68,7 +87,7 @@ impl Pool {
     }
 
     /// The most recently used idle connection that is still open, if any.
-    fn take(&self) -> Option<SendRequest<Incoming>> {
+    fn take(&self) -> Option<SendRequest<GuardedBody>> {
         let mut idle = self.idle();
         while let Some((since, s)) = idle.pop() {
             if since.elapsed() < POOL_IDLE && s.is_ready() {
@@ -80,7 +99,7 @@ impl Pool {
 
     /// Keeps `s` for reuse once its answer has been read to the end (an answer
     /// dropped halfway, or `Connection: close`, ends the connection instead).
-    fn give_back(&self, mut s: SendRequest<Incoming>) {
+    fn give_back(&self, mut s: SendRequest<GuardedBody>) {
         let pool = self.clone();
         tokio::spawn(async move {
             if s.ready().await.is_ok() {
@@ -97,14 +116,18 @@ impl Pool {
 impl Proxy {
     /// A proxy to `upstream`. With `fail_closed`, an answer whose checkpoint
     /// failed is replaced by a 503; otherwise the failure is only logged.
-    /// Without [`Proxy::with_sandbox`], the agent API answers 404.
+    /// Without [`Proxy::with_sandbox`], the agent API answers 404; without
+    /// [`Proxy::with_limits`], the default [`Limits`] hold.
     pub fn new(upstream: Upstream, boundary: Arc<dyn Boundary>, fail_closed: bool) -> Proxy {
+        let limits = Limits::default();
         Proxy {
             upstream,
             boundary,
             sandbox: None,
             fail_closed,
             pool: Pool::default(),
+            connections: Arc::new(Semaphore::new(limits.max_connections)),
+            limits,
         }
     }
 
@@ -120,9 +143,18 @@ impl Proxy {
         self
     }
 
+    /// Sets the connection cap, the timeouts and the body limit.
+    pub fn with_limits(mut self, limits: Limits) -> Proxy {
+        self.connections = Arc::new(Semaphore::new(limits.max_connections));
+        self.limits = limits;
+        self
+    }
+
     /// Serves one already-bound listener (e.g. made in a container's network
-    /// namespace by [`crate::netns::bind_in`]) until accepting fails. Call it
-    /// once per listener, each in a task of its own.
+    /// namespace by [`crate::netns::bind_in`]) until the listener itself is
+    /// unusable. Call it once per listener, each in a task of its own. A
+    /// connection beyond the cap is answered 503 and closed at once; a
+    /// failing accept (out of descriptors, say) is retried, not fatal.
     pub async fn serve(self: Arc<Self>, listener: TcpListener) -> Result<()> {
         // A std listener must be non-blocking before tokio takes it.
         listener.set_nonblocking(true).map_err(|source| Error::Io {
@@ -134,55 +166,116 @@ impl Proxy {
             source,
         })?;
         loop {
-            let (stream, _) = listener.accept().await.map_err(|source| Error::Io {
-                what: "accept".into(),
-                source,
-            })?;
+            let stream = match listener.accept().await {
+                Ok((stream, _)) => stream,
+                Err(source) if listener_broken(&source) => {
+                    return Err(Error::Io {
+                        what: "accept".into(),
+                        source,
+                    })
+                }
+                Err(e) => {
+                    limited!(warn, error = %e, "accept failed; retrying");
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    continue;
+                }
+            };
+            let Ok(permit) = self.connections.clone().try_acquire_owned() else {
+                limited!(
+                    warn,
+                    max_connections = self.limits.max_connections,
+                    "connection refused: the proxy serves its most connections"
+                );
+                refuse(stream);
+                continue;
+            };
             // Answers stream back chunk by chunk: no Nagle delay between them.
             let _ = stream.set_nodelay(true);
             let proxy = self.clone();
             tokio::spawn(async move {
-                let service = service_fn(move |req| {
-                    let proxy = proxy.clone();
-                    async move { Ok::<_, std::convert::Infallible>(proxy.handle(req).await) }
-                });
-                if let Err(e) = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await
-                {
-                    tracing::debug!(error = %e, "client connection ended");
-                }
+                proxy.serve_connection(stream).await;
+                drop(permit);
             });
         }
     }
 
-    /// The one place where the agent API is told from proxied traffic.
-    async fn handle(&self, req: Request<Incoming>) -> Response<Body> {
-        if api::is_reserved(req.uri().path()) {
-            return api::handle(self.sandbox.as_ref(), req).await;
+    /// Serves HTTP/1 on one client connection until it ends, with the
+    /// header timeout and the buffer bounds. [`Proxy::serve`] calls it for
+    /// each connection it accepts under the cap; tests and the fuzz target
+    /// give it in-memory streams.
+    pub async fn serve_connection<IO>(self: Arc<Self>, io: IO)
+    where
+        IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let proxy = self.clone();
+        let service = service_fn(move |req| {
+            let proxy = proxy.clone();
+            async move { Ok::<_, std::convert::Infallible>(proxy.handle(req).await) }
+        });
+        let mut builder = hyper::server::conn::http1::Builder::new();
+        builder
+            .timer(TokioTimer::new())
+            .header_read_timeout(self.limits.header_timeout)
+            .max_buf_size(limits::CLIENT_BUF)
+            .max_header_size(limits::MAX_HEAD)
+            // Copy into one bounded buffer rather than queue the upstream's
+            // chunks, however many a slow reader leaves unread.
+            .writev(false);
+        if let Err(e) = builder.serve_connection(TokioIo::new(io), service).await {
+            limited!(debug, error = %e, "client connection ended");
         }
-        self.forward(req).await
     }
 
-    async fn forward(&self, mut req: Request<Incoming>) -> Response<Body> {
+    /// The one place where the agent API is told from proxied traffic, after
+    /// the checks every request passes.
+    async fn handle(&self, req: Request<Incoming>) -> Response<Body> {
+        let target = match target::origin_form(req.uri()) {
+            Ok(t) => t,
+            Err(e) => {
+                limited!(info, method = %req.method(), error = %e, "bad request target");
+                return refusal(StatusCode::BAD_REQUEST, format!("crab proxy: {e}\n"));
+            }
+        };
+        if req.body().size_hint().lower() > self.limits.max_body {
+            return refusal(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!(
+                    "crab proxy: the request body is over {} bytes\n",
+                    self.limits.max_body
+                ),
+            );
+        }
+        let cut = Cut::default();
+        let req = req.map(|body| GuardedBody::new(body, &self.limits, cut.clone()));
+        if api::is_reserved(target.path()) {
+            return api::handle(self.sandbox.as_ref(), req).await;
+        }
+        self.forward(req, target, cut).await
+    }
+
+    async fn forward(
+        &self,
+        mut req: Request<GuardedBody>,
+        target: PathAndQuery,
+        cut: Cut,
+    ) -> Response<Body> {
         // Only the method and path are logged: headers carry credentials.
-        let (method, path) = (req.method().clone(), req.uri().path().to_string());
-        let gate = is_turn_boundary(&method, &path).then(|| self.boundary.turn());
+        let (method, path) = (req.method().clone(), target.path().to_string());
+        let gate = is_turn_boundary(&method, target.as_str()).then(|| self.boundary.turn());
         let upstream = &self.upstream;
-        let bad_gateway = |why: String| {
-            tracing::warn!(%method, %path, %upstream, error = %why, "upstream failed");
+        let limits = &self.limits;
+        let failed = |why: String| {
+            if let Some((status, msg)) = cut.why(limits) {
+                return refusal(status, format!("crab proxy: {msg}\n"));
+            }
+            limited!(warn, %method, %path, %upstream, error = %why, "upstream failed");
             plain(
                 StatusCode::BAD_GATEWAY,
                 format!("crab proxy: upstream {upstream}: {why}\n"),
             )
         };
         // Origin-form request line; the Host the upstream expects.
-        let path_and_query = req
-            .uri()
-            .path_and_query()
-            .map(|p| p.as_str().to_string())
-            .unwrap_or_else(|| "/".into());
-        *req.uri_mut() = path_and_query.parse().expect("a path parses as a URI");
+        *req.uri_mut() = Uri::from(target);
         if let Ok(host) = upstream.host_header().parse() {
             req.headers_mut().insert(http::header::HOST, host);
         }
@@ -191,7 +284,7 @@ impl Proxy {
                 Some(s) => (s, true),
                 None => match upstream.connect().await {
                     Ok(s) => (s, false),
-                    Err(why) => return bad_gateway(why),
+                    Err(why) => return failed(why),
                 },
             };
             match sender.try_send_request(req).await {
@@ -203,7 +296,7 @@ impl Proxy {
                 // written, so it goes on a new connection.
                 Err(mut e) => match e.take_message() {
                     Some(unsent) if pooled => req = unsent,
-                    _ => return bad_gateway(format!("request failed: {}", e.error())),
+                    _ => return failed(format!("request failed: {}", e.error())),
                 },
             }
         };
@@ -213,7 +306,7 @@ impl Proxy {
             let (result, held) = gate.hold().await;
             self.boundary.gated(held);
             if let Err(e) = result {
-                tracing::warn!(%method, %path, error = %e, "turn checkpoint failed");
+                limited!(warn, %method, %path, error = %e, "turn checkpoint failed");
                 if self.fail_closed {
                     return plain(
                         StatusCode::SERVICE_UNAVAILABLE,
@@ -224,4 +317,29 @@ impl Proxy {
         }
         resp.map(|b| b.boxed())
     }
+}
+
+/// After a failed accept that is not the listener's own fault, wait this
+/// long: out of descriptors, accepting again at once would spin.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// Whether accept failed because the listener itself is unusable (then
+/// retrying is pointless), rather than for a passing reason (EMFILE, ENFILE,
+/// ENOBUFS, ENOMEM, ECONNABORTED, ...).
+fn listener_broken(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EBADF | libc::EINVAL | libc::ENOTSOCK | libc::EOPNOTSUPP)
+    )
+}
+
+/// What a connection over the cap gets before it is closed.
+const REFUSED: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\n\
+Content-Length: 52\r\nConnection: close\r\nRetry-After: 1\r\n\r\n\
+crab proxy: too many connections; try again later\r\n";
+
+/// Answers 503 without waiting (the socket's buffer takes it, or the client
+/// gets a reset) and closes.
+fn refuse(stream: tokio::net::TcpStream) {
+    let _ = stream.try_write(REFUSED);
 }

@@ -5,7 +5,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use rustls::pki_types::pem::PemObject;
@@ -14,6 +13,7 @@ use rustls::{ClientConfig, RootCertStore};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
+use crate::limits::{GuardedBody, UPSTREAM_BUF};
 use crate::{Error, Result};
 
 /// A connection or TLS handshake that takes longer is given up: the agent gets
@@ -125,13 +125,13 @@ impl Upstream {
 
     /// Opens a connection (TCP, then TLS for https) and an HTTP/1 client on
     /// it. The error says what failed, for the agent's 502.
-    pub(crate) async fn connect(&self) -> std::result::Result<SendRequest<Incoming>, String> {
+    pub(crate) async fn connect(&self) -> std::result::Result<SendRequest<GuardedBody>, String> {
         tokio::time::timeout(CONNECT_TIMEOUT, self.connect_now())
             .await
             .unwrap_or_else(|_| Err(format!("no connection within {CONNECT_TIMEOUT:?}")))
     }
 
-    async fn connect_now(&self) -> std::result::Result<SendRequest<Incoming>, String> {
+    async fn connect_now(&self) -> std::result::Result<SendRequest<GuardedBody>, String> {
         let bare = self.host.trim_start_matches('[').trim_end_matches(']');
         let tcp = TcpStream::connect((bare, self.port))
             .await
@@ -169,16 +169,19 @@ impl Tls {
 }
 
 /// Starts an HTTP/1 client on `io`, its connection driven by a task of its own.
-async fn handshake<IO>(io: IO) -> std::result::Result<SendRequest<Incoming>, String>
+async fn handshake<IO>(io: IO) -> std::result::Result<SendRequest<GuardedBody>, String>
 where
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
+    let (sender, conn) = hyper::client::conn::http1::Builder::new()
+        .max_buf_size(UPSTREAM_BUF)
+        .writev(false)
+        .handshake(TokioIo::new(io))
         .await
         .map_err(|e| format!("HTTP handshake failed: {e}"))?;
     tokio::spawn(async move {
         if let Err(e) = conn.await {
-            tracing::debug!(error = %e, "upstream connection ended");
+            crate::ratelimit::limited!(debug, error = %e, "upstream connection ended");
         }
     });
     Ok(sender)

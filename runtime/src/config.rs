@@ -180,6 +180,21 @@ pub struct Proxy {
     /// The proxy program (`crabctl`): a path, or a name looked up beside the
     /// shim's own binary, then in `PATH`.
     pub command: PathBuf,
+    /// Client connections one proxy serves at once (over all its listeners);
+    /// more are answered 503 and closed. With the buffers' bound, this bounds
+    /// the proxy's memory (docs/proxy.md, "Limits").
+    pub max_connections: u32,
+    /// Seconds a client has to send a whole request head (also how long an
+    /// idle keep-alive connection is kept).
+    pub header_timeout_secs: u64,
+    /// Seconds a request body may send nothing while the proxy waits for it.
+    pub body_timeout_secs: u64,
+    /// The largest request body passed upstream (`32M`); the agent API takes
+    /// 64 KiB at most whatever this says.
+    pub max_body: String,
+    /// Size at which the proxy's log is rotated to `<log>.1` (`1M`): the log
+    /// takes at most twice this.
+    pub log_max_size: String,
 }
 
 /// Policy modes.
@@ -226,6 +241,18 @@ impl Proxy {
         self.listen
             .parse::<std::net::SocketAddr>()
             .map_err(|e| ("proxy.listen", format!("{:?}: {e}", self.listen)))?;
+        if self.max_connections == 0 {
+            return Err(("proxy.max_connections", "must be at least 1".into()));
+        }
+        if self.header_timeout_secs == 0 {
+            return Err(("proxy.header_timeout_secs", "must be at least 1".into()));
+        }
+        if self.body_timeout_secs == 0 {
+            return Err(("proxy.body_timeout_secs", "must be at least 1".into()));
+        }
+        self.max_body_bytes().map_err(|m| ("proxy.max_body", m))?;
+        self.log_max_bytes()
+            .map_err(|m| ("proxy.log_max_size", m))?;
         for a in &self.allow_listen {
             if a.parse::<std::net::IpAddr>().is_err() && a.parse::<std::net::SocketAddr>().is_err()
             {
@@ -236,6 +263,16 @@ impl Proxy {
             }
         }
         Ok(())
+    }
+
+    /// `max_body` in bytes.
+    pub fn max_body_bytes(&self) -> std::result::Result<u64, String> {
+        parse_size(&self.max_body)
+    }
+
+    /// `log_max_size` in bytes.
+    pub fn log_max_bytes(&self) -> std::result::Result<u64, String> {
+        parse_size(&self.log_max_size)
     }
 
     /// Takes the upstream a container's annotation chooses: the configured
@@ -290,6 +327,11 @@ impl Default for Proxy {
             agent_api: true,
             upstream_ca: PathBuf::new(),
             command: PathBuf::from("crabctl"),
+            max_connections: 64,
+            header_timeout_secs: 10,
+            body_timeout_secs: 30,
+            max_body: "32M".into(),
+            log_max_size: "1M".into(),
         }
     }
 }
@@ -643,6 +685,23 @@ fail_closed = false
         assert!(e.to_string().contains("proxy.allow_listen"), "{e}");
         let e = Config::parse("[proxy]\nupstreams = [\"ftp://x\"]", "t").unwrap_err();
         assert!(e.to_string().contains("proxy.upstreams"), "{e}");
+    }
+
+    #[test]
+    fn test_proxy_limits_must_be_positive_and_sizes_parse() {
+        for (text, key) in [
+            ("max_connections = 0", "proxy.max_connections"),
+            ("header_timeout_secs = 0", "proxy.header_timeout_secs"),
+            ("body_timeout_secs = 0", "proxy.body_timeout_secs"),
+            ("max_body = \"lots\"", "proxy.max_body"),
+            ("log_max_size = \"0\"", "proxy.log_max_size"),
+        ] {
+            let e = Config::parse(&format!("[proxy]\n{text}"), "t").unwrap_err();
+            assert!(e.to_string().contains(key), "{text}: {e}");
+        }
+        let c = Config::parse("[proxy]\nmax_body = \"1K\"\nlog_max_size = \"2M\"", "t").unwrap();
+        assert_eq!(c.proxy.max_body_bytes(), Ok(1024));
+        assert_eq!(c.proxy.log_max_bytes(), Ok(2 << 20));
     }
 
     #[test]

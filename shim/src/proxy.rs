@@ -177,11 +177,25 @@ fn program(config: &Config) -> PathBuf {
 }
 
 /// Where the proxy of container `id` logs (in the state dir, removed with the
-/// task).
+/// task). The proxy rotates it to `<log>.1` at `[proxy] log_max_size`.
 pub fn log_path(config: &Config, namespace: &str, id: &str) -> PathBuf {
     config
         .namespace_dir(namespace)
         .join(format!("{id}.proxy.log"))
+}
+
+/// Removes the proxy's log of container `id` and the rotated one before it.
+pub fn remove_logs(config: &Config, namespace: &str, id: &str) {
+    let log = log_path(config, namespace, id);
+    let _ = std::fs::remove_file(rotated_log(&log));
+    let _ = std::fs::remove_file(log);
+}
+
+/// Where the proxy rotates its log (`<log>.1`; see `[proxy] log_max_size`).
+fn rotated_log(log: &Path) -> PathBuf {
+    let mut p = log.as_os_str().to_owned();
+    p.push(".1");
+    PathBuf::from(p)
 }
 
 /// What the proxy is started with.
@@ -217,6 +231,8 @@ pub fn start(config: &Config, l: &Launch) -> ShimResult<TurnProxy> {
         .arg(l.config_file)
         .args(["--address", l.address, "--namespace", l.namespace])
         .args(["proxy", l.id, "--managed"])
+        .arg("--log")
+        .arg(l.log)
         .args(["--upstream", &config.proxy.upstream])
         .args(["--listen", &config.proxy.listen]);
     if !config.policy.fail_closed {

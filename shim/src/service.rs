@@ -95,7 +95,7 @@ impl Shim for Service {
             &self.namespace,
             &self.id,
         ));
-        let _ = std::fs::remove_file(crate::proxy::log_path(&config, &self.namespace, &self.id));
+        crate::proxy::remove_logs(&config, &self.namespace, &self.id);
         let target = self.bundle.join("rootfs");
         match crab_runtime::storage::ContainerKey::new(&self.namespace, &self.id) {
             Ok(key) => crate::rootfs::release(&config, &key, &target, true).await,

@@ -481,11 +481,7 @@ impl TaskService {
         }
         if let Some(p) = inst.proxy.take() {
             let _ = tokio::task::spawn_blocking(move || p.stop()).await;
-            let _ = std::fs::remove_file(crate::proxy::log_path(
-                &inst.config,
-                &self.namespace,
-                &req.id,
-            ));
+            crate::proxy::remove_logs(&inst.config, &self.namespace, &req.id);
         }
         if let Some(t) = inst.control.take() {
             t.abort();

@@ -61,7 +61,11 @@ type StubBody = http_body_util::combinators::BoxBody<Bytes, std::convert::Infall
 /// `?delay_ms=N`), `POST /v1/messages` streams [`SSE`], anything else 200 "ok".
 async fn stub(req: Request<Incoming>, seen: Arc<Mutex<Vec<Seen>>>) -> Response<StubBody> {
     let (parts, body) = req.into_parts();
-    let body = body.collect().await.unwrap().to_bytes();
+    // A body the proxy cut (a test of its limits) arrives truncated.
+    let body = match body.collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(_) => Bytes::new(),
+    };
     seen.lock().unwrap().push(Seen {
         method: parts.method.to_string(),
         path: parts.uri.path().to_string(),

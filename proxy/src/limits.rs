@@ -1,0 +1,171 @@
+//! What one client of the proxy may hold: the sandbox is hostile, and the
+//! proxy is a host process outside its cgroup, so every resource a client can
+//! make it hold has a bound. Connections are capped, a request head and body
+//! must arrive in time, and buffers are small; together they bound the proxy's
+//! memory (see docs/proxy.md, "Limits").
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use hyper::body::{Body, Frame, Incoming, SizeHint};
+
+/// The bounds of one proxy, over all its listeners.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Client connections served at once; more are answered 503 and closed.
+    pub max_connections: usize,
+    /// A request head (request line and headers) must be whole this long
+    /// after the connection started waiting for it (also bounds an idle
+    /// keep-alive connection).
+    pub header_timeout: Duration,
+    /// A request body that sends nothing for this long, while the proxy
+    /// waits for it, is cut (408).
+    pub body_timeout: Duration,
+    /// The largest request body passed upstream (413 beyond).
+    pub max_body: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_connections: 64,
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(30),
+            max_body: 32 << 20,
+        }
+    }
+}
+
+/// The most a client connection's read buffer holds, hence the largest
+/// request head (hyper's least is 8 KiB; its default, about 400 KiB, is what
+/// a slow client could make the proxy hold per connection before).
+pub(crate) const CLIENT_BUF: usize = 16 << 10;
+/// The largest request head; beyond it the client gets 431.
+pub(crate) const MAX_HEAD: usize = 12 << 10;
+/// The most an upstream connection's buffers hold each way.
+pub(crate) const UPSTREAM_BUF: usize = 64 << 10;
+
+/// Why a [`GuardedBody`] was cut, if it was.
+#[derive(Clone, Default)]
+pub(crate) struct Cut(Arc<AtomicU8>);
+
+impl Cut {
+    const TIMEOUT: u8 = 1;
+    const TOO_LARGE: u8 = 2;
+
+    fn set(&self, why: u8) {
+        self.0.store(why, Ordering::Relaxed);
+    }
+
+    /// The status and message for the client, when its body was cut.
+    pub(crate) fn why(&self, limits: &Limits) -> Option<(http::StatusCode, String)> {
+        match self.0.load(Ordering::Relaxed) {
+            Self::TIMEOUT => Some((
+                http::StatusCode::REQUEST_TIMEOUT,
+                format!(
+                    "the request body sent nothing for {:?}",
+                    limits.body_timeout
+                ),
+            )),
+            Self::TOO_LARGE => Some((
+                http::StatusCode::PAYLOAD_TOO_LARGE,
+                format!("the request body is over {} bytes", limits.max_body),
+            )),
+            _ => None,
+        }
+    }
+}
+
+/// Why a guarded body failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum BodyError {
+    /// Nothing came for the body timeout.
+    #[error("the request body sent nothing for {0:?}")]
+    Timeout(Duration),
+    /// More than the limit came.
+    #[error("the request body is over {0} bytes")]
+    TooLarge(u64),
+    /// The client's connection failed.
+    #[error("reading the request body: {0}")]
+    Read(#[from] hyper::Error),
+}
+
+/// A client's request body with the body timeout and size limit applied. The
+/// timer runs only while the proxy waits for the client (not while the
+/// upstream is slow to take what was read).
+pub(crate) struct GuardedBody {
+    inner: Incoming,
+    timeout: Duration,
+    left: u64,
+    max: u64,
+    sleep: Option<Pin<Box<tokio::time::Sleep>>>,
+    cut: Cut,
+}
+
+impl GuardedBody {
+    pub(crate) fn new(inner: Incoming, limits: &Limits, cut: Cut) -> GuardedBody {
+        GuardedBody {
+            inner,
+            timeout: limits.body_timeout,
+            left: limits.max_body,
+            max: limits.max_body,
+            sleep: None,
+            cut,
+        }
+    }
+}
+
+impl Body for GuardedBody {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        let this = &mut *self;
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(frame) => {
+                this.sleep = None;
+                let frame = match frame {
+                    Some(Ok(f)) => f,
+                    Some(Err(e)) => return Poll::Ready(Some(Err(e.into()))),
+                    None => return Poll::Ready(None),
+                };
+                if let Some(data) = frame.data_ref() {
+                    let n = data.len() as u64;
+                    if n > this.left {
+                        this.cut.set(Cut::TOO_LARGE);
+                        return Poll::Ready(Some(Err(BodyError::TooLarge(this.max))));
+                    }
+                    this.left -= n;
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Pending => {
+                let timeout = this.timeout;
+                let sleep = this
+                    .sleep
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+                if sleep.as_mut().poll(cx).is_ready() {
+                    this.cut.set(Cut::TIMEOUT);
+                    return Poll::Ready(Some(Err(BodyError::Timeout(timeout))));
+                }
+                Poll::Pending
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
