@@ -159,6 +159,10 @@ pub enum Error {
         /// What is wrong.
         message: String,
     },
+    /// An archive's spec asks for more than an import gives (see
+    /// [`crate::checkpoint::import_spec`]).
+    #[error(transparent)]
+    ImportRefused(#[from] crate::checkpoint::import_spec::Refused),
     /// A file-system or other I/O call failed.
     #[error("{context}: {source}")]
     Io {
@@ -201,7 +205,8 @@ impl Error {
             | Error::MissingRootfs(_)
             | Error::BadName { .. }
             | Error::ReservedName { .. }
-            | Error::BadCheckpoint { .. } => ErrorKind::InvalidArgument,
+            | Error::BadCheckpoint { .. }
+            | Error::ImportRefused(_) => ErrorKind::InvalidArgument,
             Error::AlreadyExists(_) | Error::SnapshotExists { .. } => ErrorKind::AlreadyExists,
             Error::NotFound(_) | Error::SnapshotNotFound { .. } => ErrorKind::NotFound,
             Error::WrongState { .. } | Error::CriuMissing(_) | Error::NoTree(_) => {
