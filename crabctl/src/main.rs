@@ -171,13 +171,24 @@ enum Command {
         output: PathBuf,
     },
     /// Create a container from an archive written by export and start it restored
-    /// (the image must be in this containerd).
+    /// (the image must be in this containerd). The archive must be signed with this
+    /// host's archive key ([archive] key_file); its spec is rebuilt from an
+    /// allow-list, and anything beyond it is refused unless --allow names its kind.
     Import {
         /// The archive.
         file: PathBuf,
         /// The new container's id.
         #[arg(long)]
         id: String,
+        /// Keep settings of these kinds although beyond the allow-list, comma
+        /// separated: host-mounts, capabilities, devices, host-namespaces,
+        /// privileged, hooks, annotations, other.
+        #[arg(long, value_delimiter = ',')]
+        allow: Vec<crab_runtime::checkpoint::import_spec::Grant>,
+        /// Import an archive that is unsigned, or whose signature this host's key
+        /// does not match.
+        #[arg(long)]
+        allow_unsigned: bool,
     },
     /// Roll a running container back to a checkpoint, in place (same id, same task).
     Rollback {
@@ -301,9 +312,22 @@ fn run() -> Result<()> {
             checkpoint.as_deref(),
             &output,
         ),
-        Command::Import { file, id } => {
-            migrate::import(&config, &cli.address, &cli.namespace, &file, &id)
-        }
+        Command::Import {
+            file,
+            id,
+            allow,
+            allow_unsigned,
+        } => migrate::import(
+            &config,
+            &cli.address,
+            &cli.namespace,
+            &file,
+            &id,
+            &migrate::ImportOptions {
+                allow: allow.into_iter().collect(),
+                allow_unsigned,
+            },
+        ),
         Command::Rollback { id, checkpoint } => {
             ckpt::rollback(&config, &cli.namespace, &id, &checkpoint)
         }

@@ -1,6 +1,7 @@
 //! `crabctl export` and `crabctl import`: a checkpoint moved to another host (another
 //! containerd, with its own root and state) as one archive.
 
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::Instant;
 
@@ -8,13 +9,28 @@ use anyhow::{Context, Result};
 use containerd_client::services::v1::container::Runtime;
 use containerd_client::services::v1::Container;
 use crab_runtime::checkpoint::archive::{self, ContainerRecord};
+use crab_runtime::checkpoint::archive_sign::{ArchiveKey, Trust};
 use crab_runtime::checkpoint::history_store::HistoryStore;
+use crab_runtime::checkpoint::import_spec::{self, Grant, Target};
 use crab_runtime::checkpoint::source::Source;
 use crab_runtime::config::Config;
 use crab_runtime::storage::layers::MountSpec;
 use crab_runtime::storage::{ContainerKey, ImageSource};
 
 use crate::containerd::Client;
+
+/// The only runtime an import creates a container with: an archive's record could
+/// otherwise name any shim binary of this host (containerd takes a path).
+const CRAB_RUNTIME: &str = "io.containerd.crab.v2";
+
+/// What the operator allows an import beyond the allow-list.
+#[derive(Debug, Clone, Default)]
+pub struct ImportOptions {
+    /// Kinds of spec settings kept although beyond the allow-list.
+    pub allow: BTreeSet<Grant>,
+    /// Import an archive without a valid signature.
+    pub allow_unsigned: bool,
+}
 
 /// `crabctl export ID [CKPT] -o FILE` (a new full checkpoint when none is named).
 pub fn export(
@@ -27,6 +43,8 @@ pub fn export(
 ) -> Result<()> {
     let key = ContainerKey::new(namespace, id)?;
     let started = Instant::now();
+    // Before any checkpoint is taken: a host without a usable key fails here.
+    let signer = ArchiveKey::load(config).context("the archive key")?;
     let name = match ckpt {
         Some(n) => n.to_string(),
         None => crate::ckpt::take_full(config, namespace, id)?,
@@ -61,7 +79,7 @@ pub fn export(
     };
     let mut config = config.clone();
     config.storage.backend = backend_of(&config, &record)?;
-    let report = archive::export(&config, &key, &entry, &image, &record, out)?;
+    let report = archive::export(&config, &key, &entry, &image, &record, out, &signer)?;
     drop(history);
     println!(
         "{id}: checkpoint {} exported to {} ({} bytes, {} changed files) in {} ms",
@@ -84,18 +102,37 @@ fn backend_of(config: &Config, record: &ContainerRecord) -> Result<crab_runtime:
 }
 
 /// `crabctl import FILE --id NEWID`: the container created in this containerd and its
-/// task started from the archive's checkpoint.
+/// task started from the archive's checkpoint. The archive must be signed with this
+/// host's archive key, and the container gets a spec rebuilt from the allow-list
+/// ([`import_spec`]): nothing is created in containerd otherwise.
 pub fn import(
     config: &Config,
     address: &str,
     namespace: &str,
     file: &Path,
     new_id: &str,
+    options: &ImportOptions,
 ) -> Result<()> {
     let key = ContainerKey::new(namespace, new_id)?;
     let started = Instant::now();
+    let trust = if options.allow_unsigned {
+        eprintln!(
+            "warning: {}: importing without checking its signature (--allow-unsigned)",
+            file.display()
+        );
+        Trust::AllowUnsigned
+    } else {
+        Trust::Key(ArchiveKey::load(config).context("the archive key")?)
+    };
     let dir = archive::import_dir(config, &key);
-    let record = archive::unpack(file, &dir)?;
+    let record = archive::unpack(file, &dir, &trust)?;
+    let spec = match trusted_spec(&record, &options.allow, namespace, new_id) {
+        Ok(spec) => spec,
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&dir);
+            return Err(e);
+        }
+    };
     let result = crate::containerd::runtime()?.block_on(async {
         let client = Client::connect(address, namespace).await?;
         let chain = client.image_chain_id(&record.image).await?;
@@ -103,12 +140,12 @@ pub fn import(
             id: new_id.to_string(),
             image: record.image.clone(),
             runtime: Some(Runtime {
-                name: record.runtime.clone(),
+                name: CRAB_RUNTIME.to_string(),
                 options: None,
             }),
             spec: Some(prost_types::Any {
                 type_url: record.spec_type.clone(),
-                value: serde_json::to_vec(&record.spec)?,
+                value: serde_json::to_vec(&spec)?,
             }),
             snapshotter: record.snapshotter.clone(),
             snapshot_key: new_id.to_string(),
@@ -133,4 +170,29 @@ pub fn import(
         started.elapsed().as_millis()
     );
     Ok(())
+}
+
+/// The spec the imported container gets: the archive's, rebuilt from the allow-list;
+/// an archive for another runtime is refused.
+fn trusted_spec(
+    record: &ContainerRecord,
+    allow: &BTreeSet<Grant>,
+    namespace: &str,
+    id: &str,
+) -> Result<serde_json::Value> {
+    if record.runtime != CRAB_RUNTIME {
+        return Err(crab_runtime::Error::BadCheckpoint {
+            path: archive::RECORD.into(),
+            message: format!(
+                "runtime {:?}: an import runs only {CRAB_RUNTIME}",
+                record.runtime
+            ),
+        }
+        .into());
+    }
+    let target = Target { namespace, id };
+    let spec = import_spec::rebuild(&record.spec, allow, target)
+        .map_err(crab_runtime::Error::from)
+        .context("import refused")?;
+    Ok(spec)
 }

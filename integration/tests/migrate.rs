@@ -11,8 +11,17 @@ use std::time::{Duration, Instant};
 
 use crab_integration::*;
 
-const ROOT_B: &str = "/var/lib/crab/containerd-b";
-const STATE_B: &str = "/run/crab/containerd-b";
+/// The second containerd's root and state: beside the first's (`CRAB_CONTAINERD_ROOT`,
+/// `CRAB_CONTAINERD_STATE`) with `-b` appended, so that private instances never share one.
+fn dirs_b() -> (String, String) {
+    let of = |var: &str, default: &str| {
+        std::env::var(var).map_or(default.to_string(), |first| format!("{first}-b"))
+    };
+    (
+        of("CRAB_CONTAINERD_ROOT", "/var/lib/crab/containerd-b"),
+        of("CRAB_CONTAINERD_STATE", "/run/crab/containerd-b"),
+    )
+}
 
 /// The second containerd, started for the test and stopped after it.
 struct SecondHost;
@@ -26,7 +35,7 @@ impl SecondHost {
     }
 
     fn address(&self) -> String {
-        format!("{STATE_B}/containerd.sock")
+        format!("{}/containerd.sock", dirs_b().1)
     }
 
     fn ctr(&self, args: &[&str]) -> std::process::Output {
@@ -46,8 +55,9 @@ impl Drop for SecondHost {
 
 fn script() -> Command {
     let mut c = Command::new(Path::new(env!("CARGO_MANIFEST_DIR")).join("../hack/containerd.sh"));
-    c.env("CRAB_CONTAINERD_ROOT", ROOT_B)
-        .env("CRAB_CONTAINERD_STATE", STATE_B);
+    let (root, state) = dirs_b();
+    c.env("CRAB_CONTAINERD_ROOT", root)
+        .env("CRAB_CONTAINERD_STATE", state);
     c
 }
 

@@ -53,6 +53,8 @@ pub struct Config {
     /// crash would. Read when each helper starts, so a test arms one operation at a
     /// time; absent or empty: no fault.
     pub fault_file: Option<PathBuf>,
+    /// How migration archives are signed and checked.
+    pub archive: Archive,
 }
 
 /// Shim log levels.
@@ -197,6 +199,18 @@ pub struct Proxy {
     pub log_max_size: String,
 }
 
+/// Migration archives (`crabctl export`, `crabctl import`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Archive {
+    /// The key that signs exports and checks imports (HMAC-SHA256): a regular
+    /// file owned by root, mode 0600 or stricter, holding at least 32 bytes. Hosts
+    /// that move containers between them need the same file. Empty: a key is
+    /// generated at first use in `<checkpoint.store>/.archive.key`, which serves
+    /// this host only.
+    pub key_file: PathBuf,
+}
+
 /// Policy modes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -220,6 +234,7 @@ impl Default for Config {
             proxy: Proxy::default(),
             quota: Quota::default(),
             fault_file: None,
+            archive: Archive::default(),
         }
     }
 }
@@ -513,6 +528,13 @@ impl Config {
         }
         parse_size(&self.storage.pool_size).map_err(|m| bad("storage.pool_size", m))?;
         self.proxy.check().map_err(|(key, m)| bad(key, m))?;
+        let key_file = &self.archive.key_file;
+        if !key_file.as_os_str().is_empty() && !key_file.is_absolute() {
+            return Err(bad(
+                "archive.key_file",
+                format!("{} is not an absolute path", key_file.display()),
+            ));
+        }
         Ok(())
     }
 

@@ -164,6 +164,10 @@ pub enum Error {
         /// What is wrong.
         message: String,
     },
+    /// An archive's spec asks for more than an import gives (see
+    /// [`crate::checkpoint::import_spec`]).
+    #[error(transparent)]
+    SpecRefused(#[from] crate::checkpoint::import_spec::Refused),
     /// A file-system or other I/O call failed.
     #[error("{context}: {source}")]
     Io {
@@ -207,7 +211,8 @@ impl Error {
             | Error::BadName { .. }
             | Error::ReservedName { .. }
             | Error::BadCheckpoint { .. }
-            | Error::ImportRefused(_) => ErrorKind::InvalidArgument,
+            | Error::ImportRefused(_)
+            | Error::SpecRefused(_) => ErrorKind::InvalidArgument,
             Error::AlreadyExists(_) | Error::SnapshotExists { .. } => ErrorKind::AlreadyExists,
             Error::NotFound(_) | Error::SnapshotNotFound { .. } => ErrorKind::NotFound,
             Error::WrongState { .. } | Error::CriuMissing(_) | Error::NoTree(_) => {

@@ -5,12 +5,16 @@
 //! the manifest) plus [`RECORD`], what the receiving containerd needs to create the
 //! container (image, runtime, spec). The image itself is not in it: the receiving host
 //! pulls or imports it, as for any container.
+//!
+//! Its last member is a signature ([`archive_sign`]) by the host's archive key: an
+//! import refuses an archive that is unsigned, altered, or signed with another key.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
+use super::archive_sign::{self, ArchiveKey, Trust, Verifier, SIGNATURE};
 use super::engine::Dumped;
 use super::history::{self, create_private_dir, Entry};
 use super::{
@@ -50,7 +54,8 @@ pub struct ExportReport {
 }
 
 /// Writes checkpoint `entry` of container `key` (its process image, and its files as
-/// a delta against `image`) with `record` into the archive `out`.
+/// a delta against `image`) with `record` into the archive `out`, signed with
+/// `signer`.
 pub fn export(
     config: &Config,
     key: &ContainerKey,
@@ -58,6 +63,7 @@ pub fn export(
     image: &ImageSource,
     record: &ContainerRecord,
     out: &Path,
+    signer: &ArchiveKey,
 ) -> Result<ExportReport> {
     let started = Instant::now();
     let (images, dumped) =
@@ -114,6 +120,7 @@ pub fn export(
         // It holds process memory, secrets included.
         std::fs::set_permissions(out, std::os::unix::fs::PermissionsExt::from_mode(0o600))
             .map_err(Error::io(format!("chmod {}", out.display())))?;
+        archive_sign::sign(out, signer)?;
         sync_path(out)?;
         Ok(ExportReport {
             bytes: std::fs::metadata(out).map(|m| m.len()).unwrap_or(0),
@@ -174,12 +181,16 @@ const SMALL_MAX: u64 = 16 << 20;
 /// Unpacks the archive `file` into `dir` (made, mode 0700) and checks it; returns the
 /// container record.
 ///
+/// The signature is checked over the bytes extracted (see [`archive_sign`]); the
+/// manifest, the record and the CRIU images are read only once it matches.
+/// [`Trust::AllowUnsigned`] skips that check, and nothing else.
+///
 /// The archive comes from another host: only regular files and directories below
 /// `dir` are accepted (no links, devices, fifos, absolute or `..` names), none keeps a
 /// set-id bit, and every size is bounded by the manifest (each CRIU image the size the
 /// dump wrote, the delta its size, the whole what the manifest counts). A member that
 /// breaks a rule fails the import, naming it.
-pub fn unpack(file: &Path, dir: &Path) -> Result<ContainerRecord> {
+pub fn unpack(file: &Path, dir: &Path, trust: &Trust) -> Result<ContainerRecord> {
     if dir.exists() {
         return Err(Error::AlreadyExists(format!(
             "{} (an earlier import)",
@@ -188,9 +199,15 @@ pub fn unpack(file: &Path, dir: &Path) -> Result<ContainerRecord> {
     }
     create_private_dir(dir)?;
     let result = (|| {
-        let manifest = read_manifest(file)?;
-        extract_checked(file, dir, &manifest)?;
-        Manifest::read(dir)?;
+        let bounds = read_manifest(file)?;
+        extract_checked(file, dir, &bounds, trust)?;
+        let manifest = Manifest::read(dir)?;
+        if manifest != bounds {
+            return Err(bad_archive(
+                file,
+                "the archive changed while it was read".into(),
+            ));
+        }
         super::engine::verify_images(&dir.join(CRIU_DIR), &manifest.criu_files)?;
         let text = std::fs::read(dir.join(RECORD)).map_err(|e| Error::BadCheckpoint {
             path: file.to_path_buf(),
@@ -245,8 +262,9 @@ fn read_manifest(file: &Path) -> Result<Manifest> {
     Err(bad(format!("no {MANIFEST}: not a Crab archive")))
 }
 
-/// Writes the archive's members below `dir`, checking each (see [`unpack`]).
-fn extract_checked(file: &Path, dir: &Path, manifest: &Manifest) -> Result<()> {
+/// Writes the archive's members below `dir`, checking each (see [`unpack`]), and
+/// the signature over them.
+fn extract_checked(file: &Path, dir: &Path, manifest: &Manifest, trust: &Trust) -> Result<()> {
     use super::beneath;
     let root = beneath::open_root(dir).map_err(Error::io(format!("open {}", dir.display())))?;
     let root = beneath::fd(&root);
@@ -256,7 +274,10 @@ fn extract_checked(file: &Path, dir: &Path, manifest: &Manifest) -> Result<()> {
         .saturating_add(fs_bytes.unwrap_or(0))
         .saturating_add(4 * SMALL_MAX);
     let mut total = 0u64;
-    let mut archive = open_archive(file)?;
+    let f = std::fs::File::open(file).map_err(Error::io(format!("open {}", file.display())))?;
+    let (verifier, reader) = Verifier::new(trust, std::io::BufReader::new(f));
+    let mut signature: Option<Vec<u8>> = None;
+    let mut archive = tar::Archive::new(reader);
     let entries = archive
         .entries()
         .map_err(|e| bad_archive(file, format!("the archive is unreadable: {e}")))?;
@@ -266,6 +287,9 @@ fn extract_checked(file: &Path, dir: &Path, manifest: &Manifest) -> Result<()> {
         let name = entry.path_bytes().into_owned();
         let shown = format!("\"{}\"", name.escape_ascii());
         let refuse = |why: &str| bad_archive(file, format!("member {shown}: {why}"));
+        if signature.is_some() {
+            return Err(refuse(&format!("comes after {SIGNATURE}, the last member")));
+        }
         let kind = entry.header().entry_type();
         if matches!(kind, tar::EntryType::XGlobalHeader) {
             continue;
@@ -273,6 +297,10 @@ fn extract_checked(file: &Path, dir: &Path, manifest: &Manifest) -> Result<()> {
         let comps = beneath::components(&name)
             .ok_or_else(|| refuse("absolute, or climbs out with '..'"))?;
         let size = entry.size();
+        if comps.as_slice() == [SIGNATURE.as_bytes()] {
+            signature = Some(read_signature(&mut entry, &verifier).map_err(|m| refuse(&m))?);
+            continue;
+        }
         let mode = entry
             .header()
             .mode()
@@ -345,7 +373,23 @@ fn extract_checked(file: &Path, dir: &Path, manifest: &Manifest) -> Result<()> {
         f.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(mode | 0o600))
             .map_err(io)?;
     }
-    Ok(())
+    verifier
+        .check(trust, signature.as_deref())
+        .map_err(|m| bad_archive(file, m))
+}
+
+/// The signature member's content; ends the MAC at its header.
+fn read_signature<R: std::io::Read>(
+    entry: &mut tar::Entry<'_, R>,
+    verifier: &Verifier,
+) -> std::result::Result<Vec<u8>, String> {
+    if !entry.header().entry_type().is_file() || entry.size() > 4096 {
+        return Err("not a regular file of at most 4096 bytes".into());
+    }
+    verifier.at_signature(entry.raw_header_position())?;
+    let mut body = Vec::new();
+    std::io::Read::read_to_end(entry, &mut body).map_err(|e| e.to_string())?;
+    Ok(body)
 }
 
 /// Where imports of `namespace/id` are unpacked.
@@ -374,116 +418,16 @@ fn run_tar(args: &[&str], what: &str) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::archive_fixture::*;
     use super::*;
-    use std::collections::BTreeMap;
     use tar::EntryType as T;
-
-    const INVENTORY: &[u8] = b"inventory bytes";
-    const DELTA: &[u8] = b"delta bytes";
-
-    fn manifest() -> Manifest {
-        Manifest {
-            version: super::super::VERSION,
-            kind: Kind::Full,
-            namespace: "default".into(),
-            id: "c1".into(),
-            created_ms: 1,
-            stdio: Default::default(),
-            fs: Some(FsPart {
-                deleted: vec![],
-                changed: 1,
-                bytes: DELTA.len() as u64,
-            }),
-            process_bytes: INVENTORY.len() as u64,
-            terminal: false,
-            timings: Timings::default(),
-            criu_files: BTreeMap::from([("inventory.img".to_string(), INVENTORY.len() as u64)]),
-            network_by_hooks: false,
-        }
-    }
-
-    fn record() -> Vec<u8> {
-        serde_json::to_vec(&ContainerRecord {
-            image: "docker.io/library/busybox:latest".into(),
-            runtime: "io.containerd.crab.v2".into(),
-            spec_type: "types.containerd.io/opencontainers/runtime-spec/1/Spec".into(),
-            spec: serde_json::json!({}),
-            snapshotter: "overlayfs".into(),
-        })
-        .unwrap()
-    }
-
-    /// A member written as given (the builder refuses `..`, absolute names).
-    fn raw(
-        b: &mut tar::Builder<std::fs::File>,
-        name: &[u8],
-        kind: T,
-        link: &[u8],
-        mode: u32,
-        data: &[u8],
-    ) {
-        let mut h = tar::Header::new_gnu();
-        h.as_old_mut().name[..name.len()].copy_from_slice(name);
-        h.as_old_mut().linkname[..link.len()].copy_from_slice(link);
-        h.set_entry_type(kind);
-        h.set_mode(mode);
-        h.set_uid(0);
-        h.set_gid(0);
-        h.set_mtime(0);
-        h.set_size(data.len() as u64);
-        h.set_cksum();
-        b.append(&h, data).unwrap();
-    }
-
-    /// An archive as `crabctl export` writes it, with `extra` members appended
-    /// (or, with `replace`, in place of the image).
-    fn archive(
-        t: &Path,
-        manifest: &Manifest,
-        extra: impl FnOnce(&mut tar::Builder<std::fs::File>),
-    ) -> PathBuf {
-        let p = t.join(format!("a-{}.tar", work::tmp_name("t")));
-        let mut b = tar::Builder::new(std::fs::File::create(&p).unwrap());
-        raw(&mut b, b"./", T::Directory, b"", 0o755, b"");
-        raw(&mut b, b"./criu/", T::Directory, b"", 0o755, b"");
-        extra(&mut b);
-        raw(
-            &mut b,
-            b"./criu/inventory.img",
-            T::Regular,
-            b"",
-            0o644,
-            INVENTORY,
-        );
-        raw(&mut b, b"./rootfs-diff.tar", T::Regular, b"", 0o644, DELTA);
-        raw(
-            &mut b,
-            b"./container.json",
-            T::Regular,
-            b"",
-            0o644,
-            &record(),
-        );
-        let m = serde_json::to_vec(manifest).unwrap();
-        raw(&mut b, MANIFEST.as_bytes(), T::Regular, b"", 0o644, &m);
-        b.finish().unwrap();
-        p
-    }
-
-    fn refused(t: &Path, file: &Path, says: &str) {
-        let dir = t.join(format!("in-{}", work::tmp_name("t")));
-        let e = unpack(file, &dir).unwrap_err();
-        assert_eq!(e.kind(), crate::error::ErrorKind::InvalidArgument, "{e}");
-        assert!(e.to_string().contains(says), "{e}");
-        assert!(!dir.exists(), "a refused import leaves nothing");
-    }
 
     #[test]
     fn a_well_formed_archive_unpacks() {
         let t = tempfile::tempdir().unwrap();
         let file = archive(t.path(), &manifest(), |_| {});
         let dir = t.path().join("in");
-        unpack(&file, &dir).unwrap();
+        unpack(&file, &dir, &trusted()).unwrap();
         assert_eq!(
             std::fs::read(dir.join("criu/inventory.img")).unwrap(),
             INVENTORY
@@ -553,7 +497,7 @@ mod tests {
             raw(b, b"./criu/suid", T::Regular, b"", 0o6755, b"#!/bin/sh\n")
         });
         let dir = t.path().join("in");
-        unpack(&file, &dir).unwrap();
+        unpack(&file, &dir, &trusted()).unwrap();
         let m = std::fs::metadata(dir.join("criu/suid")).unwrap();
         use std::os::unix::fs::PermissionsExt;
         assert_eq!(m.permissions().mode() & 0o7777, 0o700);
@@ -609,7 +553,7 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let file = archive(t.path(), &manifest(), |_| {});
         let dir = t.path().join("in");
-        unpack(&file, &dir).unwrap();
+        unpack(&file, &dir, &trusted()).unwrap();
         let secret = t.path().join("shadow");
         std::fs::write(&secret, "host secret").unwrap();
         // An image swapped for a symlink to a host file (as a registry's image may).

@@ -9,12 +9,16 @@
 //! - [`MANIFEST`], written last: a checkpoint without it is incomplete.
 
 pub mod archive;
+#[cfg(test)]
+mod archive_fixture;
+pub mod archive_sign;
 pub mod beneath;
 pub mod engine;
 pub mod fs_diff;
 pub mod history;
 pub mod history_store;
 pub mod hooks;
+pub mod import_spec;
 pub mod net_images;
 pub mod ops;
 pub mod restore_helper;

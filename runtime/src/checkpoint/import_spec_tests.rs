@@ -1,0 +1,243 @@
+//! Tests of [`super::rebuild`]: one per kind of thing beyond the allow-list.
+
+use super::*;
+use serde_json::json;
+
+/// The spec `ctr run` (containerd 1.7, no flags) gives a busybox container.
+fn ctr_spec() -> Value {
+    let caps = DEFAULT_CAPS;
+    json!({
+        "ociVersion": "1.1.0",
+        "process": {
+            "user": {"uid": 0, "gid": 0},
+            "args": ["sh", "-c", "sleep 1000"],
+            "env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+            "cwd": "/",
+            "capabilities": {"bounding": caps, "effective": caps, "permitted": caps},
+            "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 1024, "soft": 1024}],
+            "noNewPrivileges": true
+        },
+        "root": {"path": "rootfs"},
+        "hostname": "sandbox",
+        "mounts": [
+            {"destination": "/proc", "type": "proc", "source": "proc", "options": ["nosuid", "noexec", "nodev"]},
+            {"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]},
+            {"destination": "/dev/pts", "type": "devpts", "source": "devpts", "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"]},
+            {"destination": "/dev/shm", "type": "tmpfs", "source": "shm", "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]},
+            {"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue", "options": ["nosuid", "noexec", "nodev"]},
+            {"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"]},
+            {"destination": "/run", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]}
+        ],
+        "linux": {
+            "resources": {
+                "devices": [
+                    {"allow": false, "access": "rwm"},
+                    {"allow": true, "type": "c", "access": "m"},
+                    {"allow": true, "type": "b", "access": "m"},
+                    {"allow": true, "type": "c", "major": 1, "minor": 3, "access": "rwm"},
+                    {"allow": true, "type": "c", "major": 136, "access": "rwm"},
+                    {"allow": true, "type": "c", "major": 10, "minor": 200, "access": "rwm"}
+                ],
+                "memory": {"limit": 67108864},
+                "pids": {"limit": 100}
+            },
+            "cgroupsPath": "/crab/old-id",
+            "namespaces": [
+                {"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}, {"type": "network"}
+            ],
+            "maskedPaths": [
+                "/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
+                "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/sys/firmware",
+                "/sys/devices/virtual/powercap", "/proc/scsi"
+            ],
+            "readonlyPaths": ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"]
+        },
+        "annotations": {"io.crab.storage.backend": "btrfs", "org.example/owner": "team"}
+    })
+}
+
+const TARGET: Target<'static> = Target {
+    namespace: "ns2",
+    id: "new-id",
+};
+
+fn none() -> BTreeSet<Grant> {
+    BTreeSet::new()
+}
+
+/// The refusal of `spec`, as text; checks that granting the kinds it names is enough.
+fn refused(spec: &Value) -> String {
+    let e = rebuild(spec, &none(), TARGET).unwrap_err();
+    let kinds: BTreeSet<Grant> = e.0.iter().map(|(g, _)| *g).collect();
+    rebuild(spec, &kinds, TARGET).expect("granting the named kinds imports it");
+    e.to_string()
+}
+
+#[test]
+fn test_a_default_ctr_spec_is_kept_with_its_own_cgroup() {
+    let spec = ctr_spec();
+    let out = rebuild(&spec, &none(), TARGET).unwrap();
+    let mut expected = spec.clone();
+    expected["linux"]["cgroupsPath"] = "/ns2/new-id".into();
+    assert_eq!(out, expected);
+    let mut systemd = spec;
+    systemd["linux"]["cgroupsPath"] = "system.slice:crab:old-id".into();
+    let out = rebuild(&systemd, &none(), TARGET).unwrap();
+    assert_eq!(out["linux"]["cgroupsPath"], "system.slice:crab:new-id");
+}
+
+#[test]
+fn test_a_bind_mount_of_the_host_is_refused_naming_it() {
+    let mut spec = ctr_spec();
+    spec["mounts"].as_array_mut().unwrap().push(json!(
+        {"destination": "/host", "type": "bind", "source": "/", "options": ["rbind", "ro"]}
+    ));
+    let e = refused(&spec);
+    assert!(
+        e.contains("host-mounts: bind mount of the host's / at /host"),
+        "{e}"
+    );
+    assert!(e.contains("--allow host-mounts"), "{e}");
+    // Also as type "none" with a bind option, a disk, a root on the host.
+    let mut spec = ctr_spec();
+    spec["mounts"].as_array_mut().unwrap().extend([
+        json!({"destination": "/etc/x", "type": "none", "source": "/etc", "options": ["bind"]}),
+        json!({"destination": "/disk", "type": "ext4", "source": "/dev/sda1"}),
+    ]);
+    spec["root"]["path"] = "/".into();
+    let e = refused(&spec);
+    for needle in [
+        "/etc at /etc/x",
+        "ext4 /dev/sda1 at /disk",
+        "root file system at \"/\"",
+    ] {
+        assert!(e.contains(needle), "{needle}: {e}");
+    }
+    // A tmpfs of the container's own is kept.
+    let mut spec = ctr_spec();
+    spec["mounts"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"destination": "/scratch", "type": "tmpfs", "source": "tmpfs"}));
+    rebuild(&spec, &none(), TARGET).unwrap();
+}
+
+#[test]
+fn test_added_capabilities_are_refused_naming_them() {
+    let mut spec = ctr_spec();
+    spec["process"]["capabilities"]["bounding"]
+        .as_array_mut()
+        .unwrap()
+        .push("CAP_SYS_ADMIN".into());
+    spec["process"]["capabilities"]["ambient"] = json!(["CAP_NET_ADMIN"]);
+    let e = refused(&spec);
+    assert!(
+        e.contains("capabilities: CAP_NET_ADMIN, CAP_SYS_ADMIN beyond containerd's default set"),
+        "{e}"
+    );
+    // Fewer capabilities are fine.
+    let mut spec = ctr_spec();
+    spec["process"]["capabilities"] = json!({"bounding": ["CAP_KILL"]});
+    rebuild(&spec, &none(), TARGET).unwrap();
+}
+
+#[test]
+fn test_devices_are_refused_naming_them() {
+    let mut spec = ctr_spec();
+    spec["linux"]["devices"] = json!([{"path": "/dev/sda", "type": "b", "major": 8, "minor": 0}]);
+    spec["linux"]["resources"]["devices"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"allow": true, "access": "rwm"}));
+    let e = refused(&spec);
+    assert!(e.contains("devices: device nodes /dev/sda"), "{e}");
+    assert!(e.contains("devices: device access a *:* rwm"), "{e}");
+}
+
+#[test]
+fn test_host_namespaces_are_refused_naming_them() {
+    let mut spec = ctr_spec();
+    let ns = spec["linux"]["namespaces"].as_array_mut().unwrap();
+    ns.retain(|n| n["type"] != "network");
+    ns.push(json!({"type": "pid", "path": "/proc/1/ns/pid"}));
+    let e = refused(&spec);
+    assert!(e.contains("shares the host's network namespace"), "{e}");
+    assert!(
+        e.contains("joins the pid namespace at /proc/1/ns/pid"),
+        "{e}"
+    );
+    let mut spec = ctr_spec();
+    spec["linux"].as_object_mut().unwrap().remove("namespaces");
+    assert!(refused(&spec).contains("no namespaces"));
+}
+
+#[test]
+fn test_privileged_settings_are_refused_naming_them() {
+    let mut spec = ctr_spec();
+    spec["linux"]["maskedPaths"] = json!([]);
+    spec["linux"]
+        .as_object_mut()
+        .unwrap()
+        .remove("readonlyPaths");
+    spec["process"]["apparmorProfile"] = "unconfined".into();
+    spec["mounts"][5]["options"] = json!(["nosuid", "noexec", "nodev", "rw"]);
+    spec["linux"]["sysctl"] = json!({"net.ipv4.ip_forward": "1", "kernel.panic": "1"});
+    spec["linux"]["seccomp"] =
+        json!({"defaultAction": "SCMP_ACT_ALLOW", "listenerPath": "/run/agent.sock"});
+    let e = refused(&spec);
+    for needle in [
+        "/proc/kcore",
+        "no longer masked",
+        "/proc/sys, /proc/sysrq-trigger no longer read-only",
+        "AppArmor unconfined",
+        "/sys mounted writable",
+        "kernel.panic",
+        "seccomp notifications to the host's /run/agent.sock",
+    ] {
+        assert!(e.contains(needle), "{needle}: {e}");
+    }
+    assert!(!e.contains("ip_forward"), "{e}");
+}
+
+#[test]
+fn test_hooks_are_refused_naming_their_programs() {
+    let mut spec = ctr_spec();
+    spec["hooks"] = json!({"createRuntime": [{"path": "/usr/bin/pwn", "args": ["pwn"]}]});
+    let e = refused(&spec);
+    assert!(e.contains("hooks: hooks createRuntime /usr/bin/pwn"), "{e}");
+}
+
+#[test]
+fn test_crab_annotations_that_grant_are_refused() {
+    let mut spec = ctr_spec();
+    spec["annotations"]["io.crab.proxy.upstream"] = "http://169.254.169.254".into();
+    spec["annotations"]["io.crab.proxy.listen"] = "0.0.0.0:8787".into();
+    let e = refused(&spec);
+    assert!(e.contains("annotation io.crab.proxy.upstream="), "{e}");
+    assert!(e.contains("annotation io.crab.proxy.listen="), "{e}");
+    let granted = BTreeSet::from([Grant::Annotations]);
+    let out = rebuild(&spec, &granted, TARGET).unwrap();
+    assert_eq!(out["annotations"]["io.crab.proxy.listen"], "0.0.0.0:8787");
+}
+
+#[test]
+fn test_unknown_fields_are_refused_and_granting_one_kind_grants_no_other() {
+    let mut spec = ctr_spec();
+    spec["linux"]["personality"] = json!({"domain": "LINUX32"});
+    spec["mounts"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"destination": "/host", "type": "bind", "source": "/"}));
+    let e = rebuild(&spec, &BTreeSet::from([Grant::Other]), TARGET).unwrap_err();
+    assert_eq!(e.0.len(), 1, "{e}");
+    assert_eq!(e.0[0].0, Grant::HostMounts);
+}
+
+#[test]
+fn test_grant_names_parse_and_unknown_ones_list_the_kinds() {
+    for g in Grant::ALL {
+        assert_eq!(g.name().parse::<Grant>().unwrap(), g);
+    }
+    let e = "everything".parse::<Grant>().unwrap_err();
+    assert!(e.contains("host-mounts, capabilities"), "{e}");
+}
