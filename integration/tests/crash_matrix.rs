@@ -29,8 +29,16 @@ struct Crashable {
 
 impl Crashable {
     fn start() -> Crashable {
+        Crashable::start_with("")
+    }
+
+    /// With `extra` TOML tables after the fault file's key.
+    fn start_with(extra: &str) -> Crashable {
         let fault_file = std::env::temp_dir().join(format!("{}.fault", unique_id("f")));
-        let config = config_with(&format!("fault_file = \"{}\"", fault_file.display()));
+        let config = config_with(&format!(
+            "fault_file = \"{}\"\n{extra}",
+            fault_file.display()
+        ));
         let config = config.display().to_string();
         let guard = Guard::run_detached(
             CRAB,
@@ -237,20 +245,7 @@ fn helper_killed_after_recording_keeps_the_checkpoint() {
 /// next checkpoint collects them.
 #[test]
 fn helper_killed_during_retention_leaks_nothing_after_the_next_checkpoint() {
-    let fault_file = std::env::temp_dir().join(format!("{}.fault", unique_id("f")));
-    let config = config_with(&format!(
-        "fault_file = \"{}\"\n[checkpoint]\nkeep_last = 1",
-        fault_file.display()
-    ));
-    let config = config.display().to_string();
-    let guard = Guard::run_detached(
-        CRAB,
-        BUSYBOX,
-        &["--runtime-config-path", &config],
-        &["sh", "-c", COUNTER],
-    );
-    let c = Crashable { guard, fault_file };
-    assert!(wait_until(Duration::from_secs(10), || c.count() >= 3));
+    let c = Crashable::start_with("[checkpoint]\nkeep_last = 1");
     crabctl_ok(&["checkpoint", c.id(), "--name", "first"]);
     let out = c.crash_during(
         "checkpoint.retained",

@@ -11,7 +11,8 @@
 
 use std::collections::BTreeSet;
 
-const MAGIC: &[u8] = b"btrfs-stream\0";
+/// The first bytes of every send stream.
+pub(crate) const MAGIC: &[u8] = b"btrfs-stream\0";
 const CMD_SUBVOL: u16 = 1;
 const CMD_SNAPSHOT: u16 = 2;
 const CMD_SYMLINK: u16 = 8;
@@ -80,11 +81,14 @@ fn is_orphan_name(component: &str) -> bool {
             .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
 }
 
+/// Hand-made send streams for the tests of this module and of the stream check.
 #[cfg(test)]
-mod tests {
-    use super::*;
+pub(crate) mod fixtures {
+    use super::MAGIC;
 
-    fn cmd(kind: u16, attrs: &[(u16, &[u8])]) -> Vec<u8> {
+    /// One command of type `kind` with its attributes (the CRC left 0: the parsers
+    /// here do not check it).
+    pub(crate) fn cmd(kind: u16, attrs: &[(u16, &[u8])]) -> Vec<u8> {
         let mut body = Vec::new();
         for (t, v) in attrs {
             body.extend(t.to_le_bytes());
@@ -99,7 +103,8 @@ mod tests {
         out
     }
 
-    fn stream(cmds: &[Vec<u8>]) -> Vec<u8> {
+    /// A version-1 stream of `cmds`.
+    pub(crate) fn stream(cmds: &[Vec<u8>]) -> Vec<u8> {
         let mut s = MAGIC.to_vec();
         s.extend(1u32.to_le_bytes());
         for c in cmds {
@@ -107,6 +112,12 @@ mod tests {
         }
         s
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fixtures::{cmd, stream};
+    use super::*;
 
     #[test]
     fn test_paths_of_every_command_are_collected() {

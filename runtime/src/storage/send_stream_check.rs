@@ -19,8 +19,8 @@ use std::collections::BTreeSet;
 use std::io::{self, Read};
 
 use super::names::check_snapshot_name;
+use super::send_stream::MAGIC;
 
-const MAGIC: &[u8] = b"btrfs-stream\0";
 const HEADER_LEN: usize = 10;
 /// Version 1 commands hold at most 64 KiB, version 2's encoded writes a little
 /// more than 128 KiB: anything near this bound is not a stream `btrfs send` wrote.
@@ -331,30 +331,7 @@ impl Read for CheckedStream<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn cmd(kind: u16, attrs: &[(u16, &[u8])]) -> Vec<u8> {
-        let mut body = Vec::new();
-        for (t, v) in attrs {
-            body.extend(t.to_le_bytes());
-            body.extend((v.len() as u16).to_le_bytes());
-            body.extend(*v);
-        }
-        let mut out = Vec::new();
-        out.extend((body.len() as u32).to_le_bytes());
-        out.extend(kind.to_le_bytes());
-        out.extend(0u32.to_le_bytes());
-        out.extend(body);
-        out
-    }
-
-    fn stream(cmds: &[Vec<u8>]) -> Vec<u8> {
-        let mut s = MAGIC.to_vec();
-        s.extend(1u32.to_le_bytes());
-        for c in cmds {
-            s.extend(c);
-        }
-        s
-    }
+    use crate::storage::send_stream::fixtures::{cmd, stream};
 
     const NEW: [u8; 16] = [1; 16];
     const OURS: [u8; 16] = [2; 16];
