@@ -79,6 +79,19 @@ pub struct ProcChange {
     pub died: bool,
 }
 
+/// The sizes of the inspector's tables (mirroring `src/bpf/inspector.h`).
+pub mod budget {
+    /// Containers watched at once on the host; past it a container is not
+    /// watched and every turn of it is a full checkpoint.
+    pub const MAX_CGROUPS: u64 = 4096;
+    /// Names with a net change, host-wide.
+    pub const MAX_FS_ENTRIES: u64 = 131_072;
+    /// Names one container may hold; past it the container (alone) overflows.
+    pub const FS_BUDGET: u64 = 8192;
+    /// Task births and deaths one container may hold.
+    pub const PROC_BUDGET: u64 = 8192;
+}
+
 /// Bits of [`Counters::opaque`].
 pub mod opaque {
     /// io_uring or AIO: writes that bypass the syscalls the inspector sees.

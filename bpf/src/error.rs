@@ -26,6 +26,19 @@ pub enum Error {
         /// f_mode of the open of the existing file.
         existing: u64,
     },
+    /// The host's table of watched containers is full: this one is not watched,
+    /// so each of its turns is a full checkpoint.
+    #[error(
+        "the eBPF inspector already watches {max} containers, its most: cgroup {cgid} is \
+         not watched, and each of its turns is a full checkpoint until one of the others \
+         is deleted"
+    )]
+    TableFull {
+        /// The container's cgroup id.
+        cgid: u64,
+        /// The table's size.
+        max: u64,
+    },
     /// A file system call failed (bpffs, lock file).
     #[error("{what} {path}: {source}")]
     Io {

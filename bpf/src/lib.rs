@@ -15,7 +15,7 @@ mod error;
 mod maps;
 mod pin;
 
-pub use abi::{kernel_dev, opaque, Counters, FsChange, FsFlags, ProcChange};
+pub use abi::{budget, kernel_dev, opaque, Counters, FsChange, FsFlags, ProcChange};
 pub use error::{Error, Result};
 pub use maps::Inspector;
 pub use pin::{stale_sets, StaleSet, DEFAULT_PIN_ROOT, PIN_VERSION};

@@ -58,8 +58,20 @@ impl Inspector {
         {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == libbpf_rs::ErrorKind::AlreadyExists => Ok(()),
+            Err(_) if self.watched_count() as u64 >= crate::budget::MAX_CGROUPS => {
+                Err(Error::TableFull {
+                    cgid,
+                    max: crate::budget::MAX_CGROUPS,
+                })
+            }
             Err(e) => Err(Error::bpf(format!("watch cgroup {cgid}"))(e)),
         }
+    }
+
+    /// How many containers the host's inspector watches (at most
+    /// [`crate::budget::MAX_CGROUPS`]).
+    pub fn watched_count(&self) -> usize {
+        keys_of::<types::cg_key>(&self.maps.cgroups).len()
     }
 
     /// Whether `cgid` is watched.

@@ -10,7 +10,7 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crab_bpf::{FsFlags, Inspector};
+use crab_bpf::{budget, FsFlags, Inspector};
 
 const PIN_ROOT: &str = "/sys/fs/bpf/crab-test";
 
@@ -286,4 +286,57 @@ fn nothing_is_recorded_before_the_first_full_checkpoint() {
     assert_eq!((c.fs_entries, c.births), (0, 0), "{c:?}");
     assert_ne!(c.opaque & crab_bpf::opaque::UNTRACKED, 0);
     let _ = std::fs::write(sb.cgroup.join("cgroup.kill"), b"1");
+}
+
+/// Issue 17 item 9: 70 000 names in one container (more than the old host-wide
+/// table held) overflow that container alone; another container's one change is
+/// still recorded exactly, so its turn is classified by what it did.
+#[test]
+fn one_container_past_its_budget_overflows_alone() {
+    let noisy = Sandbox::new("noisy");
+    let quiet = Sandbox::new("quiet");
+    noisy.run("mkdir d && cd d && i=0; while [ $i -lt 70000 ]; do : > f$i; i=$((i+1)); done");
+    let n = noisy.insp.counters(noisy.cgid).unwrap().unwrap();
+    assert!(n.overflow > 0, "{n:?}");
+    assert!(n.fs_entries <= budget::FS_BUDGET, "{n:?}");
+    quiet.run("echo x > one");
+    let q = quiet.insp.counters(quiet.cgid).unwrap().unwrap();
+    assert_eq!((q.overflow, q.fs_entries), (0, 1), "{q:?}");
+    assert_eq!(quiet.paths().len(), 1);
+    // A full checkpoint of the noisy one forgets everything: it records again.
+    noisy.insp.forget(noisy.cgid, |_| true, true, true).unwrap();
+    noisy.run("echo y > after");
+    let n = noisy.insp.counters(noisy.cgid).unwrap().unwrap();
+    assert_eq!((n.overflow, n.fs_entries), (0, 1), "{n:?}");
+}
+
+/// Past its budget of task births a container overflows alone too.
+#[test]
+fn one_container_past_its_task_budget_overflows_alone() {
+    let noisy = Sandbox::new("forky");
+    let quiet = Sandbox::new("calm");
+    let n = budget::PROC_BUDGET + 100;
+    noisy.run(&format!(
+        "i=0; while [ $i -lt {n} ]; do sleep 600 & i=$((i+1)); done"
+    ));
+    let c = noisy.insp.counters(noisy.cgid).unwrap().unwrap();
+    let _ = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "xargs kill < {}",
+            noisy.cgroup.join("cgroup.procs").display()
+        ))
+        .status();
+    assert!(c.overflow > 0, "{c:?}");
+    assert!(c.births <= budget::PROC_BUDGET, "{c:?}");
+    quiet.run("sleep 600 &");
+    let q = quiet.insp.counters(quiet.cgid).unwrap().unwrap();
+    let _ = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "xargs kill < {}",
+            quiet.cgroup.join("cgroup.procs").display()
+        ))
+        .status();
+    assert_eq!((q.overflow, q.births), (0, 1), "{q:?}");
 }

@@ -19,6 +19,20 @@ pub fn run(config: &Config, namespace: &str, id: &str) -> Result<()> {
     println!("tracking cgroup: {}", s.tracking_cgroup.display());
     println!("cgroup id:       {}", s.cgroup_id);
     println!("pids:            {:?}", c.tracking().pids()?);
+    let watched = match crab_bpf::Inspector::open_existing(&config.policy.bpf_pin_root) {
+        Some(i) => format!(
+            "{} ({} of at most {} containers watched on this host)",
+            if i.is_watched(s.cgroup_id)? {
+                "watched"
+            } else {
+                "NOT watched: each turn is a full checkpoint"
+            },
+            i.watched_count(),
+            crab_bpf::budget::MAX_CGROUPS
+        ),
+        None => "no inspector loaded on this host".into(),
+    };
+    println!("inspector:       {watched}");
     Ok(())
 }
 

@@ -574,3 +574,42 @@ fn a_file_system_rollback_through_crabctl_makes_the_next_turn_take_the_files() {
         "a turn after an fs rollback was classified skip"
     );
 }
+
+/// The classification of a turn, as `crabctl turn --dry-run` gives it: its kind
+/// and its reasons.
+fn classification(g: &Guard) -> (String, String) {
+    let out = crabctl_ok(&["turn", &g.id, "--dry-run", "--json"]);
+    let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let c = &v["classification"];
+    (
+        c["kind"].as_str().unwrap_or_default().to_string(),
+        c["reasons"].to_string(),
+    )
+}
+
+/// Issue 17 item 9: one sandbox making 70 000 files (more than the host's table
+/// used to hold for every sandbox together) overflows its own budget and gets a
+/// full checkpoint; another sandbox's turn that wrote one file is still fs-only.
+#[test]
+fn seventy_thousand_files_in_one_sandbox_leave_another_sandboxs_turn_classified() {
+    let noisy = Guard::run_detached(CRAB, PYTHON, &[], &["sleep", "infinity"]);
+    let quiet = Guard::run_detached(CRAB, PYTHON, &[], &["sleep", "infinity"]);
+    // Recording starts at each one's first full checkpoint.
+    crabctl_ok(&["checkpoint", &noisy.id]);
+    crabctl_ok(&["checkpoint", &quiet.id]);
+    noisy.exec_ok(&[
+        "python3",
+        "-c",
+        "import os\nos.mkdir('/many')\nfor i in range(70000):\n    open(f'/many/f{i}', 'w').close()",
+    ]);
+    sh(&quiet, "echo one > /root/one-file");
+    let (kind, reasons) = classification(&quiet);
+    assert_eq!(kind, "fs-only", "{reasons}");
+    let (kind, reasons) = classification(&noisy);
+    assert_eq!(kind, "full", "{reasons}");
+    println!("70 000 files: the noisy sandbox {kind} ({reasons}); the quiet one fs-only");
+    // The full checkpoint lets the noisy one be classified again.
+    crabctl_ok(&["checkpoint", &noisy.id]);
+    sh(&noisy, "echo one > /root/after");
+    assert_eq!(classification(&noisy).0, "fs-only");
+}

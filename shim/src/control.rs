@@ -307,18 +307,26 @@ impl TaskService {
         }
         // The client reading the output fifos must not see EOF while the old copy
         // tasks end and the new ones start: hold a writer open across the change.
-        let _keep_open: Vec<std::fs::File> = [&inst.init.stdio.stdout, &inst.init.stdio.stderr]
-            .into_iter()
-            .filter(|p| !p.is_empty())
-            .filter_map(|p| {
-                std::fs::OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .custom_flags(libc::O_NONBLOCK)
-                    .open(p)
-                    .ok()
-            })
-            .collect();
+        // And the client writing stdin must not find its fifo without a reader (its
+        // write would fail with EPIPE and end its input for good): hold a reader
+        // open until the new copy has opened the fifo (it does in the background),
+        // the bytes typed meanwhile waiting in the fifo.
+        let keep_open: Vec<std::fs::File> = [
+            &inst.init.stdio.stdin,
+            &inst.init.stdio.stdout,
+            &inst.init.stdio.stderr,
+        ]
+        .into_iter()
+        .filter(|p| !p.is_empty())
+        .filter_map(|p| {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(p)
+                .ok()
+        })
+        .collect();
         let verified_ms = started.elapsed().as_millis() as u64;
         // The old processes go first: their tree is replaced, not merged.
         stop_processes(inst).await?;
@@ -334,6 +342,10 @@ impl TaskService {
             .await
         }
         .await;
+        tokio::spawn(async move {
+            tokio::time::sleep(STDIN_HANDOVER).await;
+            drop(keep_open);
+        });
         match restored {
             Ok((pid, io)) => {
                 inst.init.pid = pid;
@@ -410,6 +422,10 @@ pub(crate) fn check_dumpable(inst: &Instance, id: &str) -> ShimResult<()> {
     }
     Ok(())
 }
+
+/// How long a rollback keeps its own ends of the stdio fifos open after the new
+/// copy tasks started: they open the fifos in the background, within milliseconds.
+const STDIN_HANDOVER: Duration = Duration::from_secs(5);
 
 /// Kills every process of the container and waits until none is left; the init's exit
 /// is then not reported (its pid is forgotten before the reaper sees it).

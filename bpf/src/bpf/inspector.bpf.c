@@ -76,14 +76,14 @@ struct pending {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 4096);
+	__uint(max_entries, MAX_CGROUPS);
 	__type(key, struct cg_key);
 	__type(value, struct cg_state);
 } cgroups SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 65536);
+	__uint(max_entries, MAX_FS_ENTRIES);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, struct fs_key);
 	__type(value, struct fs_val);
@@ -91,7 +91,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 65536);
+	__uint(max_entries, MAX_PROC_ENTRIES);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, struct proc_key);
 	__type(value, struct proc_val);
@@ -452,7 +452,11 @@ static __always_inline void note_at(struct cg_state *st, struct scratch *s, stru
 	s->val.pad = 0;
 	s->val.first_ns = bpf_ktime_get_ns();
 	__builtin_memcpy(s->val.path, p->path, PATH_KEY);
-	long err = bpf_map_update_elem(&fs_entries, k, &s->val, BPF_NOEXIST);
+	/* At its budget a container may still mark a name it holds; a new one is
+	 * an overflow of its own (the host's table stays open to the others). */
+	long err = st->fs_entries >= FS_BUDGET
+		       ? -17 /* EEXIST: look it up below */
+		       : bpf_map_update_elem(&fs_entries, k, &s->val, BPF_NOEXIST);
 	if (err == 0) {
 		__sync_fetch_and_add(&st->fs_entries, 1);
 		return;
@@ -834,6 +838,10 @@ static __always_inline void proc_born(__u64 cgid, struct task_struct *t)
 	struct proc_val v = {.flags = PROC_BORN, .ns = bpf_ktime_get_ns()};
 	v.tgid = t->tgid;
 	BPF_CORE_READ_STR_INTO(&v.comm, t, comm);
+	if (st->births + st->deaths >= PROC_BUDGET) {
+		__sync_fetch_and_add(&st->overflow, 1);
+		return;
+	}
 	long err = bpf_map_update_elem(&proc_entries, &k, &v, BPF_NOEXIST);
 	if (err == 0)
 		__sync_fetch_and_add(&st->births, 1);
@@ -892,6 +900,11 @@ int BPF_PROG(process_exit, struct task_struct *p)
 	struct proc_val nv = {.flags = PROC_DIED, .ns = bpf_ktime_get_ns()};
 	nv.tgid = p->tgid;
 	BPF_CORE_READ_STR_INTO(&nv.comm, p, comm);
+	if (st->births + st->deaths >= PROC_BUDGET) {
+		if (!v)
+			__sync_fetch_and_add(&st->overflow, 1);
+		return 0;
+	}
 	if (bpf_map_update_elem(&proc_entries, &k, &nv, BPF_NOEXIST) == 0)
 		__sync_fetch_and_add(&st->deaths, 1);
 	else if (!v)

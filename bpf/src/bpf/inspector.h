@@ -28,6 +28,16 @@
 
 #define PATH_KEY 256
 
+/* Sizes (docs/inspector.md, "Sizes"). The host's tables are shared by every
+ * watched container; each container may hold at most its budget of them, so that
+ * one container's flood marks only itself as overflowed (a full checkpoint), never
+ * the others. Mirrored in src/abi.rs (`budget`). */
+#define MAX_CGROUPS 4096      /* containers watched at once on the host */
+#define MAX_FS_ENTRIES 131072 /* names with a net change, host-wide */
+#define MAX_PROC_ENTRIES 131072
+#define FS_BUDGET 8192        /* names per container */
+#define PROC_BUDGET 8192      /* task births and deaths per container */
+
 struct cg_key {
 	__u64 cgid;
 };

@@ -200,6 +200,17 @@ fn classify_against(
     hist: Option<&History>,
 ) -> Result<Classification> {
     let started = Instant::now();
+    if !insp.is_watched(c.state.cgroup_id)? {
+        // Not watched (the host's table was full when it started): everything,
+        // and a new try, so that a later turn can be classified again.
+        let again = match insp.watch(c.state.cgroup_id) {
+            Ok(()) => "watched from now on".to_string(),
+            Err(e) => e.to_string(),
+        };
+        let mut out = Classification::full(&format!("not watched by the eBPF inspector ({again})"));
+        out.elapsed_us = started.elapsed().as_micros() as u64;
+        return Ok(out);
+    }
     let base = load_baseline(c);
     let obs = observe::observe(c, insp, hist, base.as_ref())?;
     let mut out = policy::decide(&obs, base.as_ref());
