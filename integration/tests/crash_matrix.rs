@@ -132,6 +132,16 @@ impl Crashable {
         );
     }
 
+    /// Fifty files written after the snapshot or checkpoint a rollback goes to: a
+    /// mirror that dies part of the way leaves some of them.
+    fn write_fifty_files(&self) {
+        self.guard.exec_ok(&[
+            "sh",
+            "-c",
+            "for i in $(seq 1 50); do echo $i > /file$i; done",
+        ]);
+    }
+
     /// Waits until containerd sees the task gone (its shim was killed).
     fn wait_gone(&self) {
         assert!(
@@ -271,11 +281,7 @@ fn helper_killed_half_way_through_a_file_rollback_stops_the_processes() {
     let c = Crashable::start();
     let at = base_checkpoint(&c);
     crabctl_ok(&["fs", "snapshot", c.id(), "files"]);
-    c.guard.exec_ok(&[
-        "sh",
-        "-c",
-        "for i in $(seq 1 50); do echo $i > /file$i; done",
-    ]);
+    c.write_fifty_files();
     let out = c.crash_during("btrfs.rollback.mid", &["fs", "rollback", c.id(), "files"]);
     let (o, e) = text(&out);
     assert!(!out.status.success(), "{o}{e}");
@@ -300,11 +306,7 @@ fn helper_killed_half_way_through_a_file_rollback_stops_the_processes() {
 fn helper_killed_half_way_through_a_checkpoint_rollback_leaves_the_task_stopped() {
     let c = Crashable::start();
     let at = base_checkpoint(&c);
-    c.guard.exec_ok(&[
-        "sh",
-        "-c",
-        "for i in $(seq 1 50); do echo $i > /file$i; done",
-    ]);
+    c.write_fifty_files();
     let out = c.crash_during("btrfs.rollback.mid", &["rollback", c.id(), "base"]);
     assert!(!out.status.success());
     c.wait_gone();
@@ -363,11 +365,7 @@ fn shim_killed_after_the_rename_restores_the_last_checkpoint() {
 fn a_rollback_a_crash_left_half_done_is_finished_when_the_next_container_starts() {
     let c = Crashable::start();
     crabctl_ok(&["fs", "snapshot", c.id(), "files"]);
-    c.guard.exec_ok(&[
-        "sh",
-        "-c",
-        "for i in $(seq 1 50); do echo $i > /file$i; done",
-    ]);
+    c.write_fifty_files();
     let out = c.crash_during("btrfs.rollback.mid", &["fs", "rollback", c.id(), "files"]);
     assert!(!out.status.success());
     let tree = Path::new("/var/lib/crab/pool/containers")

@@ -33,6 +33,25 @@ fn start_again(g: &Guard) {
     assert!(wait_until(T, || g.status().as_deref() == Some("RUNNING")));
 }
 
+/// Waits for containerd to drop the removed container `id`'s writable layer (its
+/// background garbage collection), then checks that the next create on the host
+/// collects `id`'s tree.
+fn assert_collected_at_the_next_create(id: &str) {
+    let owner_file = tree(id).with_extension("owner");
+    let owner = std::fs::read_to_string(&owner_file).expect("the tree records its owner");
+    assert!(
+        wait_until(Duration::from_secs(30), || !std::path::Path::new(&owner)
+            .exists()),
+        "containerd kept {owner}"
+    );
+    let _other = Guard::run_detached(CRAB, BUSYBOX, &[], &["sleep", "1000"]);
+    assert!(
+        wait_until(Duration::from_secs(20), || !tree(id).exists()),
+        "{} still exists",
+        tree(id).display()
+    );
+}
+
 #[test]
 fn container_rootfs_is_a_subvolume_in_the_pool() {
     let g = Guard::run_detached(
@@ -91,19 +110,7 @@ fn a_removed_containers_tree_is_collected_at_the_next_create() {
     // containerd removes the container's writable layer in its background garbage
     // collection; once that is gone, the next container the host creates collects
     // the tree.
-    let owner_file = tree(&id).with_extension("owner");
-    let owner = std::fs::read_to_string(&owner_file).expect("the tree records its owner");
-    assert!(
-        wait_until(Duration::from_secs(30), || !std::path::Path::new(&owner)
-            .exists()),
-        "containerd kept {owner}"
-    );
-    let _other = Guard::run_detached(CRAB, BUSYBOX, &[], &["sleep", "1000"]);
-    assert!(
-        wait_until(Duration::from_secs(20), || !tree(&id).exists()),
-        "{} still exists",
-        tree(&id).display()
-    );
+    assert_collected_at_the_next_create(&id);
 }
 
 #[test]
@@ -221,18 +228,7 @@ fn a_nested_subvolume_a_container_made_fails_its_checkpoint_and_goes_with_its_tr
     }
     // Removed: once containerd has dropped its writable layer, the next create
     // collects the tree, nested subvolume included.
-    let owner = std::fs::read_to_string(tree(&id).with_extension("owner")).unwrap();
-    assert!(
-        wait_until(Duration::from_secs(30), || !std::path::Path::new(&owner)
-            .exists()),
-        "containerd kept {owner}"
-    );
-    let _other = Guard::run_detached(CRAB, BUSYBOX, &[], &["sleep", "1000"]);
-    assert!(
-        wait_until(Duration::from_secs(20), || !tree(&id).exists()),
-        "{} still exists",
-        tree(&id).display()
-    );
+    assert_collected_at_the_next_create(&id);
     let list = std::process::Command::new("btrfs")
         .args(["subvolume", "list", POOL])
         .output()

@@ -782,7 +782,8 @@ mod tests {
         p
     }
 
-    /// A member with its name written as is (the builder refuses `..` and the like).
+    /// A member with its name written as is (the builder refuses `..` and the like),
+    /// mode 0644.
     fn raw(
         b: &mut tar::Builder<File>,
         name: &[u8],
@@ -790,17 +791,7 @@ mod tests {
         link: &[u8],
         data: &[u8],
     ) {
-        let mut h = tar::Header::new_gnu();
-        h.as_old_mut().name[..name.len()].copy_from_slice(name);
-        h.as_old_mut().linkname[..link.len()].copy_from_slice(link);
-        h.set_entry_type(kind);
-        h.set_mode(0o644);
-        h.set_uid(0);
-        h.set_gid(0);
-        h.set_mtime(0);
-        h.set_size(data.len() as u64);
-        h.set_cksum();
-        b.append(&h, data).unwrap();
+        crate::checkpoint::archive_fixture::raw(b, name, kind, link, 0o644, data);
     }
 
     #[test]
