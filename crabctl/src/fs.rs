@@ -70,6 +70,9 @@ pub enum FsCommand {
     },
     /// Bytes the container's tree references.
     Du { id: String },
+    /// Bytes the container holds against its pool quota (`quota.sandbox_pool_bytes`),
+    /// and the quota.
+    Quota { id: String },
     /// Repair what interrupted operations left behind.
     Reconcile,
     /// Remove the trees of containers containerd has removed, among those of one
@@ -236,6 +239,18 @@ pub fn run(config: &Config, namespace: &str, args: FsArgs) -> Result<()> {
         FsCommand::Du { id } => {
             let store = open_store(config, backend_of(config, container_of(&id).as_ref()))?;
             println!("{}", store.space_used(&key(&id)?)?);
+        }
+        FsCommand::Quota { id } => {
+            let store = open_store(config, backend_of(config, container_of(&id).as_ref()))?;
+            match store.quota_usage(&key(&id)?)? {
+                Some(u) => match u.limit {
+                    Some(limit) => println!("{} of {limit}", u.used),
+                    None => println!("{} (no quota)", u.used),
+                },
+                None => {
+                    println!("not accounted as it goes by this backend (measured at each snapshot)")
+                }
+            }
         }
         FsCommand::Reconcile => {
             let stores = match chosen {

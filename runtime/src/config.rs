@@ -379,6 +379,34 @@ pub struct Quota {
     /// Whether a fork an agent made serves the agent API itself (its agent could
     /// then fork again, within the lineage's quota).
     pub agent_forks_get_agent_api: bool,
+    /// Bytes a sandbox may hold in the storage pool: what it wrote that its tree or
+    /// its checkpoints' snapshots still hold (btrfs simple quotas, ZFS `quota`; the
+    /// overlay store measures its upper directory at each snapshot). A write past it
+    /// fails inside that sandbox only. `"none"`: unbounded.
+    pub sandbox_pool_bytes: String,
+    /// Bytes of process images a sandbox's checkpoints may hold: older checkpoints
+    /// go first (marked ones stay), and a checkpoint that cannot fit is refused.
+    pub sandbox_checkpoint_bytes: String,
+    /// Bytes of process images all checkpoints on the host may hold; a checkpoint
+    /// that would pass it is refused. `"none"`: unbounded.
+    pub host_checkpoint_bytes: String,
+}
+
+impl Quota {
+    /// `quota.sandbox_pool_bytes` in bytes (`None`: unbounded).
+    pub fn sandbox_pool_limit(&self) -> Option<u64> {
+        parse_limit(&self.sandbox_pool_bytes).ok().flatten()
+    }
+
+    /// `quota.sandbox_checkpoint_bytes` in bytes (`None`: unbounded).
+    pub fn sandbox_checkpoint_limit(&self) -> Option<u64> {
+        parse_limit(&self.sandbox_checkpoint_bytes).ok().flatten()
+    }
+
+    /// `quota.host_checkpoint_bytes` in bytes (`None`: unbounded).
+    pub fn host_checkpoint_limit(&self) -> Option<u64> {
+        parse_limit(&self.host_checkpoint_bytes).ok().flatten()
+    }
 }
 
 impl Default for Quota {
@@ -388,6 +416,9 @@ impl Default for Quota {
             agent_forks_per_minute: 4,
             agent_checkpoints_per_minute: 30,
             agent_forks_get_agent_api: false,
+            sandbox_pool_bytes: "2G".into(),
+            sandbox_checkpoint_bytes: "4G".into(),
+            host_checkpoint_bytes: "none".into(),
         }
     }
 }
@@ -527,6 +558,19 @@ impl Config {
             return Err(bad("storage.pool", "must not be empty".into()));
         }
         parse_size(&self.storage.pool_size).map_err(|m| bad("storage.pool_size", m))?;
+        for (key, text) in [
+            ("quota.sandbox_pool_bytes", &self.quota.sandbox_pool_bytes),
+            (
+                "quota.sandbox_checkpoint_bytes",
+                &self.quota.sandbox_checkpoint_bytes,
+            ),
+            (
+                "quota.host_checkpoint_bytes",
+                &self.quota.host_checkpoint_bytes,
+            ),
+        ] {
+            parse_limit(text).map_err(|m| bad(key, m))?;
+        }
         self.proxy.check().map_err(|(key, m)| bad(key, m))?;
         let key_file = &self.archive.key_file;
         if !key_file.as_os_str().is_empty() && !key_file.is_absolute() {
@@ -576,6 +620,16 @@ fn check_url(url: &str) -> std::result::Result<(), String> {
         return Err(format!("{url:?} has no host"));
     }
     Ok(())
+}
+
+/// Parses a byte limit: a size as [`parse_size`] reads it, or `none` (no limit).
+pub fn parse_limit(text: &str) -> std::result::Result<Option<u64>, String> {
+    if text.trim().eq_ignore_ascii_case("none") {
+        return Ok(None);
+    }
+    parse_size(text)
+        .map(Some)
+        .map_err(|m| format!("{m}, or none"))
 }
 
 /// Parses sizes such as `512M`, `8G`, `1T` or a plain byte count.
@@ -663,6 +717,14 @@ fail_closed = false
             ("state_dir = \"relative\"", "state_dir"),
             ("[checkpoint]\nkeep_last = 0", "checkpoint.keep_last"),
             ("[storage]\npool_size = \"12Q\"", "storage.pool_size"),
+            (
+                "[quota]\nsandbox_pool_bytes = \"lots\"",
+                "quota.sandbox_pool_bytes",
+            ),
+            (
+                "[quota]\nhost_checkpoint_bytes = \"0\"",
+                "quota.host_checkpoint_bytes",
+            ),
         ] {
             let e = Config::parse(text, "t").unwrap_err().to_string();
             assert!(e.contains(key), "{text}: {e}");
@@ -750,6 +812,19 @@ fail_closed = false
     fn test_roundtrip_through_toml() {
         let c = Config::default();
         assert_eq!(Config::parse(&c.to_toml(), "t").unwrap(), c);
+    }
+
+    #[test]
+    fn test_byte_quotas_read_sizes_or_none() {
+        let c = Config::parse(
+            "[quota]\nsandbox_pool_bytes = \"64M\"\nsandbox_checkpoint_bytes = \"none\"",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(c.quota.sandbox_pool_limit(), Some(64 << 20));
+        assert_eq!(c.quota.sandbox_checkpoint_limit(), None);
+        assert_eq!(c.quota.host_checkpoint_limit(), None);
+        assert_eq!(Config::default().quota.sandbox_pool_limit(), Some(2 << 30));
     }
 
     #[test]

@@ -121,6 +121,16 @@ pub enum Error {
         /// Its error output.
         message: String,
     },
+    /// A byte quota of the host configuration's `[quota]` would be passed.
+    #[error("quota: {what} would pass {quota}: {message}")]
+    QuotaExceeded {
+        /// What was refused, and for whom.
+        what: String,
+        /// The configuration key (`quota.sandbox_pool_bytes`, ...).
+        quota: &'static str,
+        /// The figures.
+        message: String,
+    },
     /// A storage tool failed.
     #[error("{command}: {message}")]
     Command {
@@ -219,6 +229,7 @@ impl Error {
                 ErrorKind::FailedPrecondition
             }
             Error::PoolFull { .. } => ErrorKind::Unavailable,
+            Error::QuotaExceeded { .. } => ErrorKind::ResourceExhausted,
             Error::InHelper { failure, .. } => failure.kind,
             Error::Helper { .. }
             | Error::Libcontainer { .. }
@@ -234,13 +245,20 @@ impl Error {
     }
 
     /// Wraps an I/O error with what was being done.
-    /// A full file system becomes [`Error::PoolFull`].
+    /// A full file system becomes [`Error::PoolFull`], a passed quota [`Error::QuotaExceeded`].
     pub fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
         let context = context.into();
         move |source| {
             if source.raw_os_error() == Some(libc::ENOSPC) {
                 Error::PoolFull {
                     command: context,
+                    message: source.to_string(),
+                }
+            } else if source.raw_os_error() == Some(libc::EDQUOT) {
+                // The only kernel quota Crab sets is the sandbox's pool quota.
+                Error::QuotaExceeded {
+                    what: context,
+                    quota: "quota.sandbox_pool_bytes",
                     message: source.to_string(),
                 }
             } else {

@@ -1169,3 +1169,55 @@ fn a_compound_zfs_stream_with_a_host_mountpoint_is_refused() {
     assert!(left.is_empty(), "{left:?}");
     let _ = fs::remove_dir_all(victim);
 }
+
+/// Writes `mb` MiB of bytes no compression shrinks to `path`, synced chunk by chunk.
+fn write_mb(path: &Path, mb: usize) -> std::io::Result<()> {
+    let mut f = fs::File::create(path)?;
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    for _ in 0..mb {
+        let chunk: Vec<u8> = (0..1 << 17)
+            .flat_map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x.to_le_bytes()
+            })
+            .collect();
+        f.write_all(&chunk)?;
+        f.sync_all()?;
+    }
+    Ok(())
+}
+
+#[test]
+fn a_tree_quota_counts_what_its_snapshots_pin_and_a_fork_gets_its_own() {
+    let _l = shared();
+    let s = store().with_tree_limit(Some(16 << 20));
+    let sc = Scene::new("quota");
+    let a = sc.key("a");
+    let live = s.prepare(&a, &sc.image).unwrap();
+    write_mb(&live.join("a"), 10).unwrap();
+    s.snapshot(&a, "pins").unwrap();
+    fs::remove_file(live.join("a")).unwrap();
+    let usage = s.quota_usage(&a).unwrap().unwrap();
+    assert_eq!(usage.limit, Some(16 << 20));
+    assert!(usage.used >= 10 << 20, "{usage:?}");
+    let e = write_mb(&live.join("b"), 10).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EDQUOT), "{e}");
+    fs::remove_file(live.join("b")).unwrap();
+
+    let b = sc.key("b");
+    let forked = s.clone_snapshot(&a, "pins", &b).unwrap();
+    let quota = zfs(&[
+        "get",
+        "-Hp",
+        "-o",
+        "value",
+        "quota",
+        &s.dataset(&b).unwrap(),
+    ]);
+    assert_eq!(quota.trim(), (16u64 << 20).to_string());
+    write_mb(&forked.join("c"), 10).expect("the fork's own quota has room");
+    s.destroy(&b).unwrap();
+    s.destroy(&a).unwrap();
+}

@@ -228,10 +228,11 @@ pub fn create_private_dir(dir: &Path) -> Result<()> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn entry(seq: u64, marked: bool) -> Entry {
+    /// A full checkpoint's entry, with its own snapshot and images.
+    pub(crate) fn entry(seq: u64, marked: bool) -> Entry {
         Entry {
             seq,
             name: seq.to_string(),

@@ -13,6 +13,7 @@ pub mod archive;
 mod archive_fixture;
 pub mod archive_sign;
 pub mod beneath;
+pub mod byte_quota;
 pub mod engine;
 pub mod fs_diff;
 pub mod history;

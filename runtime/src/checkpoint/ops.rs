@@ -5,6 +5,7 @@
 //! and the CRIU dump (leave running) see the same instant. Its CRIU images are written
 //! under a temporary name, fsync-ed and renamed; the history entry is recorded after
 //! that; retention removes older checkpoints only after the new entry is durable.
+//! Retention counts checkpoints and bytes ([`super::byte_quota`]).
 
 use std::path::Path;
 use std::time::Instant;
@@ -245,25 +246,31 @@ impl Container {
         })();
         freeze.end(self, with_proc, frozen.is_ok());
         let durable = frozen.and_then(|()| {
-            if with_proc {
-                sync_tree(&tmp)?;
-                std::fs::rename(&tmp, history::image_dir(&dir, seq))
-                    .map_err(Error::io(format!("rename {}", tmp.display())))?;
-                sync_path(&dir)?;
-                fault::point("checkpoint.renamed");
+            if !with_proc {
+                return Ok(0);
             }
-            Ok(())
+            let bytes = dir_bytes(&tmp);
+            super::byte_quota::admit(history, config, &key, &dir, bytes, req.mark)?;
+            sync_tree(&tmp)?;
+            std::fs::rename(&tmp, history::image_dir(&dir, seq))
+                .map_err(Error::io(format!("rename {}", tmp.display())))?;
+            sync_path(&dir)?;
+            fault::point("checkpoint.renamed");
+            Ok(bytes)
         });
-        if let Err(e) = durable {
-            // The inspector forgot changes this failed checkpoint did not keep:
-            // make the next classification take everything.
-            inspect::taint(self);
-            let _ = std::fs::remove_dir_all(&tmp);
-            if with_fs {
-                let _ = store.delete_snapshot(&key, &snapshot);
+        let process_bytes = match durable {
+            Ok(bytes) => bytes,
+            Err(e) => {
+                // The inspector forgot changes this failed checkpoint did not keep:
+                // make the next classification take everything.
+                inspect::taint(self);
+                let _ = std::fs::remove_dir_all(&tmp);
+                if with_fs {
+                    let _ = store.delete_snapshot(&key, &snapshot);
+                }
+                return Err(e);
             }
-            return Err(e);
-        }
+        };
         timings.total_ms = started.elapsed().as_millis() as u64;
         let entry = Entry {
             seq,
@@ -281,11 +288,7 @@ impl Container {
                 prev.as_ref().and_then(|p| p.process_image)
             },
             created_ms: super::Manifest::now_ms(),
-            process_bytes: if with_proc {
-                dir_bytes(&history::image_dir(&dir, seq))
-            } else {
-                0
-            },
+            process_bytes,
             timings,
             marked: req.mark,
         };
@@ -294,7 +297,7 @@ impl Container {
         history.save(&dir)?;
         fault::point("checkpoint.recorded");
         // Only now, with the new entry durable, may older ones go.
-        let dropped = history.retain_last(config.checkpoint.keep_last as usize);
+        let dropped = super::byte_quota::retain(history, config, &dir);
         if !dropped.is_empty() {
             history.save(&dir)?;
             fault::point("checkpoint.retained");

@@ -15,8 +15,8 @@ use std::path::{Path, PathBuf};
 use super::dirs::{complete_snapshots, mkdirs, read_dir_lossy, write_durably, PoolDirs};
 use super::names::{CONTAINERS, IMAGES, SNAPSHOTS, TMP};
 use super::{
-    btrfs_ioctl as ioctl, btrfs_nested, btrfs_receive, cmd, fault, names, send_stream, tree, work,
-    ContainerKey, ImageSource, ReconcileReport, SnapshotInfo, Store,
+    btrfs_ioctl as ioctl, btrfs_nested, btrfs_quota, btrfs_receive, cmd, fault, names, send_stream,
+    tree, work, ContainerKey, ImageSource, QuotaUsage, ReconcileReport, SnapshotInfo, Store,
 };
 use crate::config::Backend;
 use crate::{Error, Result};
@@ -27,6 +27,8 @@ const BTRFS_SUPER_MAGIC: i64 = 0x9123_683E;
 #[derive(Debug)]
 pub struct BtrfsStore {
     dirs: PoolDirs,
+    /// What each container tree may own in the pool ([`btrfs_quota`]).
+    tree_limit: Option<u64>,
 }
 
 impl BtrfsStore {
@@ -42,7 +44,34 @@ impl BtrfsStore {
             });
         }
         let dirs = PoolDirs::open(root, &[IMAGES, CONTAINERS, SNAPSHOTS, TMP])?;
-        Ok(BtrfsStore { dirs })
+        Ok(BtrfsStore {
+            dirs,
+            tree_limit: None,
+        })
+    }
+
+    /// Limits every container tree this store makes to owning `bytes` of the pool
+    /// (btrfs simple quotas, turned on when first needed); `None`: no limit.
+    pub fn with_tree_limit(mut self, bytes: Option<u64>) -> BtrfsStore {
+        self.tree_limit = bytes;
+        self
+    }
+
+    /// Makes a container's writable tree at `live` as a snapshot of `src`, under the
+    /// store's limit: every way a container gets a tree passes here.
+    fn new_tree(&self, src: &Path, live: &Path) -> Result<()> {
+        mkdirs(live.parent().expect("has a parent"))?;
+        let Some(bytes) = self.tree_limit else {
+            return ioctl::snapshot(src, live, false);
+        };
+        btrfs_quota::ensure_enabled(self.dirs.root())?;
+        ioctl::snapshot(src, live, false)?;
+        if let Err(e) = btrfs_quota::limit(live, Some(bytes)) {
+            // An unbounded tree must not be handed out.
+            let _ = ioctl::delete(live);
+            return Err(e);
+        }
+        Ok(())
     }
 
     fn live(&self, key: &ContainerKey) -> PathBuf {
@@ -214,7 +243,7 @@ impl Store for BtrfsStore {
         if let Some(owner) = &image.owner {
             write_durably(&self.owner_file(key), owner.as_os_str().as_encoded_bytes())?;
         }
-        ioctl::snapshot(&base, &live, false)?;
+        self.new_tree(&base, &live)?;
         Ok(live)
     }
 
@@ -257,8 +286,7 @@ impl Store for BtrfsStore {
         let snap = self.existing_snapshot(key, name)?;
         let live = self.live(key);
         if !ioctl::is_subvolume(&live) {
-            mkdirs(live.parent().expect("has a parent"))?;
-            return ioctl::snapshot(&snap, &live, false);
+            return self.new_tree(&snap, &live);
         }
         let marker = self.marker(key);
         write_durably(&marker, work::rollback_mark(name).as_bytes())?;
@@ -283,8 +311,7 @@ impl Store for BtrfsStore {
         if live.exists() {
             return Err(names::tree_exists(new_key));
         }
-        mkdirs(live.parent().expect("has a parent"))?;
-        ioctl::snapshot(&snap, &live, false)?;
+        self.new_tree(&snap, &live)?;
         Ok(live)
     }
 
@@ -337,6 +364,15 @@ impl Store for BtrfsStore {
                 operation: "space used",
                 message: format!("unexpected `btrfs filesystem du` output: {out}"),
             })
+    }
+
+    fn quota_usage(&self, key: &ContainerKey) -> Result<Option<QuotaUsage>> {
+        let live = self.rootfs(key)?;
+        if btrfs_quota::mode(self.dirs.root())?.is_none() {
+            return Ok(None);
+        }
+        let (used, limit) = btrfs_quota::usage(self.dirs.root(), &live)?;
+        Ok(Some(QuotaUsage { used, limit }))
     }
 
     fn export(

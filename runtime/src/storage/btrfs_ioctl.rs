@@ -156,6 +156,11 @@ pub fn is_readonly(path: &Path) -> Result<bool> {
     Ok(flags & SUBVOL_RDONLY != 0)
 }
 
+/// The id of the subvolume at `path` (its level-0 qgroup is `0/<id>`).
+pub fn subvolume_id(path: &Path) -> Result<u64> {
+    Ok(info(path)?.treeid)
+}
+
 fn info(path: &Path) -> Result<SubvolInfo> {
     let dir = open_dir(path)?;
     // SAFETY: SubvolInfo is plain old data; all-zero is a valid value.

@@ -33,6 +33,11 @@ impl PoolDirs {
         Ok(PoolDirs { root })
     }
 
+    /// The pool's mount point.
+    pub(crate) fn root(&self) -> &Path {
+        &self.root
+    }
+
     /// `<pool>/<area>`.
     pub(crate) fn area(&self, area: &str) -> PathBuf {
         self.root.join(area)

@@ -27,6 +27,7 @@ pub mod adopt;
 pub mod btrfs;
 mod btrfs_ioctl;
 mod btrfs_nested;
+pub mod btrfs_quota;
 mod btrfs_receive;
 pub mod cmd;
 mod dirs;
@@ -36,6 +37,7 @@ pub mod layers;
 pub mod names;
 pub mod overlay;
 mod overlay_import;
+mod overlay_quota;
 mod send_stream;
 mod send_stream_check;
 pub mod tree;
@@ -52,6 +54,15 @@ pub struct SnapshotInfo {
     pub name: String,
     /// When it was taken.
     pub created: SystemTime,
+}
+
+/// A container's bytes against its pool quota.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QuotaUsage {
+    /// What its tree and snapshots hold.
+    pub used: u64,
+    /// Its quota (`None`: none).
+    pub limit: Option<u64>,
 }
 
 /// What a reconciliation found and fixed.
@@ -118,6 +129,12 @@ pub trait Store: Send + Sync {
     /// the image and its snapshots included), as cheaply as the backend can tell.
     fn space_used(&self, key: &ContainerKey) -> Result<u64>;
 
+    /// What the container holds against its pool quota, as the backend accounts it
+    /// (`None`: the backend does not account it as it goes, as overlay).
+    fn quota_usage(&self, _key: &ContainerKey) -> Result<Option<QuotaUsage>> {
+        Ok(None)
+    }
+
     /// Writes snapshot `name` as a byte stream; with `parent`, only the difference from
     /// that earlier snapshot (which the receiving side must already have).
     fn export(
@@ -171,15 +188,18 @@ pub trait Store: Send + Sync {
 pub fn open(config: &Config, backend: Backend) -> Result<Option<Box<dyn Store>>> {
     match backend {
         Backend::Passthrough => Ok(None),
-        Backend::Btrfs => Ok(Some(Box::new(btrfs::BtrfsStore::open(
-            &config.storage.pool,
-        )?))),
-        Backend::Overlay => Ok(Some(Box::new(overlay::OverlayStore::open(
-            &config.storage.overlay_dir,
-        )?))),
-        Backend::Zfs => Ok(Some(Box::new(zfs::ZfsStore::open(
-            &config.storage.zfs_dataset,
-        )?))),
+        Backend::Btrfs => Ok(Some(Box::new(
+            btrfs::BtrfsStore::open(&config.storage.pool)?
+                .with_tree_limit(config.quota.sandbox_pool_limit()),
+        ))),
+        Backend::Overlay => Ok(Some(Box::new(
+            overlay::OverlayStore::open(&config.storage.overlay_dir)?
+                .with_tree_limit(config.quota.sandbox_pool_limit()),
+        ))),
+        Backend::Zfs => Ok(Some(Box::new(
+            zfs::ZfsStore::open(&config.storage.zfs_dataset)?
+                .with_tree_limit(config.quota.sandbox_pool_limit()),
+        ))),
     }
 }
 

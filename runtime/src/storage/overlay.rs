@@ -31,8 +31,8 @@ use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use super::dirs::{complete_snapshots, mkdirs, read_dir_lossy, write_durably, PoolDirs};
 use super::names::{CONTAINERS, SNAPSHOTS, TMP};
 use super::{
-    cmd, fault, names, overlay_import, tree, work, ContainerKey, ImageSource, ReconcileReport,
-    SnapshotInfo, Store,
+    cmd, fault, names, overlay_import, overlay_quota, tree, work, ContainerKey, ImageSource,
+    ReconcileReport, SnapshotInfo, Store,
 };
 use crate::config::Backend;
 use crate::{Error, Result};
@@ -41,6 +41,8 @@ use crate::{Error, Result};
 #[derive(Debug)]
 pub struct OverlayStore {
     dirs: PoolDirs,
+    /// The pool quota of each container, measured ([`overlay_quota`]).
+    tree_limit: Option<u64>,
 }
 
 fn read_lower(file: &Path) -> Result<Vec<PathBuf>> {
@@ -131,7 +133,17 @@ impl OverlayStore {
     /// Opens (creating its directories) the pool at `root`.
     pub fn open(root: impl AsRef<Path>) -> Result<OverlayStore> {
         let dirs = PoolDirs::open(root.as_ref().to_path_buf(), &[CONTAINERS, SNAPSHOTS, TMP])?;
-        Ok(OverlayStore { dirs })
+        Ok(OverlayStore {
+            dirs,
+            tree_limit: None,
+        })
+    }
+
+    /// Refuses snapshots that would bring a container past `bytes` of upper
+    /// directory and snapshots ([`overlay_quota`]); `None`: no limit.
+    pub fn with_tree_limit(mut self, bytes: Option<u64>) -> OverlayStore {
+        self.tree_limit = bytes;
+        self
     }
 
     fn dir(&self, key: &ContainerKey) -> PathBuf {
@@ -323,7 +335,10 @@ impl Store for OverlayStore {
         let work = self.tmp("snapshot");
         mkdirs(&work.join("upper"))?;
         let made = (|| {
-            tree::copy(&dir.join("upper"), &work.join("upper"))?;
+            let copied = tree::copy(&dir.join("upper"), &work.join("upper"))?.bytes;
+            overlay_quota::admit(key, self.tree_limit, copied, &self.dirs.snapshots(key))?;
+            std::fs::write(work.join(overlay_quota::BYTES_FILE), copied.to_string())
+                .map_err(Error::io(format!("write {}", work.display())))?;
             fault::point("overlay.snapshot.copied");
             write_lower(&work.join("lower"), &read_lower(&dir.join("lower"))?)?;
             // Durable before it is named, and named durably: a checkpoint records

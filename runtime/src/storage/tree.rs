@@ -31,6 +31,8 @@ pub struct Stats {
     pub removed: u64,
     /// Entries left alone because they were unchanged.
     pub unchanged: u64,
+    /// Bytes of the regular files written (their lengths).
+    pub bytes: u64,
 }
 
 /// Copies the tree `src` into `dst`, which must be an empty directory.
@@ -231,6 +233,7 @@ impl Mirror {
                 .map_err(Error::io(format!("symlink {}", dst.display())))?;
         } else if ft.is_file() {
             copy_file(src, dst, s.len())?;
+            self.stats.bytes += s.len();
         } else {
             let kind = SFlag::from_bits_truncate(s.mode() & libc::S_IFMT);
             mknod(

@@ -284,8 +284,9 @@ impl ZfsStore {
         }
         self.ensure_parent(key)?;
         let owner = owner.map(|o| format!("{OWNER}={}", o.display()));
+        let quota = self.quota_property();
         let mut args = vec!["clone"];
-        if let Some(o) = &owner {
+        for o in owner.iter().chain(&quota) {
             args.extend(["-o", o.as_str()]);
         }
         args.extend([origin, ds.as_str()]);

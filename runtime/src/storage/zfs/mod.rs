@@ -69,7 +69,7 @@ use super::names::{
     self, snapshot_exists, snapshot_not_found, tree_exists, CONTAINERS, IMAGES, TMP,
 };
 use super::work::{self, Existing};
-use super::{fault, ContainerKey, ImageSource, ReconcileReport, SnapshotInfo, Store};
+use super::{fault, ContainerKey, ImageSource, QuotaUsage, ReconcileReport, SnapshotInfo, Store};
 use crate::config::Backend;
 use crate::{Error, Result};
 
@@ -97,6 +97,8 @@ pub struct ZfsStore {
     tmp_dir: PathBuf,
     /// Whether ZFS serves its file systems through FUSE (zfs-fuse).
     fuse: bool,
+    /// The `quota` of each container's dataset (its tree and its snapshots).
+    tree_limit: Option<u64>,
 }
 
 fn check_len(name: &str) -> Result<()> {
@@ -138,6 +140,7 @@ impl ZfsStore {
             pool: root.split('/').next().unwrap_or(root).to_string(),
             tmp_dir: PathBuf::new(),
             fuse: false,
+            tree_limit: None,
         };
         let at = store.mountpoint(root)?;
         store.fuse = served_by_fuse(&at)?;
@@ -150,6 +153,19 @@ impl ZfsStore {
         }
         store.tmp_dir = store.mountpoint(&store.area(TMP))?;
         Ok(store)
+    }
+
+    /// Gives every container dataset this store makes a ZFS `quota` of `bytes`
+    /// (what its tree and its snapshots hold; the image's data it shares is not
+    /// counted); `None`: no quota.
+    pub fn with_tree_limit(mut self, bytes: Option<u64>) -> ZfsStore {
+        self.tree_limit = bytes;
+        self
+    }
+
+    /// The `quota=` property of a container's dataset, when it has one.
+    fn quota_property(&self) -> Option<String> {
+        self.tree_limit.map(|b| format!("quota={b}"))
     }
 
     /// The dataset the store keeps everything in.
@@ -330,6 +346,25 @@ impl Store for ZfsStore {
             operation: "read space used",
             message: format!("{ds}: {out:?}"),
         })
+    }
+
+    fn quota_usage(&self, key: &ContainerKey) -> Result<Option<QuotaUsage>> {
+        let ds = self.dataset(key)?;
+        if !self.state(&ds)?.is_some_and(|st| st.tree) {
+            return Err(Error::NoTree(key.to_string()));
+        }
+        let number = |prop: &str| -> Result<u64> {
+            let out = value(&ds, prop)?;
+            out.parse().map_err(|_| Error::Storage {
+                operation: "read quota",
+                message: format!("{ds} {prop}: {out:?}"),
+            })
+        };
+        let limit = number("quota")?;
+        Ok(Some(QuotaUsage {
+            used: number("used")?,
+            limit: (limit != 0).then_some(limit),
+        }))
     }
 
     fn export(

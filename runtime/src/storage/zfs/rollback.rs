@@ -57,6 +57,10 @@ impl ZfsStore {
             self.mirror_rollback(&ds, &live, &snap, name, snaps[pos].1)?;
         }
         if !st.tree {
+            // An imported dataset becomes a container's tree here: under its quota.
+            if let Some(q) = self.quota_property() {
+                zfs(&["set", &q, &ds])?;
+            }
             zfs(&["inherit", TREE, &ds])?;
         }
         Ok(())
