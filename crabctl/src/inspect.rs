@@ -33,7 +33,28 @@ pub fn run(config: &Config, namespace: &str, id: &str) -> Result<()> {
         None => "no inspector loaded on this host".into(),
     };
     println!("inspector:       {watched}");
+    let door = door(config, namespace, id)
+        .map(|p| format!("unix:{}", p.display()))
+        .unwrap_or_else(|_| "none (no turn proxy runs)".into());
+    println!("proxy door:      {door}");
     Ok(())
+}
+
+/// The host-side door of the container's turn proxy, if one is open.
+pub fn door(config: &Config, namespace: &str, id: &str) -> Result<std::path::PathBuf> {
+    use std::os::unix::fs::FileTypeExt;
+    let path = crab_runtime::control::proxy_socket_path(config, namespace, id);
+    match std::fs::symlink_metadata(&path) {
+        Ok(m) if m.file_type().is_socket() => Ok(path),
+        _ => Err(crab_runtime::error::Failure::new(
+            crab_runtime::error::ErrorKind::NotFound,
+            format!(
+                "{namespace}/{id} has no turn proxy running (no {})",
+                path.display()
+            ),
+        )
+        .into()),
+    }
 }
 
 #[derive(clap::Subcommand)]

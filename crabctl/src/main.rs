@@ -6,6 +6,7 @@ mod fs;
 mod inspect;
 mod migrate;
 mod proxy;
+mod proxy_door;
 mod quota;
 mod recover;
 mod turn;
@@ -48,6 +49,13 @@ enum Command {
     Config,
     /// Print what Crab records about a running container (cgroup id, bundle, ...).
     Inspect {
+        /// Container id.
+        id: String,
+    },
+    /// Print the host-side door of a container's turn proxy: the unix socket
+    /// through which an orchestrator on the host reaches the proxy (fails when the
+    /// container has no proxy running).
+    Door {
         /// Container id.
         id: String,
     },
@@ -236,6 +244,9 @@ fn run() -> Result<()> {
             Ok(())
         }
         Command::Inspect { id } => inspect::run(&config, &cli.namespace, &id),
+        Command::Door { id } => {
+            inspect::door(&config, &cli.namespace, &id).map(|p| println!("{}", p.display()))
+        }
         Command::Inspector(cmd) => inspect::inspector(&config, cmd),
         Command::Fs(cmd) => fs::run(&config, &cli.namespace, cmd),
         Command::Checkpoint {

@@ -10,8 +10,9 @@
 //! (`Authorization: Bearer`): `CRAB_API_TOKEN` from this process's environment,
 //! else (by hand) the container init's, else a fresh one, printed.
 //!
-//! Run by hand it stays in the foreground. Run by the shim (`--managed`) it
-//! prints `ready ADDR` once listening, exits when its stdin (a pipe only the
+//! Run by hand it stays in the foreground. Run by the shim (`--managed`) it also
+//! opens the host-side door ([`crate::proxy_door`]), prints `ready ADDR` once
+//! listening, exits when its stdin (a pipe only the
 //! shim holds) reaches EOF, and on SIGHUP (after a restore or rollback put the
 //! container in a new network namespace) listens there too.
 
@@ -345,6 +346,18 @@ pub fn run(config: &Config, address: &str, namespace: &str, id: &str, o: Options
             );
             std::future::pending::<()>().await;
         }
+        // Removed again when this block ends (the shim is gone).
+        let mut door = crate::proxy_door::HostDoor::bind(config, namespace, id)?;
+        let group = config.control_gid()?;
+        let listener = door.take_listener().context("the host door's listener")?;
+        let served = proxy.clone();
+        tokio::spawn(async move {
+            let admit = move |c: &tokio::net::UnixStream| crate::proxy_door::admit(c, group);
+            if let Err(e) = served.serve_unix(listener, admit).await {
+                tracing::error!(error = %e, "the host door ended");
+            }
+        });
+        tracing::info!(door = %door.path().display(), "host door open");
         println!("ready {}", o.listen);
         let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
             .context("SIGHUP handler")?;

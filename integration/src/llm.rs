@@ -107,3 +107,23 @@ fn answer(mut conn: std::net::TcpStream, think: Duration, gap: Duration, tx: mps
     }
     let _ = conn.write_all(b"0\r\n\r\n");
 }
+
+/// A python sandbox idling, whose shim-started proxy forwards to a stub LLM
+/// (answers `gap` apart in chunks) that the annotation names.
+/// The host's configuration allows that upstream (`[proxy] upstreams`).
+pub fn sandbox_with_proxy(gap: Duration) -> crate::Guard {
+    let (port, _seen) = stub(Duration::ZERO, gap);
+    let upstream = format!("http://127.0.0.1:{port}");
+    let config = crate::config_with(&format!("[proxy]\nupstreams = [\"{upstream}\"]"));
+    crate::Guard::run_detached(
+        crate::CRAB,
+        crate::PYTHON,
+        &[
+            "--runtime-config-path",
+            &config.to_string_lossy(),
+            "--annotation",
+            &format!("io.crab.proxy.upstream={upstream}"),
+        ],
+        &["sleep", "infinity"],
+    )
+}

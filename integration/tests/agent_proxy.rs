@@ -10,7 +10,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use crab_integration::llm::{self, SSE};
+use crab_integration::llm::{self, sandbox_with_proxy, SSE};
 use crab_integration::{
     config_with, crabctl, crabctl_ok, ctr_ok, text, wait_until, Guard, CRAB, PYTHON,
 };
@@ -163,26 +163,6 @@ impl Drop for Agent {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-/// A python sandbox idling, whose shim-started proxy forwards to a stub LLM
-/// (answers `gap` apart in chunks) that the annotation names.
-/// The host's configuration allows that upstream (`[proxy] upstreams`).
-fn sandbox_with_proxy(gap: Duration) -> Guard {
-    let (port, _seen) = llm::stub(Duration::ZERO, gap);
-    let upstream = format!("http://127.0.0.1:{port}");
-    let config = allowing(&upstream);
-    Guard::run_detached(
-        CRAB,
-        PYTHON,
-        &[
-            "--runtime-config-path",
-            &config,
-            "--annotation",
-            &format!("io.crab.proxy.upstream={upstream}"),
-        ],
-        &["sleep", "infinity"],
-    )
 }
 
 /// A runtime configuration whose proxy allows `upstream` (none by default).

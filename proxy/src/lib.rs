@@ -19,6 +19,7 @@
 mod ratelimit;
 
 mod api;
+mod door;
 mod limits;
 pub mod logfile;
 mod mcp;

@@ -18,6 +18,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::sync::Semaphore;
 
 use crate::api::{self, Sandbox};
+use crate::door::Door;
 use crate::limits::{self, Cut, GuardedBody, Limits};
 use crate::ratelimit::limited;
 use crate::target;
@@ -165,9 +166,19 @@ impl Proxy {
             what: "listen".into(),
             source,
         })?;
+        self.serve_door(listener, |_| Ok(())).await
+    }
+
+    /// Serves `door` until it is unusable: each connection `admit` lets in is
+    /// served under the cap; one it refuses gets a 403, one over the cap a 503.
+    pub(crate) async fn serve_door<D: Door>(
+        self: Arc<Self>,
+        door: D,
+        admit: impl Fn(&D::Conn) -> std::result::Result<(), String>,
+    ) -> Result<()> {
         loop {
-            let stream = match listener.accept().await {
-                Ok((stream, _)) => stream,
+            let stream = match door.accept().await {
+                Ok(stream) => stream,
                 Err(source) if listener_broken(&source) => {
                     return Err(Error::Io {
                         what: "accept".into(),
@@ -180,17 +191,20 @@ impl Proxy {
                     continue;
                 }
             };
+            if let Err(why) = admit(&stream) {
+                limited!(warn, %why, "connection refused: the caller may not use this door");
+                D::answer(&stream, FORBIDDEN);
+                continue;
+            }
             let Ok(permit) = self.connections.clone().try_acquire_owned() else {
                 limited!(
                     warn,
                     max_connections = self.limits.max_connections,
                     "connection refused: the proxy serves its most connections"
                 );
-                refuse(stream);
+                D::answer(&stream, REFUSED);
                 continue;
             };
-            // Answers stream back chunk by chunk: no Nagle delay between them.
-            let _ = stream.set_nodelay(true);
             let proxy = self.clone();
             tokio::spawn(async move {
                 proxy.serve_connection(stream).await;
@@ -335,11 +349,10 @@ fn listener_broken(e: &std::io::Error) -> bool {
 
 /// What a connection over the cap gets before it is closed.
 const REFUSED: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\n\
-Content-Length: 52\r\nConnection: close\r\nRetry-After: 1\r\n\r\n\
+Content-Length: 51\r\nConnection: close\r\nRetry-After: 1\r\n\r\n\
 crab proxy: too many connections; try again later\r\n";
 
-/// Answers 503 without waiting (the socket's buffer takes it, or the client
-/// gets a reset) and closes.
-fn refuse(stream: tokio::net::TcpStream) {
-    let _ = stream.try_write(REFUSED);
-}
+/// What a connection from a caller the door does not admit gets.
+const FORBIDDEN: &[u8] = b"HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain\r\n\
+Content-Length: 41\r\nConnection: close\r\n\r\n\
+crab proxy: this caller may not connect\r\n";

@@ -211,6 +211,16 @@ pub fn socket_path(config: &Config, namespace: &str, id: &str) -> PathBuf {
     config.namespace_dir(namespace).join(format!("{id}.ctl"))
 }
 
+/// Where the host-side door of a container's turn proxy is: a unix socket through
+/// which orchestrators on the host reach the proxy without entering the
+/// container's network namespace (root and `control_group` only, as the control
+/// socket).
+pub fn proxy_socket_path(config: &Config, namespace: &str, id: &str) -> PathBuf {
+    config
+        .namespace_dir(namespace)
+        .join(format!("{id}.proxy.sock"))
+}
+
 /// Sends `request` to the container's shim and waits (up to `timeout`) for the answer.
 pub fn call(config: &Config, request: &Request, timeout: Duration) -> Result<Response> {
     let (namespace, id) = request.target();

@@ -38,6 +38,7 @@ pub mod inspect;
 pub mod metrics;
 pub mod netns;
 pub mod oom;
+pub mod peer;
 pub mod sandbox;
 pub mod storage;
 pub mod tracking;

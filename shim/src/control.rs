@@ -31,49 +31,13 @@ use crate::task::{blocking, TaskService};
 /// How long a rollback waits for the old processes to be gone.
 const KILL_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Whether the process at the other end of `conn` may use the control socket: root,
-/// or a member (primary or supplementary) of the configured group.
+/// Whether the process at the other end of `conn` may use the control socket
+/// ([`crab_runtime::peer::allowed`]).
 fn peer_allowed(conn: &tokio::net::UnixStream, group: Option<u32>) -> Result<(), String> {
     let cred = conn
         .peer_cred()
         .map_err(|e| format!("no peer credentials: {e}"))?;
-    if cred.uid() == 0 {
-        return Ok(());
-    }
-    let refused = || {
-        format!(
-            "uid {} gid {} is not root{}",
-            cred.uid(),
-            cred.gid(),
-            if group.is_some() {
-                " nor in the control group"
-            } else {
-                ""
-            }
-        )
-    };
-    let Some(gid) = group else {
-        return Err(refused());
-    };
-    if cred.gid() == gid {
-        return Ok(());
-    }
-    // Supplementary groups: only /proc has them.
-    let member = cred.pid().is_some_and(|pid| {
-        std::fs::read_to_string(format!("/proc/{pid}/status"))
-            .ok()
-            .and_then(|s| {
-                s.lines()
-                    .find_map(|l| l.strip_prefix("Groups:"))
-                    .map(|g| g.split_whitespace().any(|g| g.parse() == Ok(gid)))
-            })
-            .unwrap_or(false)
-    });
-    if member {
-        Ok(())
-    } else {
-        Err(refused())
-    }
+    crab_runtime::peer::allowed(cred.uid(), cred.gid(), cred.pid(), group)
 }
 
 impl TaskService {

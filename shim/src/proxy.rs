@@ -184,11 +184,15 @@ pub fn log_path(config: &Config, namespace: &str, id: &str) -> PathBuf {
         .join(format!("{id}.proxy.log"))
 }
 
-/// Removes the proxy's log of container `id` and the rotated one before it.
+/// Removes the proxy's log of container `id` and the rotated one before it, and
+/// its host door's socket (a proxy that was killed could not).
 pub fn remove_logs(config: &Config, namespace: &str, id: &str) {
     let log = log_path(config, namespace, id);
     let _ = std::fs::remove_file(rotated_log(&log));
     let _ = std::fs::remove_file(log);
+    let _ = std::fs::remove_file(crab_runtime::control::proxy_socket_path(
+        config, namespace, id,
+    ));
 }
 
 /// Where the proxy rotates its log (`<log>.1`; see `[proxy] log_max_size`).
