@@ -523,6 +523,8 @@ impl Store for OverlayStore {
             let dst = self.dirs.snapshot(key, &name)?;
             let known = overlay_import::known_layers(&self.dirs);
             overlay_import::check_snapshot(&work.join(&name), &name, &known)?;
+            // What the archive says of its size is not trusted: measured here.
+            overlay_quota::record(&work.join(&name))?;
             if dst.exists() {
                 return Err(names::snapshot_exists(key, &name));
             }

@@ -27,6 +27,14 @@ pub(super) fn held(dir: &Path) -> u64 {
         .sum()
 }
 
+/// Records the bytes of the regular files in the upper directory of the snapshot
+/// at `snap` (an imported one: a snapshot taken here records what its copy wrote).
+pub(super) fn record(snap: &Path) -> Result<()> {
+    let bytes = crate::checkpoint::dir_bytes(&snap.join("upper"));
+    let file = snap.join(BYTES_FILE);
+    std::fs::write(&file, bytes.to_string()).map_err(Error::io(format!("write {}", file.display())))
+}
+
 /// Refuses a snapshot of `copied` bytes when, with the live upper directory (as
 /// large) and the snapshots `snapshots` holds, the container would pass `limit`.
 pub(super) fn admit(
@@ -71,5 +79,17 @@ mod tests {
         let e = admit(&key, Some(349), 100, t.path()).unwrap_err();
         assert!(e.to_string().contains("quota.sandbox_pool_bytes"), "{e}");
         admit(&key, None, u64::MAX, t.path()).unwrap();
+    }
+
+    #[test]
+    fn an_imported_snapshots_size_is_measured_not_taken_from_the_archive() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(t.path().join("upper/d")).unwrap();
+        std::fs::write(t.path().join("upper/d/f"), vec![1u8; 1000]).unwrap();
+        std::fs::write(t.path().join("upper/g"), vec![1u8; 24]).unwrap();
+        std::fs::write(t.path().join(BYTES_FILE), "0").unwrap();
+        record(t.path()).unwrap();
+        let text = std::fs::read_to_string(t.path().join(BYTES_FILE)).unwrap();
+        assert_eq!(text, "1024");
     }
 }
