@@ -177,7 +177,8 @@ fn a_paused_container_checkpoints_and_stays_paused() {
     let _image = Ref(out.trim().to_string());
     assert_eq!(g.status().as_deref(), Some("PAUSED"));
     let frozen = std::fs::read_to_string(format!(
-        "/sys/fs/cgroup/freezer/crab/{}/freezer.state",
+        "/sys/fs/cgroup/freezer/{}/{}/freezer.state",
+        namespace(),
         g.id
     ))
     .unwrap_or_default();
