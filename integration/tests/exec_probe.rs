@@ -236,3 +236,25 @@ fn containerd_checkpoints_wait_for_a_running_exec() {
     assert!(keeps_counting(&g), "the container was left frozen");
     let _ = ctr_run(&["images", "rm", &reference], None, Duration::from_secs(20));
 }
+
+#[test]
+fn a_paused_container_is_thawed_for_the_wait_and_paused_again() {
+    let (g, _config) = counter("");
+    let exec_id = unique_id("x");
+    let (exec, mut rest) = spawn_exec(&g, &exec_id, "sleep 2; echo done");
+    ctr_ok(&["task", "pause", &g.id]);
+    // Frozen, the exec could not end: the checkpoint thaws the container to wait.
+    let out = crabctl_ok(&["checkpoint", &g.id]);
+    assert!(out.contains("(full, seq"), "{out}");
+    let mut line = String::new();
+    rest.read_line(&mut line).expect("read the exec's output");
+    assert_eq!(line.trim(), "done");
+    assert!(exec.wait_with_output().expect("exec").status.success());
+    // Paused again, as the user left it.
+    assert_eq!(g.status().as_deref(), Some("PAUSED"));
+    let frozen = count(&g);
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(count(&g), frozen, "a paused container counted");
+    ctr_ok(&["task", "resume", &g.id]);
+    assert!(keeps_counting(&g), "the container was left frozen");
+}
