@@ -12,6 +12,7 @@
 //! Unknown keys and bad values are rejected, and the message names the key.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -135,6 +136,18 @@ pub struct Checkpoint {
     pub max_parallel: u32,
     /// Seconds after which a CRIU run is killed.
     pub criu_timeout_s: u64,
+    /// Milliseconds a checkpoint that dumps processes waits for running exec
+    /// processes (a platform's probe, a `docker exec`) to exit before it fails:
+    /// they are not descendants of the init, so CRIU cannot dump them. New execs
+    /// wait for the checkpoint meanwhile.
+    pub exec_wait_ms: u64,
+}
+
+impl Checkpoint {
+    /// [`Checkpoint::exec_wait_ms`] as a duration.
+    pub fn exec_wait(&self) -> Duration {
+        Duration::from_millis(self.exec_wait_ms)
+    }
 }
 
 /// Checkpoint policy settings.
@@ -431,6 +444,10 @@ impl Default for Checkpoint {
             criu: PathBuf::from("criu"),
             max_parallel: 4,
             criu_timeout_s: 300,
+            // A Kubernetes exec probe times out after 1 s by default and a
+            // monitoring exec is shorter: 5 s covers them with room for a loaded
+            // host, and is as long as a turn's answer may be held for one.
+            exec_wait_ms: 5000,
         }
     }
 }
@@ -678,6 +695,7 @@ pool_size = "2G"
 [checkpoint]
 store = "/var/x"
 keep_last = 3
+exec_wait_ms = 250
 [policy]
 mode = "full"
 fail_closed = false
@@ -687,6 +705,11 @@ fail_closed = false
         .unwrap();
         assert_eq!(c.storage.backend, Backend::Zfs);
         assert_eq!(c.checkpoint.keep_last, 3);
+        assert_eq!(
+            c.checkpoint.exec_wait(),
+            std::time::Duration::from_millis(250)
+        );
+        assert_eq!(Config::default().checkpoint.exec_wait_ms, 5000);
         assert_eq!(c.policy.mode, PolicyMode::Full);
         assert_eq!(c.log_level, LogLevel::Debug);
     }

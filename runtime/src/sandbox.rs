@@ -70,23 +70,34 @@ impl Sandbox {
         dry_run: bool,
         priority: &Priority,
     ) -> Result<(Classification, Option<Taken>)> {
-        let class = match self.config.policy.mode {
+        let class = self.classify()?;
+        if dry_run {
+            return Ok((class, None));
+        }
+        let taken = self.take_turn(&class, priority)?;
+        Ok((class, Some(taken)))
+    }
+
+    /// What the turn changed since the last checkpoint (every turn is full under
+    /// the `full` policy); reads only, so it may be asked again.
+    pub fn classify(&self) -> Result<Classification> {
+        Ok(match self.config.policy.mode {
             PolicyMode::Adaptive => {
                 let insp = inspect::inspector(&self.config)?;
                 inspect::classify(&self.container, &self.config, &insp)?
             }
             PolicyMode::Full => Classification::full("policy mode is full"),
-        };
-        if dry_run {
-            return Ok((class, None));
-        }
+        })
+    }
+
+    /// The checkpoint a turn classified as `class` needs.
+    pub fn take_turn(&self, class: &Classification, priority: &Priority) -> Result<Taken> {
         let req = CheckpointRequest {
             kind: class.kind,
             name: None,
             mark: false,
         };
-        let taken = self.checkpoint(req, priority)?;
-        Ok((class, Some(taken)))
+        self.checkpoint(req, priority)
     }
 
     /// The checkpoints, oldest first.

@@ -70,8 +70,9 @@ impl TaskService {
         }
         let slot = self.containers.get(&req.id)?;
         let _claim = slot.begin(Operation::Checkpointing)?;
-        let inst = slot.lock().await?;
-        crate::control::check_dumpable(&inst, &req.id)?;
+        // Running execs are waited for (they cannot be dumped), the claim holding
+        // new ones back.
+        let inst = crate::exec_wait::lock_dumpable(&slot, &req.id).await?;
         let image = if inst.image.is_empty() {
             None
         } else {

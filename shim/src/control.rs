@@ -24,6 +24,7 @@ use tokio::task::JoinHandle;
 use crate::checkpoint::restore_process;
 use crate::containers::Operation;
 use crate::error::{ShimError, ShimResult};
+use crate::exec_wait::{check_checkpointable, lock_dumpable};
 use crate::instance::{status_name, Instance};
 use crate::process::Exit;
 use crate::task::{blocking, TaskService};
@@ -165,9 +166,12 @@ impl TaskService {
     pub async fn crab_checkpoint(&self, id: &str, req: CheckpointRequest) -> ShimResult<Entry> {
         let slot = self.containers.get(id)?;
         let _claim = slot.begin(Operation::Checkpointing)?;
-        let sandbox = {
+        let sandbox = if req.kind.dumps_processes() {
+            lock_dumpable(&slot, id).await?.sandbox()
+        } else {
+            // The files alone: running execs are frozen with the rest, not dumped.
             let inst = slot.lock().await?;
-            check_dumpable(&inst, id)?;
+            check_checkpointable(&inst, id)?;
             inst.sandbox()
         };
         let (entry, _) = blocking(move || sandbox.checkpoint(req, &Priority::high())).await?;
@@ -359,32 +363,6 @@ impl TaskService {
             }
         }
     }
-}
-
-/// Refuses what CRIU cannot dump, with the reason.
-pub(crate) fn check_dumpable(inst: &Instance, id: &str) -> ShimResult<()> {
-    if !matches!(inst.init.status, Status::RUNNING | Status::PAUSED) {
-        return Err(ShimError::FailedPrecondition(format!(
-            "cannot checkpoint container {id}: it is {}",
-            status_name(inst.init.status)
-        )));
-    }
-    let running: Vec<&str> = inst
-        .execs
-        .values()
-        // CREATED too: an exec being started is already a process, whose status
-        // is set when its Start returns.
-        .filter(|p| matches!(p.status, Status::CREATED | Status::RUNNING | Status::PAUSED))
-        .map(|p| p.exec_id.as_str())
-        .collect();
-    if !running.is_empty() {
-        return Err(ShimError::FailedPrecondition(format!(
-            "cannot checkpoint container {id}: exec processes {running:?} are running \
-             (they are not descendants of the init, so they cannot be dumped); \
-             wait for them or kill them first"
-        )));
-    }
-    Ok(())
 }
 
 /// How long a rollback keeps its own ends of the stdio fifos open after the new

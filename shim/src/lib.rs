@@ -14,6 +14,7 @@ pub mod containers;
 pub mod control;
 pub mod error;
 pub mod events;
+pub mod exec_wait;
 pub mod instance;
 pub mod io;
 pub mod logging;

@@ -11,8 +11,8 @@ use crab_runtime::checkpoint::stats::{Recorder, TurnStats};
 use crab_runtime::inspect::Classification;
 
 use crate::containers::Operation;
-use crate::control::check_dumpable;
 use crate::error::ShimResult;
+use crate::exec_wait::{check_checkpointable, execs_run, lock_dumpable};
 use crate::task::{blocking, TaskService, OPERATION_WAIT};
 
 /// Each container's pending turn (to promote) and metrics. Kept apart from the
@@ -111,11 +111,33 @@ impl TaskService {
         let _claim = slot
             .begin_after(Operation::TakingTurn, OPERATION_WAIT)
             .await?;
-        let sandbox = {
+        let (sandbox, execs) = {
             let inst = slot.lock().await?;
-            check_dumpable(&inst, id)?;
-            inst.sandbox()
+            check_checkpointable(&inst, id)?;
+            (inst.sandbox(), execs_run(&inst))
         };
-        blocking(move || sandbox.turn(dry_run, &priority)).await
+        if !execs {
+            return blocking(move || sandbox.turn(dry_run, &priority)).await;
+        }
+        // An exec runs: a turn that dumps no process does not wait for it;
+        // one that does waits (then classifies again: the exec may have changed
+        // files meanwhile).
+        let mut class = {
+            let sandbox = sandbox.clone();
+            blocking(move || sandbox.classify()).await?
+        };
+        if class.kind.dumps_processes() && !dry_run {
+            drop(lock_dumpable(&slot, id).await?);
+            let sandbox = sandbox.clone();
+            class = blocking(move || sandbox.classify()).await?;
+        }
+        if dry_run {
+            return Ok((class, None));
+        }
+        blocking(move || {
+            let taken = sandbox.take_turn(&class, &priority)?;
+            Ok((class, Some(taken)))
+        })
+        .await
     }
 }

@@ -73,6 +73,11 @@ impl Kind {
             Kind::Skip => "skip",
         }
     }
+
+    /// Whether a checkpoint of this kind dumps the processes (with CRIU).
+    pub fn dumps_processes(self) -> bool {
+        matches!(self, Kind::Full | Kind::ProcessOnly)
+    }
 }
 
 impl std::fmt::Display for Kind {

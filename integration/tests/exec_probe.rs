@@ -1,0 +1,260 @@
+//! Exec processes beside checkpoints (issue 18): a platform's probe, a monitoring
+//! `ctr task exec`, runs while an agent's turns end. A checkpoint that dumps
+//! processes waits for a running exec (up to `[checkpoint] exec_wait_ms`), an exec
+//! started during a checkpoint waits for it, and neither fails.
+
+// Needs root and the private containerd: built only with the `host-tests` feature (hack/test.sh enables it).
+#![cfg(feature = "host-tests")]
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, ChildStdout, Output, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crab_integration::*;
+use serde_json::Value;
+
+/// Writes a count to a file five times a second.
+const COUNTER: &str =
+    "i=0; while true; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.2; done";
+
+/// A counter container whose shim reads `config` (the test configuration and `extra`).
+fn counter(extra: &str) -> (Guard, ConfigFile) {
+    let config = ConfigFile(config_with(extra));
+    let path = config.0.display().to_string();
+    let g = Guard::run_detached(
+        CRAB,
+        BUSYBOX,
+        &["--runtime-config-path", &path],
+        &["sh", "-c", COUNTER],
+    );
+    assert!(
+        wait_until(Duration::from_secs(10), || count(&g) >= 3),
+        "counter did not count"
+    );
+    (g, config)
+}
+
+/// A configuration file, removed when dropped.
+struct ConfigFile(std::path::PathBuf);
+
+impl Drop for ConfigFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// The counter, read from the host (no exec: an exec would wait for a checkpoint).
+fn count(g: &Guard) -> u64 {
+    std::fs::read_to_string(format!("/proc/{}/root/tmp/count", g.pid()))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Whether the counter moves (the container is not left frozen).
+fn keeps_counting(g: &Guard) -> bool {
+    let before = count(g);
+    wait_until(Duration::from_secs(10), || count(g) > before)
+}
+
+/// `ctr task exec --exec-id EXEC ID sh -c SCRIPT` in the background, once it runs
+/// (its first line, `started`, has reached ctr); its output piped.
+fn spawn_exec(g: &Guard, exec_id: &str, script: &str) -> (Child, BufReader<ChildStdout>) {
+    let mut child = ctr()
+        .args(["task", "exec", "--exec-id", exec_id, &g.id, "sh", "-c"])
+        .arg(format!("echo started; {script}"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn ctr task exec");
+    let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    out.read_line(&mut line).expect("read the exec's output");
+    assert_eq!(line.trim(), "started", "exec {exec_id} did not start");
+    (child, out)
+}
+
+/// Runs a probe (`ctr task exec`) every 200 ms until stopped; answers each one's output.
+struct Prober {
+    stop: Arc<AtomicBool>,
+    handle: JoinHandle<Vec<Output>>,
+}
+
+impl Prober {
+    fn start(g: &Guard) -> Prober {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (flag, id) = (stop.clone(), g.id.clone());
+        let handle = std::thread::spawn(move || {
+            let mut outputs = Vec::new();
+            while !flag.load(Ordering::Relaxed) {
+                let next = Instant::now() + Duration::from_millis(200);
+                let exec_id = unique_id("probe");
+                let args = ["task", "exec", "--exec-id", &exec_id, &id];
+                let probe = [&args[..], &["sh", "-c", "sleep 0.05; echo probe"]].concat();
+                outputs.push(ctr_run(&probe, None, Duration::from_secs(60)));
+                std::thread::sleep(next.saturating_duration_since(Instant::now()));
+            }
+            outputs
+        });
+        Prober { stop, handle }
+    }
+
+    fn finish(self) -> Vec<Output> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.handle.join().expect("prober")
+    }
+}
+
+#[test]
+fn probes_every_200_ms_beside_turns_fail_no_turn_and_no_probe() {
+    // Every turn dumps the processes (the classification might skip some).
+    let (g, _config) = counter("[policy]\nmode = \"full\"");
+    let prober = Prober::start(&g);
+    let started = Instant::now();
+    let mut turns = Vec::new();
+    while started.elapsed() < Duration::from_secs(15) {
+        let out = crabctl(&["turn", &g.id, "--json"], &[]);
+        let (o, e) = text(&out);
+        assert!(out.status.success(), "turn {} failed: {o}{e}", turns.len());
+        let v: Value = serde_json::from_str(&o).unwrap_or_else(|err| panic!("{err}: {o}"));
+        turns.push(v);
+        // The agent thinks.
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let probes = prober.finish();
+    assert!(turns.len() >= 5, "only {} turns in 15 s", turns.len());
+    assert!(probes.len() >= 20, "only {} probes in 15 s", probes.len());
+    for (i, p) in probes.iter().enumerate() {
+        let (o, e) = text(p);
+        assert!(
+            p.status.success(),
+            "probe {i} failed: {:?} {o}{e}",
+            p.status
+        );
+        assert_eq!(o.trim(), "probe", "probe {i}: {o}{e}");
+    }
+    for t in &turns {
+        assert_eq!(t["classification"]["kind"], "full", "{t}");
+    }
+    let history: Vec<Value> =
+        serde_json::from_str(&crabctl_ok(&["ls", &g.id, "--json"])).expect("history");
+    // Retention may have dropped the oldest; the newest is the last turn's.
+    assert_eq!(
+        history.last().map(|e| &e["seq"]),
+        turns.last().map(|t| &t["entry"]["seq"]),
+        "{history:?}"
+    );
+    assert!(keeps_counting(&g), "the container was left frozen");
+}
+
+#[test]
+fn an_exec_that_outlives_the_bound_fails_the_checkpoint_with_the_reason() {
+    let (g, _config) = counter("[checkpoint]\nexec_wait_ms = 1500");
+    let exec_id = unique_id("sleeper");
+    let (mut sleeper, _out) = spawn_exec(&g, &exec_id, "exec sleep 1000");
+
+    // The files alone: the exec is frozen with the rest, nothing waits for it.
+    crabctl_ok(&["checkpoint", &g.id, "--kind", "fs-only"]);
+
+    // Crab's checkpoint: waits for the bound, then fails naming the exec.
+    let started = Instant::now();
+    let out = crabctl(&["checkpoint", &g.id], &[]);
+    let waited = started.elapsed();
+    let (o, e) = text(&out);
+    assert_eq!(out.status.code(), Some(5), "failed precondition: {o}{e}");
+    assert!(e.contains("still run after waiting 1500 ms"), "{e}");
+    assert!(e.contains(&exec_id), "{e}");
+    assert!(
+        waited >= Duration::from_millis(1400),
+        "gave up after {waited:?}"
+    );
+    assert!(waited < Duration::from_secs(30), "took {waited:?}");
+    assert!(keeps_counting(&g), "the container was left frozen");
+
+    // containerd's checkpoint (the task paused by ctr meanwhile) fails the same way
+    // and the task is running again.
+    let out = ctr_run(
+        &["task", "checkpoint", &g.id],
+        None,
+        Duration::from_secs(60),
+    );
+    let (o, e) = text(&out);
+    assert!(!out.status.success(), "checkpoint succeeded: {o}");
+    assert!(e.contains("still run after waiting 1500 ms"), "{e}");
+    assert_eq!(g.status().as_deref(), Some("RUNNING"));
+    assert!(keeps_counting(&g), "the container was left frozen");
+
+    // The exec was never stopped by the waits.
+    assert!(sleeper.try_wait().expect("try_wait").is_none());
+    ctr_ok(&["task", "kill", "--exec-id", &exec_id, "-s", "KILL", &g.id]);
+    let _ = sleeper.wait();
+    let out = crabctl_ok(&["checkpoint", &g.id]);
+    assert!(out.contains("(full, seq"), "{out}");
+}
+
+/// `ctr ARGS`, a checkpoint, while an exec runs (`sleep 2`): the checkpoint
+/// succeeds (it could not dump the exec: it waited for it), and the exec ends
+/// with its output.
+fn checkpoint_waits_for_an_exec(g: &Guard, args: &[&str]) -> String {
+    let exec_id = unique_id("x");
+    let (exec, mut rest) = spawn_exec(g, &exec_id, "sleep 2; echo done");
+    let out = ctr_run(args, None, Duration::from_secs(60));
+    let (o, e) = text(&out);
+    assert!(out.status.success(), "ctr {args:?}: {o}{e}");
+    let mut line = String::new();
+    rest.read_line(&mut line).expect("read the exec's output");
+    assert_eq!(line.trim(), "done");
+    let status = exec.wait_with_output().expect("exec").status;
+    assert!(status.success(), "exec: {status:?}");
+    o
+}
+
+#[test]
+fn containerd_checkpoints_wait_for_a_running_exec() {
+    let (g, _config) = counter("");
+    // `ctr task checkpoint` pauses the task first: the exec can end only because
+    // the shim thaws it while the checkpoint waits.
+    let name = checkpoint_waits_for_an_exec(&g, &["task", "checkpoint", &g.id]);
+    let name = name.trim().to_string();
+    assert!(!name.is_empty());
+    assert_eq!(g.status().as_deref(), Some("RUNNING"));
+    assert!(keeps_counting(&g), "the container was left frozen");
+    let _ = ctr_run(&["images", "rm", &name], None, Duration::from_secs(20));
+
+    let reference = format!("crab.test/checkpoint/{}:1", unique_id("exec"));
+    checkpoint_waits_for_an_exec(
+        &g,
+        &["container", "checkpoint", "--task", &g.id, &reference],
+    );
+    let images = ctr_ok(&["images", "ls", "-q"]);
+    assert!(images.contains(&reference), "{images}");
+    assert_eq!(g.status().as_deref(), Some("RUNNING"));
+    assert!(keeps_counting(&g), "the container was left frozen");
+    let _ = ctr_run(&["images", "rm", &reference], None, Duration::from_secs(20));
+}
+
+#[test]
+fn a_paused_container_is_thawed_for_the_wait_and_paused_again() {
+    let (g, _config) = counter("");
+    let exec_id = unique_id("x");
+    let (exec, mut rest) = spawn_exec(&g, &exec_id, "sleep 2; echo done");
+    ctr_ok(&["task", "pause", &g.id]);
+    // Frozen, the exec could not end: the checkpoint thaws the container to wait.
+    let out = crabctl_ok(&["checkpoint", &g.id]);
+    assert!(out.contains("(full, seq"), "{out}");
+    let mut line = String::new();
+    rest.read_line(&mut line).expect("read the exec's output");
+    assert_eq!(line.trim(), "done");
+    assert!(exec.wait_with_output().expect("exec").status.success());
+    // Paused again, as the user left it.
+    assert_eq!(g.status().as_deref(), Some("PAUSED"));
+    let frozen = count(&g);
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(count(&g), frozen, "a paused container counted");
+    ctr_ok(&["task", "resume", &g.id]);
+    assert!(keeps_counting(&g), "the container was left frozen");
+}
