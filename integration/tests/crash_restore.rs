@@ -118,6 +118,11 @@ fn a_sandbox_killed_with_its_shim_gets_its_proxy_back_in_the_same_restore() {
         ],
         &["python3", "-c", PY_COUNTER],
     );
+    // The counter's file exists once python runs (`count` wants it there).
+    assert!(wait_until(Duration::from_secs(20), || g
+        .exec(&["test", "-e", "/tmp/count"])
+        .status
+        .success()));
     assert!(wait_until(Duration::from_secs(20), || count(&g) >= 3));
     let old_proxy = proxy_pids(&g.id);
     assert_eq!(old_proxy.len(), 1, "one proxy per container");
