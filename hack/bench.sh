@@ -2,9 +2,11 @@
 # Benchmarks, crab next to runc's shim in the same run where runc has the operation.
 # Each prints a Markdown table (recorded in docs/benchmarks.md).
 #
-#   hack/bench.sh [start|cr|ops|inspector|proxy|all] [bench arguments]
+#   hack/bench.sh [start|cr|crash|ops|inspector|proxy|all] [bench arguments]
 #     start  container start, exec and shim memory      (crab-bench)
 #     cr     checkpoint/restore through containerd, by written memory (crab-cr-bench)
+#     crash  restore right after a crash (shim and init killed), to a server that answers
+#            (crab-crash-bench)
 #     ops    Crab's checkpoint, rollback, fork, migration (crab-ops-bench)
 #     inspector  eBPF inspector overhead, classification, memory (crab-inspector-bench)
 #     proxy  turn proxy: added latency, hidden checkpoints, gating at density (crab-proxy-bench;
@@ -21,15 +23,16 @@ cargo build --release -q -p crab-integration --bins
 case "$suite" in
     start) "$ROOT/target/release/crab-bench" "$@" ;;
     cr) "$ROOT/target/release/crab-cr-bench" "$@" ;;
+    crash) "$ROOT/target/release/crab-crash-bench" "$@" ;;
     ops) "$ROOT/target/release/crab-ops-bench" "$@" ;;
     inspector) "$ROOT/target/release/crab-inspector-bench" "$@" ;;
     proxy) "$ROOT/target/release/crab-proxy-bench" "$@" ;;
     all)
-        for b in crab-bench crab-cr-bench crab-ops-bench crab-inspector-bench crab-proxy-bench; do
+        for b in crab-bench crab-cr-bench crab-crash-bench crab-ops-bench crab-inspector-bench crab-proxy-bench; do
             echo "## $b"
             "$ROOT/target/release/$b"
             echo
         done
         ;;
-    *) echo "usage: hack/bench.sh [start|cr|ops|inspector|proxy|all] [args]" >&2; exit 2 ;;
+    *) echo "usage: hack/bench.sh [start|cr|crash|ops|inspector|proxy|all] [args]" >&2; exit 2 ;;
 esac

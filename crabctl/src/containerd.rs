@@ -15,18 +15,13 @@ use containerd_client::services::v1::snapshots::{
 use containerd_client::services::v1::tasks_client::TasksClient;
 use containerd_client::services::v1::{
     Container, CreateContainerRequest, CreateTaskRequest, DeleteTaskRequest, GetContainerRequest,
-    GetImageRequest, ListContainersRequest, ReadContentRequest, StartRequest,
+    GetImageRequest, GetRequest, ListContainersRequest, ReadContentRequest, StartRequest,
 };
 use containerd_client::tonic::transport::Channel;
-use containerd_client::tonic::{Code, Request};
+use containerd_client::tonic::{Code, Request, Status};
 use containerd_client::types::Mount;
 use containerd_client::with_namespace;
 use crab_runtime::checkpoint::source::{RestoreOptions, Source, RESTORE_OPTIONS_TYPE};
-
-/// The pause between two tries of a call containerd is not ready for.
-async fn retry_pause() {
-    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-}
 
 /// A single-threaded async runtime for the gRPC calls.
 pub fn runtime() -> Result<tokio::runtime::Runtime> {
@@ -252,26 +247,31 @@ impl Client {
         Ok(resp.into_inner().mounts)
     }
 
-    /// Removes a stopped task left behind (after a crash); absent is fine. containerd
-    /// cleans up after a dead shim in the background, and until it has, a delete can
-    /// fail ("ttrpc: closed"): it is tried again for up to 10 s.
-    pub async fn delete_stale_task(&self, id: &str) -> Result<()> {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        loop {
-            let req = DeleteTaskRequest {
-                container_id: id.to_string(),
-            };
-            match TasksClient::new(self.channel.clone())
-                .delete(with_namespace!(req, self.namespace))
-                .await
-            {
-                Ok(_) => return Ok(()),
-                Err(s) if s.code() == Code::NotFound => return Ok(()),
-                Err(_) if std::time::Instant::now() < deadline => {
-                    retry_pause().await;
-                }
-                Err(s) => return Err(anyhow!("delete the old task of {id}: {}", s.message())),
-            }
+    /// Deletes the task of container `id`, with containerd's answer as it is
+    /// (see [`crate::crashed`] for what it means after a crash).
+    pub async fn delete_task(&self, id: &str) -> std::result::Result<(), Status> {
+        let req = DeleteTaskRequest {
+            container_id: id.to_string(),
+        };
+        TasksClient::new(self.channel.clone())
+            .delete(with_namespace!(req, self.namespace))
+            .await
+            .map(|_| ())
+    }
+
+    /// Whether containerd has a task for container `id`.
+    pub async fn has_task(&self, id: &str) -> Result<bool> {
+        let req = GetRequest {
+            container_id: id.to_string(),
+            exec_id: String::new(),
+        };
+        match TasksClient::new(self.channel.clone())
+            .get(with_namespace!(req, self.namespace))
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(s) if s.code() == Code::NotFound => Ok(false),
+            Err(s) => Err(anyhow!("the task of {id}: {}", s.message())),
         }
     }
 

@@ -2,6 +2,7 @@
 
 mod ckpt;
 mod containerd;
+mod crashed;
 mod fs;
 mod inspect;
 mod migrate;

@@ -25,7 +25,10 @@ fn checkpoint_name(config: &Config, key: &ContainerKey, name: Option<&str>) -> R
 }
 
 /// `crabctl restore ID [CKPT]`: after the container's task died (its shim and
-/// processes killed), a new task under the same id, from the checkpoint.
+/// processes killed), a new task under the same id, from the checkpoint (the
+/// newest durable one unless named). Nothing waits for containerd to notice the
+/// crash: the old task is deleted at once ([`crate::crashed`]), while the
+/// container's record and mounts are read.
 pub fn restore(
     config: &Config,
     address: &str,
@@ -34,23 +37,34 @@ pub fn restore(
     ckpt: Option<&str>,
 ) -> Result<()> {
     let key = ContainerKey::new(namespace, id)?;
-    let checkpoint = checkpoint_name(config, &key, ckpt)?;
     let started = Instant::now();
-    let pid = crate::containerd::runtime()?.block_on(async {
+    let checkpoint = checkpoint_name(config, &key, ckpt)?;
+    let shim = crate::crashed::probe(config, namespace, id);
+    let (pid, cleared) = crate::containerd::runtime()?.block_on(async {
         let client = Client::connect(address, namespace).await?;
-        let c = client.container(id).await?;
-        client.delete_stale_task(id).await?;
-        let mounts = client.mounts(&c.snapshotter, &c.snapshot_key).await?;
+        let clear = async {
+            crate::crashed::clear(&client, shim, id).await?;
+            anyhow::Ok(started.elapsed())
+        };
+        let record = async {
+            let c = client.container(id).await?;
+            let mounts = client.mounts(&c.snapshotter, &c.snapshot_key).await?;
+            anyhow::Ok((c, mounts))
+        };
+        let (cleared, (c, mounts)) = tokio::try_join!(clear, record)?;
         let source = Source::History {
             namespace: namespace.into(),
             id: id.into(),
             checkpoint: checkpoint.clone(),
         };
-        client.start_restored(&c, mounts, source).await
+        let pid = client.start_restored(&c, mounts, source).await?;
+        anyhow::Ok((pid, cleared))
     })?;
     println!(
-        "{id}: restored from checkpoint {checkpoint} in {} ms; init pid {pid}",
-        started.elapsed().as_millis()
+        "{id}: restored from checkpoint {checkpoint} in {} ms (the old task cleared in {} ms); \
+         init pid {pid}",
+        started.elapsed().as_millis(),
+        cleared.as_millis()
     );
     Ok(())
 }

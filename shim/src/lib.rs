@@ -4,6 +4,7 @@
 //! - [`task`]: the task service, one method per RPC; [`task_impl`] is the ttrpc adapter.
 //! - [`containers`]: the containers a shim serves, each behind its own lock.
 //! - [`io`], [`console`]: stdio between containerd's fifos and the container.
+//! - [`dead_socket`]: what a killed shim's cleanup removes so the next shim starts at once.
 //! - [`events`], [`oom`], [`metrics`], [`rootfs`], [`options`]: what the names say.
 //! - [`error`]: the one mapping from errors to ttrpc codes.
 
@@ -12,6 +13,7 @@ pub mod checkpoint;
 pub mod console;
 pub mod containers;
 pub mod control;
+pub mod dead_socket;
 pub mod error;
 pub mod events;
 pub mod exec_wait;

@@ -96,6 +96,15 @@ impl Shim for Service {
             &self.id,
         ));
         crate::proxy::remove_logs(&config, &self.namespace, &self.id);
+        // The dead shim's ttrpc socket: the next shim of this container binds it.
+        let grouping = sandbox_group(&self.bundle).unwrap_or_else(|| self.id.clone());
+        let socket = containerd_shim::socket_address(&self.address, &self.namespace, &grouping);
+        match crate::dead_socket::remove_if_dead(&socket) {
+            crate::dead_socket::Outcome::Kept(why) => {
+                tracing::warn!(id = %self.id, %why, "the dead shim's socket is left")
+            }
+            outcome => tracing::debug!(id = %self.id, ?outcome, "the dead shim's socket"),
+        }
         let target = self.bundle.join("rootfs");
         match crab_runtime::storage::ContainerKey::new(&self.namespace, &self.id) {
             Ok(key) => crate::rootfs::release(&config, &key, &target, true).await,

@@ -1,0 +1,166 @@
+//! `crabctl restore` right after a crash: the shim and the container's processes
+//! killed with SIGKILL, and the restore run at once, without waiting for
+//! containerd to notice. The newest durable checkpoint comes back (memory and
+//! files), the old task's leftovers are gone, and a container with a turn proxy
+//! gets its proxy back in the same step. A task that did not crash is not
+//! restored over.
+
+// Needs root and the private containerd: built only with the `host-tests` feature (hack/test.sh enables it).
+#![cfg(feature = "host-tests")]
+
+use std::process::Command;
+use std::time::Duration;
+
+use crab_integration::llm;
+use crab_integration::*;
+
+/// A web server on loopback (daemonized: a child of the shell) and a counter.
+const SERVER_AND_COUNTER: &str = "mkdir -p /www && echo served > /www/index.html && \
+    httpd -p 127.0.0.1:8080 -h /www && \
+    i=0; while true; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.2; done";
+
+/// A python counter: the count lives in the interpreter's memory.
+const PY_COUNTER: &str = "import os, time\ni = 0\nwhile True:\n    i += 1\n    \
+    open('/tmp/count.new', 'w').write(str(i))\n    os.rename('/tmp/count.new', '/tmp/count')\n    \
+    time.sleep(0.2)\n";
+
+/// GET `path` from the container's proxy, from inside the container.
+const PROXY_GET: &str = "import sys, urllib.request\n\
+    r = urllib.request.urlopen('http://127.0.0.1:8787' + sys.argv[1], timeout=20)\n\
+    print(r.status, r.read().decode())\n";
+
+fn count(g: &Guard) -> u64 {
+    g.number("/tmp/count")
+}
+
+/// The crash: SIGKILL to the container's shim and init (the kernel kills the rest
+/// of its pid namespace), and nothing waits for anyone to notice.
+fn crash(g: &Guard) {
+    let mut victims = shim_pids(&g.id);
+    assert_eq!(victims.len(), 1, "one shim serves {}", g.id);
+    victims.push(g.pid());
+    for pid in victims {
+        let status = Command::new("kill")
+            .args(["-9", &pid.to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill -9 {pid}");
+    }
+}
+
+/// Pids of the managed proxy of container `id`.
+fn proxy_pids(id: &str) -> Vec<i32> {
+    let out = Command::new("pgrep")
+        .args(["-f", &format!("proxy {id} --managed")])
+        .output()
+        .expect("pgrep");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+/// Writes `/f` = `value` and takes checkpoint `name`; returns the count just before.
+fn checkpoint_with(g: &Guard, value: &str, name: &str) -> u64 {
+    g.exec_ok(&["sh", "-c", &format!("echo {value} > /f")]);
+    let at = count(g);
+    crabctl_ok(&["checkpoint", &g.id, "--name", name]);
+    at
+}
+
+#[test]
+fn a_container_killed_with_its_shim_is_restored_at_once_from_its_newest_checkpoint() {
+    let g = Guard::sh(SERVER_AND_COUNTER);
+    assert!(wait_until(Duration::from_secs(10), || count(&g) >= 5));
+    checkpoint_with(&g, "first", "first");
+    let at = checkpoint_with(&g, "newest", "newest");
+    g.exec_ok(&["sh", "-c", "echo lost > /f && echo lost > /lost"]);
+    let old_shim = shim_pids(&g.id);
+    crash(&g);
+    let out = crabctl_ok(&["restore", &g.id]);
+    assert!(out.contains("restored from checkpoint newest"), "{out}");
+    assert!(out.contains("the old task cleared in"), "{out}");
+    assert_eq!(g.status().as_deref(), Some("RUNNING"));
+    let shims = shim_pids(&g.id);
+    assert_eq!(shims.len(), 1, "one shim after the restore: {shims:?}");
+    assert_ne!(shims, old_shim);
+    // Memory and files of the newest checkpoint.
+    let now = count(&g);
+    assert!(
+        now >= at && now < at + 25,
+        "count {now} after restore, {at} at the checkpoint"
+    );
+    assert_eq!(g.exec_ok(&["cat", "/f"]).trim(), "newest");
+    assert_eq!(g.exec(&["test", "-e", "/lost"]).status.code(), Some(1));
+    let get = ["wget", "-qO-", "http://127.0.0.1:8080/index.html"];
+    assert_eq!(g.exec_ok(&get).trim(), "served");
+    // The restored task is a whole one: it checkpoints, and keeps counting.
+    crabctl_ok(&["checkpoint", &g.id, "--name", "after"]);
+    let c = count(&g);
+    assert!(wait_until(Duration::from_secs(5), || count(&g) > c));
+}
+
+#[test]
+fn a_sandbox_killed_with_its_shim_gets_its_proxy_back_in_the_same_restore() {
+    let (port, _seen) = llm::stub(Duration::ZERO, Duration::ZERO);
+    let upstream = format!("http://127.0.0.1:{port}");
+    let config = config_with(&format!("[proxy]\nupstreams = [\"{upstream}\"]"))
+        .to_string_lossy()
+        .into_owned();
+    let g = Guard::run_detached(
+        CRAB,
+        PYTHON,
+        &[
+            "--runtime-config-path",
+            &config,
+            "--annotation",
+            &format!("io.crab.proxy.upstream={upstream}"),
+        ],
+        &["python3", "-c", PY_COUNTER],
+    );
+    // The counter's file exists once python runs (`count` wants it there).
+    assert!(wait_until(Duration::from_secs(20), || g
+        .exec(&["test", "-e", "/tmp/count"])
+        .status
+        .success()));
+    assert!(wait_until(Duration::from_secs(20), || count(&g) >= 3));
+    let old_proxy = proxy_pids(&g.id);
+    assert_eq!(old_proxy.len(), 1, "one proxy per container");
+    let at = checkpoint_with(&g, "kept", "safe");
+    g.exec_ok(&["sh", "-c", "echo lost > /f"]);
+    crash(&g);
+    let out = crabctl_ok(&["restore", &g.id]);
+    assert!(out.contains("restored from checkpoint safe"), "{out}");
+    // The new proxy was started by the restore; the old one ends on its own
+    // (its shim's lifeline closed).
+    assert!(
+        wait_until(Duration::from_secs(10), || proxy_pids(&g.id).len() == 1),
+        "proxies after the restore: {:?}",
+        proxy_pids(&g.id)
+    );
+    assert_ne!(proxy_pids(&g.id), old_proxy);
+    let answer = g.exec_ok(&["python3", "-c", PROXY_GET, "/v1/models"]);
+    assert_eq!(answer.trim(), format!("200 {}", llm::JSON_ANSWER));
+    let now = count(&g);
+    assert!(
+        now >= at && now < at + 25,
+        "count {now}, {at} at the checkpoint"
+    );
+    assert_eq!(g.exec_ok(&["cat", "/f"]).trim(), "kept");
+}
+
+#[test]
+fn restore_over_a_running_task_is_refused_and_the_task_runs_on() {
+    let g = Guard::sh(SERVER_AND_COUNTER);
+    assert!(wait_until(Duration::from_secs(10), || count(&g) >= 2));
+    crabctl_ok(&["checkpoint", &g.id, "--name", "safe"]);
+    let pid = g.pid();
+    let out = crabctl(&["restore", &g.id], &[]);
+    let (o, e) = text(&out);
+    assert!(!out.status.success(), "{o}{e}");
+    assert!(e.contains("not a crashed one"), "{e}");
+    assert_eq!(g.status().as_deref(), Some("RUNNING"));
+    assert_eq!(g.pid(), pid);
+    let c = count(&g);
+    assert!(wait_until(Duration::from_secs(5), || count(&g) > c));
+}
