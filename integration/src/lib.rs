@@ -405,6 +405,36 @@ pub fn shim_pids_of(binary: &str, id: &str) -> Vec<i32> {
     crab_eval::sandbox::shim_pids_of(binary, id)
 }
 
+/// Pids of the managed proxy of container `id`.
+pub fn proxy_pids(id: &str) -> Vec<i32> {
+    let out = Command::new("pgrep")
+        .args(["-f", &format!("proxy {id} --managed")])
+        .output()
+        .expect("pgrep");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+/// Runs `args` as `nobody`, without any group, started by a shell that already runs
+/// as `nobody`, as an attacker's would be.
+pub fn as_nobody(args: &[&str]) -> Output {
+    Command::new("setpriv")
+        .args([
+            "--reuid",
+            "nobody",
+            "--regid",
+            "nogroup",
+            "--clear-groups",
+            "--",
+        ])
+        .args(["/bin/sh", "-c", "exec \"$@\"", "sh"])
+        .args(args)
+        .output()
+        .expect("setpriv")
+}
+
 /// Runs `crabctl -n <namespace> ARGS` with extra environment variables.
 pub fn crabctl(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new("crabctl");

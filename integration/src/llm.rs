@@ -110,11 +110,18 @@ fn answer(mut conn: std::net::TcpStream, think: Duration, gap: Duration, tx: mps
 
 /// A python sandbox idling, whose shim-started proxy forwards to a stub LLM
 /// (answers `gap` apart in chunks) that the annotation names.
-/// The host's configuration allows that upstream (`[proxy] upstreams`).
 pub fn sandbox_with_proxy(gap: Duration) -> crate::Guard {
+    proxied_sandbox(gap, "", &["sleep", "infinity"])
+}
+
+/// A python sandbox running `args`, whose shim-started proxy forwards to a stub
+/// LLM (answers `gap` apart in chunks) that the annotation names; the host's
+/// configuration allows that upstream (`[proxy] upstreams`), with `extra` TOML
+/// tables after it.
+pub fn proxied_sandbox(gap: Duration, extra: &str, args: &[&str]) -> crate::Guard {
     let (port, _seen) = stub(Duration::ZERO, gap);
     let upstream = format!("http://127.0.0.1:{port}");
-    let config = crate::config_with(&format!("[proxy]\nupstreams = [\"{upstream}\"]"));
+    let config = crate::config_with(&format!("[proxy]\nupstreams = [\"{upstream}\"]\n{extra}"));
     crate::Guard::run_detached(
         crate::CRAB,
         crate::PYTHON,
@@ -124,6 +131,6 @@ pub fn sandbox_with_proxy(gap: Duration) -> crate::Guard {
             "--annotation",
             &format!("io.crab.proxy.upstream={upstream}"),
         ],
-        &["sleep", "infinity"],
+        args,
     )
 }

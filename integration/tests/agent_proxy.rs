@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use crab_integration::llm::{self, sandbox_with_proxy, SSE};
 use crab_integration::{
-    config_with, crabctl, crabctl_ok, ctr_ok, text, wait_until, Guard, CRAB, PYTHON,
+    config_with, crabctl, crabctl_ok, ctr_ok, proxy_pids, text, wait_until, Guard, CRAB, PYTHON,
 };
 use serde_json::{json, Value};
 
@@ -344,18 +344,6 @@ fn a_container_reaches_only_its_own_agent_api() {
     assert!(body.contains("only-a"), "{body}");
     assert_eq!(a.exec_ok(&["cat", "/root/a-file"]), "later\n");
     assert_eq!(a.status().as_deref(), Some("RUNNING"));
-}
-
-/// Pids of the managed proxy of container `id`.
-fn proxy_pids(id: &str) -> Vec<i32> {
-    let out = Command::new("pgrep")
-        .args(["-f", &format!("proxy {id} --managed")])
-        .output()
-        .expect("pgrep");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.trim().parse().ok())
-        .collect()
 }
 
 #[test]

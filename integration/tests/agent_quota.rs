@@ -61,21 +61,9 @@ fn statuses(out: &str) -> BTreeMap<String, u32> {
 /// A python sandbox whose proxy serves the agent API, under `quota`, its init
 /// running `agent`.
 fn sandbox(quota: &str, agent: &str) -> Guard {
-    let (port, _seen) = llm::stub(Duration::ZERO, Duration::ZERO);
-    let upstream = format!("http://127.0.0.1:{port}");
-    let config = config_with(&format!(
-        "[proxy]\nupstreams = [\"{upstream}\"]\n[quota]\n{quota}"
-    ));
-    let config = config.display().to_string();
-    Guard::run_detached(
-        CRAB,
-        PYTHON,
-        &[
-            "--runtime-config-path",
-            &config,
-            "--annotation",
-            &format!("io.crab.proxy.upstream={upstream}"),
-        ],
+    llm::proxied_sandbox(
+        Duration::ZERO,
+        &format!("[quota]\n{quota}"),
         &["python3", "-c", agent],
     )
 }

@@ -48,18 +48,6 @@ fn crash(g: &Guard) {
     }
 }
 
-/// Pids of the managed proxy of container `id`.
-fn proxy_pids(id: &str) -> Vec<i32> {
-    let out = Command::new("pgrep")
-        .args(["-f", &format!("proxy {id} --managed")])
-        .output()
-        .expect("pgrep");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.trim().parse().ok())
-        .collect()
-}
-
 /// Writes `/f` = `value` and takes checkpoint `name`; returns the count just before.
 fn checkpoint_with(g: &Guard, value: &str, name: &str) -> u64 {
     g.exec_ok(&["sh", "-c", &format!("echo {value} > /f")]);
@@ -102,22 +90,7 @@ fn a_container_killed_with_its_shim_is_restored_at_once_from_its_newest_checkpoi
 
 #[test]
 fn a_sandbox_killed_with_its_shim_gets_its_proxy_back_in_the_same_restore() {
-    let (port, _seen) = llm::stub(Duration::ZERO, Duration::ZERO);
-    let upstream = format!("http://127.0.0.1:{port}");
-    let config = config_with(&format!("[proxy]\nupstreams = [\"{upstream}\"]"))
-        .to_string_lossy()
-        .into_owned();
-    let g = Guard::run_detached(
-        CRAB,
-        PYTHON,
-        &[
-            "--runtime-config-path",
-            &config,
-            "--annotation",
-            &format!("io.crab.proxy.upstream={upstream}"),
-        ],
-        &["python3", "-c", PY_COUNTER],
-    );
+    let g = llm::proxied_sandbox(Duration::ZERO, "", &["python3", "-c", PY_COUNTER]);
     // The counter's file exists once python runs (`count` wants it there).
     assert!(wait_until(Duration::from_secs(20), || g
         .exec(&["test", "-e", "/tmp/count"])

@@ -6,34 +6,15 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
-use crab_integration::{crabctl_ok, namespace, shim_pids, text, Guard, CRAB, PYTHON};
+use crab_integration::{as_nobody, crabctl_ok, namespace, shim_pids, text, Guard, CRAB, PYTHON};
 use crab_runtime::config::Config;
 
 /// The configuration the test containerd's shims use.
 fn config() -> Config {
     let path = std::env::var("CRAB_CONFIG").unwrap_or_else(|_| "/etc/crab/config.toml".into());
     Config::load(None, Some(Path::new(&path)), None).unwrap().0
-}
-
-/// Runs `args` as `nobody`, without any group.
-fn as_nobody(args: &[&str]) -> Output {
-    Command::new("setpriv")
-        .args([
-            "--reuid",
-            "nobody",
-            "--regid",
-            "nogroup",
-            "--clear-groups",
-            "--",
-        ])
-        // The program is started by a shell that already runs as `nobody`, as an
-        // attacker's would be.
-        .args(["/bin/sh", "-c", "exec \"$@\"", "sh"])
-        .args(args)
-        .output()
-        .expect("setpriv")
 }
 
 /// A container whose tree holds a secret the user could read by its mode (0644) and

@@ -15,7 +15,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use crab_integration::llm::{sandbox_with_proxy, SSE};
-use crab_integration::{crabctl, crabctl_ok, text, wait_until};
+use crab_integration::{as_nobody, crabctl, crabctl_ok, text, wait_until};
 use serde_json::Value;
 
 /// One streaming chat request over the unix socket at `door` (HTTP/1.0, so the
@@ -79,24 +79,12 @@ fn an_orchestrator_on_the_host_takes_turns_through_the_door() {
 }
 
 /// Connects to `door` as `nobody`; what it read, or why it could not.
-fn as_nobody(door: &Path) -> String {
+fn nobody_connects(door: &Path) -> String {
     let script = "import socket,sys\ns=socket.socket(socket.AF_UNIX)\n\
         try:\n s.connect(sys.argv[1]); s.sendall(b'GET /v1/models HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n'); \
         print(s.recv(200).decode(errors='replace'))\n\
         except OSError as e: print('refused:', e)";
-    let out = Command::new("setpriv")
-        .args([
-            "--reuid",
-            "nobody",
-            "--regid",
-            "nogroup",
-            "--clear-groups",
-            "--",
-        ])
-        .args(["/usr/bin/python3", "-c", script])
-        .arg(door)
-        .output()
-        .expect("setpriv");
+    let out = as_nobody(&["/usr/bin/python3", "-c", script, &door.to_string_lossy()]);
     let (o, e) = text(&out);
     format!("{o}{e}")
 }
@@ -106,7 +94,7 @@ fn a_host_user_cannot_use_the_door_even_when_its_mode_is_loosened() {
     let g = sandbox_with_proxy(Duration::ZERO);
     let door = door_of(&g.id);
     // The state dir is root-only: the socket cannot even be reached.
-    let seen = as_nobody(&door);
+    let seen = nobody_connects(&door);
     assert!(
         seen.contains("refused") && seen.contains("Permission denied"),
         "{seen}"
@@ -124,7 +112,7 @@ fn a_host_user_cannot_use_the_door_even_when_its_mode_is_loosened() {
         .unwrap();
     assert!(bound.success());
     std::fs::set_permissions(&door, std::fs::Permissions::from_mode(0o666)).unwrap();
-    let seen = as_nobody(&elsewhere);
+    let seen = nobody_connects(&elsewhere);
     let _ = Command::new("umount").arg(&elsewhere).status();
     assert!(seen.starts_with("HTTP/1.1 403"), "{seen}");
     assert_eq!(turns(&g.id), 0);
