@@ -5,6 +5,7 @@ mod containerd;
 mod fs;
 mod inspect;
 mod migrate;
+mod pending;
 mod proxy;
 mod quota;
 mod recover;

@@ -122,10 +122,21 @@ impl Container {
         // Root-only: the containers' state, control sockets and proxy logs.
         let root = config.namespace_dir(&opts.namespace);
         crate::checkpoint::history::create_private_dir(&root)?;
-        if root.join(&opts.id).exists() {
+        let tracking = TrackingCgroup::new(&config.tracking_cgroup, &opts.namespace, &opts.id);
+        let dir = root.join(&opts.id);
+        if dir.join(STATE_FILE).exists() {
             return Err(Error::AlreadyExists(opts.id.clone()));
         }
-        let tracking = TrackingCgroup::new(&config.tracking_cgroup, &opts.namespace, &opts.id);
+        if dir.exists() {
+            // A create or restore whose shim died before it recorded the container
+            // (containerd runs one create of an id at a time, and cleans up after a
+            // dead shim only what was recorded): what it started is killed, its
+            // directory removed.
+            tracing::warn!(id = %opts.id, "removing an unrecorded container a dead shim left");
+            tracking.kill_all()?;
+            std::fs::remove_dir_all(&dir)
+                .map_err(Error::io(format!("remove {}", dir.display())))?;
+        }
         let cgroup_id = tracking.create()?;
         crate::inspect::watch(config, cgroup_id, &opts.id);
         let state = CrabState {
