@@ -54,6 +54,15 @@ fn crash_in_restore(point: &str) {
             !out.status.success(),
             "the restore survived {point}: {o}{e}"
         );
+        // containerd's clean-up after the dead shim leaves no state and no cgroup.
+        let dir = state_dir().join(namespace()).join(c.id());
+        assert!(
+            wait_until(Duration::from_secs(10), || !dir.exists()
+                && cgroup_dirs_named(c.id()).is_empty()),
+            "left after {point}: {} {:?}",
+            dir.display(),
+            cgroup_dirs_named(c.id())
+        );
     } else {
         crabctl_killed_at(point, &["restore", c.id()]);
     }
