@@ -34,8 +34,8 @@ pub fn runtime() -> Result<tokio::runtime::Runtime> {
 /// A connection to one containerd, in one namespace.
 #[derive(Clone)]
 pub struct Client {
-    channel: Channel,
-    namespace: String,
+    pub(crate) channel: Channel,
+    pub(crate) namespace: String,
 }
 
 /// `runtimeoptions.v1.Options`: how a crab container was given its configuration.
@@ -71,15 +71,17 @@ impl Client {
             .ok_or_else(|| anyhow!("containerd returned no container {id}"))
     }
 
-    /// Creates a container record like `from`, named `id`, with its own snapshot key.
+    /// Creates a container record like `from`, named `id`, with its own snapshot key,
+    /// marked pending ([`crate::pending`]) until the caller finishes it.
     pub async fn create_container_like(&self, from: &Container, id: &str) -> Result<Container> {
-        let c = Container {
+        let mut c = Container {
             id: id.to_string(),
             snapshot_key: id.to_string(),
             created_at: None,
             updated_at: None,
             ..from.clone()
         };
+        crate::pending::mark(&mut c);
         let req = CreateContainerRequest { container: Some(c) };
         let resp = ContainersClient::new(self.channel.clone())
             .create(with_namespace!(req, self.namespace))
@@ -303,6 +305,9 @@ impl Client {
             .create(with_namespace!(req, self.namespace))
             .await
             .map_err(|s| anyhow!("create the task of {}: {}", c.id, s.message()))?;
+        // The task holds the checkpoint's files, its processes not yet restored (in a
+        // restore, a fork and an import).
+        crab_runtime::storage::fault::point("task.created");
         let req = StartRequest {
             container_id: c.id.clone(),
             exec_id: String::new(),

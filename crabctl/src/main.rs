@@ -6,6 +6,7 @@ mod crashed;
 mod fs;
 mod inspect;
 mod migrate;
+mod pending;
 mod proxy;
 mod proxy_door;
 mod quota;

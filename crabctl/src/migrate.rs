@@ -10,12 +10,13 @@ use containerd_client::services::v1::container::Runtime;
 use containerd_client::services::v1::Container;
 use crab_runtime::checkpoint::archive::{self, ContainerRecord};
 use crab_runtime::checkpoint::archive_sign::{ArchiveKey, Trust};
+use crab_runtime::checkpoint::archive_work;
 use crab_runtime::checkpoint::history_store::HistoryStore;
 use crab_runtime::checkpoint::import_spec::{self, Grant, Target};
 use crab_runtime::checkpoint::source::Source;
 use crab_runtime::config::Config;
 use crab_runtime::storage::layers::MountSpec;
-use crab_runtime::storage::{ContainerKey, ImageSource};
+use crab_runtime::storage::{fault, ContainerKey, ImageSource};
 
 use crate::containerd::Client;
 
@@ -49,6 +50,7 @@ pub fn export(
         Some(n) => n.to_string(),
         None => crate::ckpt::take_full(config, namespace, id)?,
     };
+    fault::point("export.checkpointed");
     // Held through the export: retention must not delete what it reads.
     let history = HistoryStore::open(config, &key)?;
     let entry = history.find(&name)?.clone();
@@ -124,8 +126,18 @@ pub fn import(
     } else {
         Trust::Key(ArchiveKey::load(config).context("the archive key")?)
     };
-    let dir = archive::import_dir(config, &key);
+    let rt = crate::containerd::runtime()?;
+    let client = rt.block_on(Client::connect(address, namespace))?;
+    // What dead imports and forks left (a retry of this import's included): their
+    // unfinished containers, then their unpacked archives.
+    let swept = rt.block_on(client.discard_abandoned())?;
+    if !swept.is_empty() {
+        eprintln!("discarded containers a dead fork or import left: {swept:?}");
+    }
+    archive_work::discard_dead(config);
+    let dir = archive_work::import_dir(config, &key);
     let record = archive::unpack(file, &dir, &trust)?;
+    fault::point("import.unpacked");
     let spec = match trusted_spec(&record, &options.allow, namespace, new_id) {
         Ok(spec) => spec,
         Err(e) => {
@@ -133,10 +145,9 @@ pub fn import(
             return Err(e);
         }
     };
-    let result = crate::containerd::runtime()?.block_on(async {
-        let client = Client::connect(address, namespace).await?;
+    let result = rt.block_on(async {
         let chain = client.image_chain_id(&record.image).await?;
-        let c = Container {
+        let mut c = Container {
             id: new_id.to_string(),
             image: record.image.clone(),
             runtime: Some(Runtime {
@@ -151,11 +162,27 @@ pub fn import(
             snapshot_key: new_id.to_string(),
             ..Default::default()
         };
+        crate::pending::mark(&mut c);
         client.create_container(c.clone()).await?;
-        let mounts = client.prepare(&c.snapshotter, new_id, &chain).await?;
-        client
-            .start_restored(&c, mounts, Source::Dir { path: dir.clone() })
-            .await
+        fault::point("import.created");
+        let made = async {
+            let mounts = client.prepare(&c.snapshotter, new_id, &chain).await?;
+            fault::point("import.prepared");
+            let pid = client
+                .start_restored(&c, mounts, Source::Dir { path: dir.clone() })
+                .await?;
+            fault::point("import.started");
+            client.finish(new_id).await?;
+            anyhow::Ok(pid)
+        }
+        .await;
+        if made.is_err() {
+            // Nothing half-made is left: the error says what failed.
+            if let Err(e) = client.discard(&c).await {
+                tracing::warn!(id = %new_id, error = %format!("{e:#}"), "discard a failed import");
+            }
+        }
+        made
     });
     let pid = match result {
         Ok(pid) => pid,

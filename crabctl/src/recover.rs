@@ -7,7 +7,7 @@ use anyhow::{bail, Context, Result};
 use crab_runtime::checkpoint::history_store::HistoryStore;
 use crab_runtime::checkpoint::source::Source;
 use crab_runtime::config::Config;
-use crab_runtime::storage::ContainerKey;
+use crab_runtime::storage::{fault, ContainerKey};
 
 use crate::containerd::Client;
 
@@ -52,6 +52,7 @@ pub fn restore(
             anyhow::Ok((c, mounts))
         };
         let (cleared, (c, mounts)) = tokio::try_join!(clear, record)?;
+        fault::point("restore.deleted");
         let source = Source::History {
             namespace: namespace.into(),
             id: id.into(),
@@ -126,6 +127,10 @@ pub fn fork_into(
     let started = Instant::now();
     let rt = crate::containerd::runtime()?;
     let client = rt.block_on(Client::connect(address, namespace))?;
+    let swept = rt.block_on(client.discard_abandoned())?;
+    if !swept.is_empty() {
+        eprintln!("discarded containers a dead fork or import left: {swept:?}");
+    }
     let mut src = rt.block_on(client.container(id))?;
     if by_agent {
         rt.block_on(crate::quota::admit_forks(
@@ -140,6 +145,7 @@ pub fn fork_into(
         Some(n) => checkpoint_name(config, &key, Some(n))?,
         None => crate::ckpt::take_full(config, namespace, id)?,
     };
+    fault::point("fork.checkpointed");
     let checkpointed = started.elapsed();
     let prefix = prefix
         .map(str::to_string)
@@ -161,10 +167,25 @@ pub fn fork_into(
                 let t = Instant::now();
                 let pid = async {
                     let c = client.create_container_like(&src, &new_id).await?;
-                    let mounts = client
-                        .prepare(&c.snapshotter, &c.snapshot_key, &parent)
-                        .await?;
-                    client.start_restored(&c, mounts, source).await
+                    fault::point("fork.created");
+                    let made = async {
+                        let mounts = client
+                            .prepare(&c.snapshotter, &c.snapshot_key, &parent)
+                            .await?;
+                        fault::point("fork.prepared");
+                        let pid = client.start_restored(&c, mounts, source).await?;
+                        fault::point("fork.started");
+                        client.finish(&c.id).await?;
+                        anyhow::Ok(pid)
+                    }
+                    .await;
+                    if made.is_err() {
+                        // Not left for a retry to trip over: the error says what failed.
+                        if let Err(e) = client.discard(&c).await {
+                            tracing::warn!(id = %c.id, error = %format!("{e:#}"), "discard a failed fork");
+                        }
+                    }
+                    made
                 }
                 .await;
                 (new_id, pid, t.elapsed())

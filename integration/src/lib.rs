@@ -14,6 +14,7 @@ use std::io::{BufRead, BufReader, Write};
 
 pub mod bench;
 pub mod client;
+pub mod crash;
 pub mod cri;
 pub mod docker;
 pub mod llm;

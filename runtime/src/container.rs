@@ -122,9 +122,10 @@ impl Container {
         // Root-only: the containers' state, control sockets and proxy logs.
         let root = config.namespace_dir(&opts.namespace);
         crate::checkpoint::history::create_private_dir(&root)?;
-        if root.join(&opts.id).exists() {
+        if root.join(&opts.id).join(STATE_FILE).exists() {
             return Err(Error::AlreadyExists(opts.id.clone()));
         }
+        Container::discard_unrecorded(config, &opts.namespace, &opts.id)?;
         let tracking = TrackingCgroup::new(&config.tracking_cgroup, &opts.namespace, &opts.id);
         let cgroup_id = tracking.create()?;
         crate::inspect::watch(config, cgroup_id, &opts.id);
@@ -138,6 +139,21 @@ impl Container {
                 .then(|| config.policy.bpf_pin_root.clone()),
         };
         Ok((Container { root, state }, tracking))
+    }
+
+    /// Removes the state directory of container `id` if it holds no record: a create
+    /// or restore whose shim died before it recorded the container (containerd runs
+    /// one create of an id at a time). What it started is killed and its tracking
+    /// cgroup removed first. Answers whether there was one.
+    pub fn discard_unrecorded(config: &Config, namespace: &str, id: &str) -> Result<bool> {
+        let dir = config.namespace_dir(namespace).join(id);
+        if !dir.exists() || dir.join(STATE_FILE).exists() {
+            return Ok(false);
+        }
+        tracing::warn!(id, "removing an unrecorded container a dead shim left");
+        TrackingCgroup::new(&config.tracking_cgroup, namespace, id).destroy()?;
+        std::fs::remove_dir_all(&dir).map_err(Error::io(format!("remove {}", dir.display())))?;
+        Ok(true)
     }
 
     /// Loads a container that [`Container::create`] made earlier (e.g. by another

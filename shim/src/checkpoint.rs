@@ -15,6 +15,7 @@ use crab_runtime::checkpoint::{reuse, Manifest, CONTAINERD_UNPACKED_PREFIX};
 use crab_runtime::config::{Backend, Config};
 use crab_runtime::container::{Container, CreateOpts};
 use crab_runtime::helper::ChildStdio;
+use crab_runtime::storage::fault;
 use crab_runtime::storage::layers::MountSpec;
 use crab_runtime::storage::ContainerKey;
 use crab_runtime::storage::ImageSource;
@@ -285,6 +286,8 @@ impl TaskService {
             },
         );
         let control = self.serve_control(&config, &req.id).ok();
+        // The tree holds the checkpoint's files; Create has not answered yet.
+        fault::shim_point("restore.prepared", config.fault_file.as_deref());
         Ok(Instance {
             container,
             config,
@@ -308,6 +311,8 @@ impl TaskService {
         let (images, dumped) = (pending.images.clone(), pending.dumped.clone());
         let terminal = dumped.stdio.tty.is_some();
         let started = Instant::now();
+        let fault_file = inst.config.fault_file.clone();
+        fault::shim_point("restore.starting", fault_file.as_deref());
         let result = restore_process(&inst.config, &inst.init.stdio, terminal, move |_, child| {
             sandbox.restore_processes(&images, &dumped, child)
         })
@@ -319,6 +324,8 @@ impl TaskService {
                 return Err(e);
             }
         };
+        // CRIU restored the processes; Start has not answered yet.
+        fault::shim_point("restore.restored", fault_file.as_deref());
         tracing::info!(id = %inst.container.id(), pid, ms = started.elapsed().as_millis() as u64, "restored");
         // Removing the images (hundreds of MB for a big process) costs about
         // 0.2 ms per MB here: off the path of Start, which waits for nothing

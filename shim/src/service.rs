@@ -78,7 +78,10 @@ impl Shim for Service {
         let deleted =
             tokio::task::spawn_blocking(move || match Container::load(&config, &ns, &id) {
                 Ok(c) => c.delete(),
-                Err(crab_runtime::Error::NotFound(_)) => Ok(()),
+                // Died in a create or restore before recording the container.
+                Err(crab_runtime::Error::NotFound(_)) => {
+                    Container::discard_unrecorded(&config, &ns, &id).map(|_| ())
+                }
                 Err(e) => Err(e),
             })
             .await;

@@ -9,7 +9,8 @@
 //! Its last member is a signature ([`archive_sign`]) by the host's archive key: an
 //! import refuses an archive that is unsigned, altered, or signed with another key.
 
-use std::path::{Path, PathBuf};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
@@ -21,7 +22,7 @@ use super::{
     dir_bytes, fs_diff, sync_path, FsPart, Kind, Manifest, Timings, CRIU_DIR, FS_DIFF, MANIFEST,
 };
 use crate::config::Config;
-use crate::storage::{self, tree, work, ContainerKey, ImageSource};
+use crate::storage::{self, fault, tree, work, ContainerKey, ImageSource};
 use crate::{Error, Result};
 
 /// The container record's file name inside an archive.
@@ -78,11 +79,11 @@ pub fn export(
             path: history::dir(config, key),
             message: format!("checkpoint {} holds no files", entry.name),
         })?;
-    let staging = config
-        .checkpoint
-        .store
-        .join(".exports")
-        .join(work::tmp_name("export"));
+    // What dead exports left: their staging directories and partial archives.
+    super::archive_work::discard_dead(config);
+    super::archive_work::discard_dead_partials(out);
+    let staging = super::archive_work::export_staging(config);
+    let partial = super::archive_work::partial(out);
     create_private_dir(&staging)?;
     let result = (|| -> Result<ExportReport> {
         std::fs::create_dir_all(staging.join(CRIU_DIR))
@@ -107,21 +108,35 @@ pub fn export(
         let json = serde_json::to_vec_pretty(record).expect("record serializes");
         std::fs::write(staging.join(RECORD), json)
             .map_err(Error::io(format!("write {}", RECORD)))?;
+        fault::point("export.staged");
+        // Created private: it holds process memory, secrets included.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&partial)
+            .map_err(Error::io(format!("create {}", partial.display())))?;
         run_tar(
             &[
                 "-C",
                 &staging.display().to_string(),
                 "-cf",
-                &out.display().to_string(),
+                &partial.display().to_string(),
                 ".",
             ],
             "write the archive",
         )?;
-        // It holds process memory, secrets included.
-        std::fs::set_permissions(out, std::os::unix::fs::PermissionsExt::from_mode(0o600))
-            .map_err(Error::io(format!("chmod {}", out.display())))?;
-        archive_sign::sign(out, signer)?;
-        sync_path(out)?;
+        archive_sign::sign(&partial, signer)?;
+        sync_path(&partial)?;
+        fault::point("export.written");
+        std::fs::rename(&partial, out).map_err(Error::io(format!(
+            "rename {} to {}",
+            partial.display(),
+            out.display()
+        )))?;
+        if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
+            sync_path(parent)?;
+        }
         Ok(ExportReport {
             bytes: std::fs::metadata(out).map(|m| m.len()).unwrap_or(0),
             changed: fs.changed,
@@ -129,6 +144,9 @@ pub fn export(
         })
     })();
     let _ = std::fs::remove_dir_all(&staging);
+    if result.is_err() {
+        let _ = std::fs::remove_file(&partial);
+    }
     result
 }
 
@@ -390,16 +408,6 @@ fn read_signature<R: std::io::Read>(
     let mut body = Vec::new();
     std::io::Read::read_to_end(entry, &mut body).map_err(|e| e.to_string())?;
     Ok(body)
-}
-
-/// Where imports of `namespace/id` are unpacked.
-pub fn import_dir(config: &Config, key: &ContainerKey) -> PathBuf {
-    config
-        .checkpoint
-        .store
-        .join(".imports")
-        .join(key.namespace())
-        .join(key.id())
 }
 
 fn run_tar(args: &[&str], what: &str) -> Result<()> {

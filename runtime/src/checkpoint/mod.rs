@@ -12,6 +12,7 @@ pub mod archive;
 #[cfg(test)]
 mod archive_fixture;
 pub mod archive_sign;
+pub mod archive_work;
 pub mod beneath;
 pub mod byte_quota;
 pub mod engine;

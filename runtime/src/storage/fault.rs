@@ -7,6 +7,11 @@
 //! configuration's `fault_file` names (which reaches the helper processes of a shim
 //! that containerd started, whose environment a test cannot set). A `shim:` prefix kills
 //! the parent process first: a helper at that point takes its shim down with it.
+//!
+//! The shim's own points ([`shim_point`]) are named with the `shim:` prefix too (the
+//! shim dies there); the shim reads its configuration's file at each such point, since
+//! it outlives the operations a test arms. `crabctl`'s points ([`point`] in its own
+//! process) are chosen by `CRAB_FAULT` alone: a test starts crabctl itself.
 
 use std::sync::OnceLock;
 
@@ -27,6 +32,21 @@ pub fn choose_from(file: Option<&std::path::Path>) {
         .map(|s| s.trim().to_string())
         .filter(|s| !s.is_empty());
     let _ = CHOSEN.set(std::env::var(FAULT_ENV).ok().or(from_file));
+}
+
+/// The shim dies here (and nothing else: its parent is containerd or init) if `file`
+/// names `shim:<name>`.
+pub fn shim_point(name: &str, file: Option<&std::path::Path>) {
+    let Some(chosen) = file.and_then(|f| std::fs::read_to_string(f).ok()) else {
+        return;
+    };
+    if chosen.trim().strip_prefix(PARENT_PREFIX) != Some(name) {
+        return;
+    }
+    tracing::warn!(point = name, "fault injection: the shim crashes here");
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::this(), nix::sys::signal::SIGKILL);
+    // SIGKILL to ourselves is delivered before kill returns; never continue.
+    std::process::abort();
 }
 
 /// Dies here if this point was chosen.

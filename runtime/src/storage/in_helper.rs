@@ -151,6 +151,16 @@ pub(crate) fn serve(config: &Config, op: StoreOp) -> Result<serde_json::Value> {
             target,
         } => {
             forget_history(config, &key)?;
+            // A tree of this id that containerd's snapshot no longer owns (a fork or
+            // import discarded after a crash, whose snapshot containerd has not
+            // collected yet), or that an earlier try of this same task cloned: a
+            // clone's tree holds nothing yet, so it starts again.
+            if matches!(
+                store.existing(&key, &image)?,
+                Some(Existing::Replace | Existing::Reuse)
+            ) {
+                store.destroy(&key)?;
+            }
             let live = match store.clone_snapshot(&src, &snapshot, &key) {
                 // A tree left by a removed container of the same id: collect, retry.
                 Err(Error::AlreadyExists(_)) if image.snapshotter().is_some() => {
