@@ -103,7 +103,20 @@ impl Sandbox {
             args.push(RUNC);
         }
         args.extend([image, id, "sleep", "infinity"]);
-        env.ctr.ok(&args).await?;
+        let mut started = env.ctr.ok(&args).await;
+        for _ in 0..5 {
+            // After a crash containerd forgets the dead task a little after
+            // its container is gone: until then the id is taken.
+            match &started {
+                Err(e) if e.to_string().contains("already exists") => {
+                    env.ctr.remove(id).await;
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    started = env.ctr.ok(&args).await;
+                }
+                _ => break,
+            }
+        }
+        started?;
         Ok(Sandbox {
             id: id.to_string(),
             strategy: s,
