@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The evaluation: recorded agent trajectories replayed in real sandboxes, a crash
-# injected, recovery by each strategy (crab, chat-only, chat+fs, scratch, runc-full),
-# end-to-end time at density. Writes docs/evaluation.md and its plots.
+# injected, recovery by each strategy (crab, chat-only, chat+fs, scratch, runc-full; each
+# must resume at the turn it promises), fault-free baselines (runc, crab-plain: Crab's
+# runtime without checkpoints), end-to-end time at density. Writes docs/evaluation.md
+# and its plots.
 #
 #   hack/eval.sh [--quick] [crab-eval arguments]
 #     (full)    every trajectory, think times / 40; one crash point each recovered by

@@ -4,10 +4,13 @@
 
 pub mod agent;
 pub mod demo;
+pub mod density;
+pub mod outcome;
 pub mod plot;
 pub mod replay;
 pub mod report;
 pub mod run;
+pub mod runc;
 pub mod sandbox;
 pub mod state;
 pub mod strategy;

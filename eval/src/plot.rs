@@ -339,6 +339,7 @@ mod tests {
             gating_ms: Some((0.0, 12.0)),
             bytes: 1 << 20,
             incomplete: 0,
+            resumed_at: None,
         }
     }
 
@@ -359,6 +360,7 @@ mod tests {
         r.references.push(Reference {
             trajectory: Arc::new(t),
             plain: outcome("a", Strategy::Plain, "d1", Kinds::default()),
+            crab_plain: outcome("a", Strategy::CrabPlain, "d1", Kinds::default()),
             crab: outcome("a", Strategy::Crab, "d1", kinds),
         });
         r.crashes.push(outcome("a", Strategy::Crab, "d1", kinds));
@@ -370,6 +372,7 @@ mod tests {
             r.densities.push(Density {
                 n,
                 plain: Duration::from_secs(3),
+                crab_plain: Duration::from_secs(3),
                 crab: Duration::from_secs(3),
                 crab_crash: Duration::from_secs(4),
                 correct: n,

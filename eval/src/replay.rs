@@ -6,8 +6,9 @@
 //! in its conversation, so a retried request (after a crash) gets the same
 //! answer: the replay is deterministic. The harness sees every request
 //! ([`Asked`]), may hold requests from a turn on (a crash is injected while the
-//! LLM "thinks"), and may gate each answer on its own work (a baseline's
-//! checkpoint), which then overlaps with the think time.
+//! LLM "thinks"; a held request is reported once its gate is done), and may
+//! gate each answer on its own work (a baseline's checkpoint), which then
+//! overlaps with the think time.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -148,14 +149,23 @@ impl Replay {
             .as_array()
             .map(|m| m.iter().filter(|m| m["role"] == "tool").count())
             .unwrap_or(0);
+        if index >= run.hold_from.load(Ordering::SeqCst) {
+            // The sandbox is about to crash: this answer never comes. The
+            // request's own checkpoint (the last completed turn's) is written
+            // first, as it is with real think times of seconds.
+            if let Some(g) = &run.gate {
+                g(index).await;
+            }
+            let _ = run.asked.send(Asked {
+                index,
+                at: Instant::now(),
+            });
+            std::future::pending::<()>().await;
+        }
         let _ = run.asked.send(Asked {
             index,
             at: Instant::now(),
         });
-        if index >= run.hold_from.load(Ordering::SeqCst) {
-            // The sandbox is about to crash: this answer never comes.
-            std::future::pending::<()>().await;
-        }
         let think = tokio::time::sleep(run.trajectory.think(index, run.speedup));
         match &run.gate {
             Some(g) => {

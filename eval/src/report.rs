@@ -6,56 +6,13 @@ use std::fmt::Write;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::run::{run, Env, Kinds, Outcome};
+pub use crate::density::{density, Density};
+use crate::run::{Kinds, Outcome};
 use crate::strategy::Strategy;
 use crate::trajectory::Trajectory;
 
 /// What `docs/evaluation.md` says before the figures.
-const PREAMBLE: &str = r#"# Evaluation: replayed agent trajectories with injected crashes
-
-This file is written by `hack/eval.sh` (`crab-eval`); do not edit it by hand.
-`hack/eval.sh --quick` takes under ten minutes; `hack/eval.sh` runs everything.
-
-## Method
-
-- **Trajectories** (`eval/trajectories/`, format in its README): recorded
-  agent tasks in the style of Terminal-Bench and SWE-bench, each 20 to 100
-  turns. A turn is the LLM's think time (log-normal, median 3 s, 1 to 10 s),
-  then a tool call: a shell command or a file write. Each task has its own
-  verification script and names the state a recovered run must share with a
-  fault-free one: files (content and mode) and, through a probe, what live
-  processes hold (a server's data, a daemon's memory).
-- **The replay LLM** answers each request with the trajectory's next tool
-  call after its think time (divided by the speed-up). A request's turn is the
-  number of tool results in its conversation, so replays are deterministic.
-- **The agent** asks, runs the call in the sandbox through `exec`, and sends
-  the result back. It lives outside the sandbox's processes, as an
-  orchestrator does, and reaches its LLM through Crab's proxy inside the
-  sandbox's network namespace. An agent among the checkpointed processes
-  would change memory every turn, so no turn could be skipped, and a restore
-  would rewind its own conversation (`docs/proxy.md`).
-- **The crash** comes after the tool call of the chosen turn, when the agent
-  asks for the next one: SIGKILL of the sandbox's processes and of its shim.
-- **Recovery**, then the rest of the trajectory:
-  - `crab`: `crabctl restore` of the newest checkpoint (processes and files);
-    the agent's chat is rewound to that checkpoint's turn.
-  - `chat-only`: a fresh sandbox; the agent keeps its whole chat.
-  - `chat+fs`: the newest file-system snapshot (Crab's, without its
-    processes); the chat rewound to it.
-  - `scratch`: a fresh sandbox and a fresh chat.
-  - `runc-full`: runc's shim with `ctr container checkpoint --task --rw` at
-    every turn, overlapped with the think time like Crab's; `ctr container
-    restore --live --rw` of the newest, chat rewound to it. containerd 1.7
-    writes no process image into a checkpoint whose CRIU blob it already holds
-    (an unchanged process, measured); such a checkpoint cannot restore, so the
-    previous one stays the newest. runc's restore leaves loopback down here,
-    so it is brought up (`ip link set lo up`) for the tasks' servers.
-- **Correct** means the verification passes and the final state equals the
-  fault-free run's (runc's shim, no checkpoints, no crash).
-- **Time**: a run's wall time from the sandbox's start to its last turn,
-  think times included. At density, N sandboxes run at once.
-
-"#;
+const PREAMBLE: &str = include_str!("preamble.md");
 
 /// One trajectory's fault-free runs.
 pub struct Reference {
@@ -63,23 +20,10 @@ pub struct Reference {
     pub trajectory: Arc<Trajectory>,
     /// Without Crab, without a crash.
     pub plain: Outcome,
+    /// Crab's runtime without checkpoints, without a crash.
+    pub crab_plain: Outcome,
     /// With Crab, without a crash.
     pub crab: Outcome,
-}
-
-/// End-to-end times with `n` sandboxes at once.
-#[derive(Debug, Clone)]
-pub struct Density {
-    /// Sandboxes at once.
-    pub n: usize,
-    /// Mean time of a fault-free run without Crab.
-    pub plain: Duration,
-    /// Mean time of a fault-free run with Crab.
-    pub crab: Duration,
-    /// Mean time of a Crab run with one crash (mid-trajectory).
-    pub crab_crash: Duration,
-    /// Crab runs with a crash that ended correct, of `n`.
-    pub correct: usize,
 }
 
 /// Everything measured.
@@ -121,7 +65,7 @@ pub fn percentile(v: &[f64], q: f64) -> f64 {
     v[((v.len() - 1) as f64 * q).round() as usize]
 }
 
-fn mean(v: &[Duration]) -> Duration {
+pub(crate) fn mean(v: &[Duration]) -> Duration {
     if v.is_empty() {
         return Duration::ZERO;
     }
@@ -130,22 +74,12 @@ fn mean(v: &[Duration]) -> Duration {
 
 impl Results {
     /// Adds one trajectory's runs.
-    pub fn add(
-        &mut self,
-        t: Arc<Trajectory>,
-        plain: Outcome,
-        crab: Outcome,
-        crashes: Vec<Outcome>,
-    ) {
-        self.references.push(Reference {
-            trajectory: t,
-            plain,
-            crab,
-        });
+    pub fn add(&mut self, fault_free: Reference, crashes: Vec<Outcome>) {
+        self.references.push(fault_free);
         self.crashes.extend(crashes);
     }
 
-    fn reference(&self, name: &str) -> Option<&Reference> {
+    pub(crate) fn reference(&self, name: &str) -> Option<&Reference> {
         self.references.iter().find(|r| r.trajectory.name == name)
     }
 
@@ -193,6 +127,7 @@ impl Results {
             self.seed
         );
         self.correctness(&mut s);
+        self.failures(&mut s);
         self.kinds(&mut s);
         self.latency(&mut s);
         self.density_table(&mut s);
@@ -209,7 +144,7 @@ impl Results {
         );
         let _ = writeln!(
             s,
-            "| strategy | correct | runs | share | time of a run with the crash | vs fault-free without Crab |\n|---|---|---|---|---|---|"
+            "| strategy | correct | runs | share | resumed as promised | time of a run with the crash | vs fault-free without Crab |\n|---|---|---|---|---|---|---|"
         );
         for strat in Strategy::RECOVERING {
             let runs: Vec<&Outcome> = self
@@ -227,6 +162,10 @@ impl Results {
                         .is_some_and(|r| correct(o, &r.plain))
                 })
                 .count();
+            let promised = runs
+                .iter()
+                .filter(|o| o.resumed_at.is_some() && o.resumed_at == o.promised_resume())
+                .count();
             let time = mean(&runs.iter().map(|o| o.elapsed).collect::<Vec<_>>());
             let plain = mean(
                 &runs
@@ -236,7 +175,7 @@ impl Results {
             );
             let _ = writeln!(
                 s,
-                "| {strat} | {ok} | {} | {:.0}% | {:.1} s | {:.2}x |",
+                "| {strat} | {ok} | {} | {:.0}% | {promised} | {:.1} s | {:.2}x |",
                 runs.len(),
                 100.0 * ok as f64 / runs.len() as f64,
                 time.as_secs_f64(),
@@ -246,8 +185,46 @@ impl Results {
         let _ = writeln!(
             s,
             "\nA replayed LLM answers the same way every time, so starting over (`scratch`) \
-             ends correct here; it pays with time, and a real LLM would not repeat itself.\n"
+             ends correct here; it pays with time, and a real LLM would not repeat itself. \
+             A run that resumed at another turn than its strategy promises fails.\n"
         );
+    }
+
+    /// The runs that failed, and why.
+    fn failures(&self, s: &mut String) {
+        let failed: Vec<&Outcome> = self
+            .references
+            .iter()
+            .flat_map(|r| [&r.plain, &r.crab_plain, &r.crab])
+            .chain(&self.crashes)
+            .filter(|o| o.ending.is_err())
+            .collect();
+        if failed.is_empty() {
+            return;
+        }
+        let _ = writeln!(
+            s,
+            "### Failed runs\n\n| trajectory | strategy | crash after turn | resumed at | error |\n|---|---|---|---|---|"
+        );
+        let turn = |t: Option<usize>| t.map_or("-".to_string(), |t| t.to_string());
+        for o in failed {
+            let e = o.ending.as_ref().err().map(String::as_str).unwrap_or("");
+            let e: String = e
+                .replace('|', "/")
+                .replace('\n', " ")
+                .chars()
+                .take(200)
+                .collect();
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} | {e} |",
+                o.trajectory,
+                o.strategy,
+                turn(o.crash_at),
+                turn(o.resumed_at)
+            );
+        }
+        let _ = writeln!(s);
     }
 
     fn kinds(&self, s: &mut String) {
@@ -357,18 +334,20 @@ impl Results {
         let _ = writeln!(s, "## End-to-end time at density\n");
         let _ = writeln!(
             s,
-            "| sandboxes | fault-free, no Crab | fault-free, Crab | Crab, one crash | Crab overhead | with the crash | correct after the crash |\n|---|---|---|---|---|---|---|"
+            "| sandboxes | fault-free, no Crab | fault-free, Crab's runtime, no checkpoints | fault-free, Crab | Crab overhead vs runc | vs its own runtime | Crab, one crash | with the crash | correct after the crash |\n|---|---|---|---|---|---|---|---|---|"
         );
         for d in &self.densities {
             let r = |x: Duration| x.as_secs_f64() / d.plain.as_secs_f64().max(1e-9);
             let _ = writeln!(
                 s,
-                "| {} | {:.1} s | {:.1} s | {:.1} s | {:+.1}% | {:.2}x | {}/{} |",
+                "| {} | {:.1} s | {:.1} s | {:.1} s | {:+.1}% | {:+.1}% | {:.1} s | {:.2}x | {}/{} |",
                 d.n,
                 d.plain.as_secs_f64(),
+                d.crab_plain.as_secs_f64(),
                 d.crab.as_secs_f64(),
-                d.crab_crash.as_secs_f64(),
                 (r(d.crab) - 1.0) * 100.0,
+                (d.crab.as_secs_f64() / d.crab_plain.as_secs_f64().max(1e-9) - 1.0) * 100.0,
+                d.crab_crash.as_secs_f64(),
                 r(d.crab_crash),
                 d.correct,
                 d.n
@@ -377,7 +356,9 @@ impl Results {
         let _ = writeln!(
             s,
             "\nMean time of one run (the trajectories taken in turn), all sandboxes at once; \
-             think times divided by {}. The three columns run one after the other.\n",
+             think times divided by {}. The four batches run one after the other. \
+             Crab's overhead is given against runc's shim and against Crab's own runtime \
+             without the turn proxy (no checkpoints).\n",
             self.density_speedup
         );
     }
@@ -385,8 +366,9 @@ impl Results {
     fn per_trajectory(&self, s: &mut String) {
         let _ = writeln!(s, "## Per trajectory\n");
         let mut head =
-            "| trajectory | category | turns | plain s | crab s | skip/fs/proc/full |".to_string();
-        let mut sep = "|---|---|---|---|---|---|".to_string();
+            "| trajectory | category | turns | plain s | crab-plain s | crab s | skip/fs/proc/full |"
+                .to_string();
+        let mut sep = "|---|---|---|---|---|---|---|".to_string();
         for strat in Strategy::RECOVERING {
             let _ = write!(head, " {strat} |");
             sep.push_str("---|");
@@ -395,11 +377,12 @@ impl Results {
         for r in &self.references {
             let k = r.crab.kinds;
             let mut line = format!(
-                "| {} | {} | {} | {:.1} | {:.1} | {}/{}/{}/{} |",
+                "| {} | {} | {} | {:.1} | {:.1} | {:.1} | {}/{}/{}/{} |",
                 r.trajectory.name,
                 r.trajectory.category,
                 r.trajectory.turns.len(),
                 r.plain.elapsed.as_secs_f64(),
+                r.crab_plain.elapsed.as_secs_f64(),
                 r.crab.elapsed.as_secs_f64(),
                 k.skip,
                 k.fs_only,
@@ -418,55 +401,5 @@ impl Results {
             let _ = writeln!(s, "{line}");
         }
         let _ = writeln!(s);
-    }
-}
-
-/// `n` sandboxes at once: fault-free without Crab, fault-free with Crab, then
-/// with Crab and one crash each, halfway through.
-pub async fn density(env: &Env, results: &Results, n: usize) -> Density {
-    let pick: Vec<Arc<Trajectory>> = results
-        .references
-        .iter()
-        .map(|r| r.trajectory.clone())
-        .cycle()
-        .take(n)
-        .collect();
-    let batch = |s: Strategy, crash: bool| {
-        let pick = pick.clone();
-        let env = env.clone();
-        async move {
-            let mut set = tokio::task::JoinSet::new();
-            for t in pick {
-                let env = env.clone();
-                let k = crash.then_some(t.turns.len() / 2);
-                set.spawn(async move { run(&env, t, s, k).await });
-            }
-            let mut out = Vec::new();
-            while let Some(o) = set.join_next().await {
-                if let Ok(o) = o {
-                    out.push(o);
-                }
-            }
-            out
-        }
-    };
-    let plain = batch(Strategy::Plain, false).await;
-    let crab = batch(Strategy::Crab, false).await;
-    let crashed = batch(Strategy::Crab, true).await;
-    let correct_n = crashed
-        .iter()
-        .filter(|o| {
-            results
-                .reference(&o.trajectory)
-                .is_some_and(|r| correct(o, &r.plain))
-        })
-        .count();
-    let times = |v: &[Outcome]| mean(&v.iter().map(|o| o.elapsed).collect::<Vec<_>>());
-    Density {
-        n,
-        plain: times(&plain),
-        crab: times(&crab),
-        crab_crash: times(&crashed),
-        correct: correct_n,
     }
 }

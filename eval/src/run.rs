@@ -5,19 +5,20 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use crab_runtime::checkpoint::history::Entry;
 use crab_runtime::checkpoint::stats::TurnStats;
 use crab_runtime::checkpoint::Kind;
-use serde_json::Value;
 
 use crate::agent::{Agent, Llm};
-use crate::replay::{Gate, Replay};
+pub use crate::outcome::{Kinds, Outcome};
+use crate::replay::Replay;
+use crate::runc::{self, Checkpoints};
 use crate::sandbox::Ctr;
-use crate::state::{ending, Ending};
+use crate::state::ending;
 use crate::strategy::Strategy;
 use crate::trajectory::Trajectory;
 
@@ -73,83 +74,12 @@ pub enum Progress {
     },
 }
 
-/// Checkpoint kinds of a Crab run's turns.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Kinds {
-    /// Nothing to save.
-    pub skip: u32,
-    /// Files only.
-    pub fs_only: u32,
-    /// Processes only.
-    pub process_only: u32,
-    /// Both.
-    pub full: u32,
-}
-
-/// How a run went.
-#[derive(Debug, Clone)]
-pub struct Outcome {
-    /// The trajectory.
-    pub trajectory: String,
-    /// Its category.
-    pub category: String,
-    /// The strategy.
-    pub strategy: Strategy,
-    /// The turn after whose tool call the crash came.
-    pub crash_at: Option<usize>,
-    /// The task's check and the state digest, or why the run failed.
-    pub ending: std::result::Result<Ending, String>,
-    /// Start to the end of the last turn.
-    pub elapsed: Duration,
-    /// Crash to the agent's next request.
-    pub recovery: Option<Duration>,
-    /// Turn checkpoints by kind (Crab runs).
-    pub kinds: Kinds,
-    /// Each checkpoint's latency, ms (Crab: the history's timings; runc: the
-    /// `ctr` command).
-    pub checkpoint_ms: Vec<f64>,
-    /// How long answers were held for checkpoints: (p50, p99) ms (Crab).
-    pub gating_ms: Option<(f64, f64)>,
-    /// Bytes of checkpoint images written.
-    pub bytes: u64,
-    /// runc: checkpoints containerd wrote without their process image.
-    pub incomplete: u32,
-}
-
 /// Unique container ids across runs of this process.
 fn container_id(t: &Trajectory, s: Strategy) -> String {
     static N: AtomicU32 = AtomicU32::new(0);
     let n = N.fetch_add(1, Ordering::Relaxed);
     let strategy = s.name().replace('+', "-");
     format!("ev-{}-{strategy}-{}-{n}", t.name, std::process::id())
-}
-
-/// runc's per-turn checkpoints: the newest durable one, and the figures.
-#[derive(Default)]
-struct RuncCheckpoints {
-    latest: Option<(usize, String)>,
-    ms: Vec<f64>,
-    bytes: u64,
-    /// Checkpoints that came out without a process image.
-    incomplete: u32,
-    /// Bookkeeping of checkpoints still running.
-    pending: Vec<tokio::task::JoinHandle<()>>,
-}
-
-impl RuncCheckpoints {
-    /// Waits for the bookkeeping of every checkpoint made so far.
-    async fn settled(figures: &Mutex<RuncCheckpoints>) {
-        loop {
-            let pending =
-                std::mem::take(&mut figures.lock().unwrap_or_else(|e| e.into_inner()).pending);
-            if pending.is_empty() {
-                return;
-            }
-            for p in pending {
-                let _ = p.await;
-            }
-        }
-    }
 }
 
 /// A sandbox of a run: its id, and how its agent reaches the LLM.
@@ -163,19 +93,30 @@ impl Sandbox {
         let upstream = format!("io.crab.proxy.upstream=http://{}", env.replay_addr);
         let config = env.crab_config.to_string_lossy().into_owned();
         let mut args = vec!["run", "-d", "--runtime"];
-        if s.crab() {
-            args.extend([
-                CRAB,
-                "--runtime-config-path",
-                &config,
-                "--annotation",
-                &upstream,
-            ]);
+        if s.crab_runtime() {
+            args.extend([CRAB, "--runtime-config-path", &config]);
+            if s.crab() {
+                // The turn proxy, hence a checkpoint at every request.
+                args.extend(["--annotation", &upstream]);
+            }
         } else {
             args.push(RUNC);
         }
         args.extend([image, id, "sleep", "infinity"]);
-        env.ctr.ok(&args).await?;
+        let mut started = env.ctr.ok(&args).await;
+        for _ in 0..5 {
+            // After a crash containerd forgets the dead task a little after
+            // its container is gone: until then the id is taken.
+            match &started {
+                Err(e) if e.to_string().contains("already exists") => {
+                    env.ctr.remove(id).await;
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    started = env.ctr.ok(&args).await;
+                }
+                _ => break,
+            }
+        }
+        started?;
         Ok(Sandbox {
             id: id.to_string(),
             strategy: s,
@@ -211,6 +152,25 @@ async fn crab_latest_turn(env: &Env, id: &str) -> Result<usize> {
     Ok(seq as usize - 1)
 }
 
+/// Waits (up to a minute) until the proxy's checkpoint at the request for
+/// turn `turn` is in the history: the crash comes mid-think, after the last
+/// completed turn's checkpoint, as it does with real think times of seconds
+/// (at the speed-ups here a checkpoint can outlast the think time). Crab's
+/// proxy checkpoints beside the think time, runc's gate before it is held.
+async fn crab_settled(env: &Env, id: &str, turn: usize) {
+    for _ in 0..3000 {
+        if crab_latest_turn(env, id).await.is_ok_and(|t| t >= turn) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tracing::warn!(
+        id,
+        turn,
+        "no checkpoint of the last completed turn before the crash"
+    );
+}
+
 /// The kind and time of the newest entry of a Crab history.
 async fn crab_last_entry(env: &Env, id: &str) -> Option<(String, u64)> {
     let h = crab_history(env, id).await.ok()?;
@@ -222,7 +182,7 @@ async fn crab_last_entry(env: &Env, id: &str) -> Option<(String, u64)> {
 /// turn `crash_at` (when the agent asks for the next one).
 pub async fn run(env: &Env, t: Arc<Trajectory>, s: Strategy, crash_at: Option<usize>) -> Outcome {
     let id = container_id(&t, s);
-    let runc = Arc::new(Mutex::new(RuncCheckpoints::default()));
+    let runc = runc::Shared::default();
     let started = Instant::now();
     let result = drive(env, &t, s, crash_at, &id, &runc).await;
     let elapsed = started.elapsed();
@@ -239,35 +199,40 @@ pub async fn run(env: &Env, t: Arc<Trajectory>, s: Strategy, crash_at: Option<us
         gating_ms: None,
         bytes: 0,
         incomplete: 0,
+        resumed_at: None,
     };
     match result {
-        Ok(recovery) => {
-            out.recovery = recovery;
+        Ok(recovered) => {
+            out.recovery = recovered.map(|r| r.took);
+            out.resumed_at = recovered.map(|r| r.resume);
             out.ending = ending(&env.ctr, &id, &t)
                 .await
                 .map_err(|e| format!("{e:#}"));
         }
         Err(e) => out.ending = Err(format!("{e:#}")),
     }
-    if s.crab() {
+    out.check_resume();
+    if s.crab_runtime() {
         crab_figures(env, &id, &mut out).await;
     }
-    RuncCheckpoints::settled(&runc).await;
-    {
+    Checkpoints::settled(&runc).await;
+    if s == Strategy::RuncFull {
         let r = runc.lock().unwrap_or_else(|e| e.into_inner());
-        if s == Strategy::RuncFull {
-            out.checkpoint_ms = r.ms.clone();
-            out.bytes = r.bytes;
-            out.incomplete = r.incomplete;
-        }
+        out.checkpoint_ms = r.ms.clone();
+        out.bytes = r.bytes;
+        out.incomplete = r.incomplete;
     }
     env.replay.unregister(&id);
     env.ctr.remove(&id).await;
-    let latest = runc.lock().unwrap_or_else(|e| e.into_inner()).latest.take();
-    if let Some((_, reference)) = latest {
-        let _ = env.ctr.ok(&["images", "rm", &reference]).await;
-    }
+    Checkpoints::remove_newest(&runc, &env.ctr).await;
     out
+}
+
+/// A run's recovery: how long it took, and the turn the agent resumed at.
+#[derive(Debug, Clone, Copy)]
+struct Recovered {
+    took: Duration,
+    resume: usize,
 }
 
 async fn crab_figures(env: &Env, id: &str, out: &mut Outcome) {
@@ -293,111 +258,26 @@ async fn crab_figures(env: &Env, id: &str, out: &mut Outcome) {
     }
 }
 
-/// runc's gate: a full checkpoint at each request, overlapped with the think
-/// time; the previous image is removed once the new one exists.
-fn runc_gate(env: &Env, id: &str, figures: Arc<Mutex<RuncCheckpoints>>) -> Gate {
-    let (ctr, id) = (env.ctr.clone(), id.to_string());
-    Arc::new(move |index| {
-        let (ctr, id, figures) = (ctr.clone(), id.clone(), figures.clone());
-        Box::pin(async move {
-            let reference = format!("crab.eval/{id}:{index}");
-            let t = Instant::now();
-            let made = ctr
-                .ok(&["container", "checkpoint", "--task", "--rw", &id, &reference])
-                .await;
-            let ms = t.elapsed().as_secs_f64() * 1000.0;
-            if made.is_err() {
-                return;
-            }
-            // The answer waits for the checkpoint only, as Crab's does; the
-            // bookkeeping runs beside the next turn (a recovery waits for it).
-            let book = figures.clone();
-            let task = tokio::spawn(async move {
-                // containerd 1.7 leaves the process image out of a checkpoint
-                // whose CRIU blob it already holds (an unchanged process:
-                // measured). Such a checkpoint cannot restore; the previous one
-                // stays the newest.
-                let (bytes, complete) = image_bytes(&ctr, &reference).await;
-                let old = {
-                    let mut f = book.lock().unwrap_or_else(|e| e.into_inner());
-                    f.ms.push(ms);
-                    f.bytes += bytes;
-                    if complete {
-                        f.latest.replace((index, reference.clone()))
-                    } else {
-                        f.incomplete += 1;
-                        Some((index, reference.clone()))
-                    }
-                };
-                if let Some((_, old)) = old {
-                    let _ = ctr.ok(&["images", "rm", "--sync", &old]).await;
-                }
-            });
-            figures
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .pending
-                .push(task);
-        })
-    })
-}
-
-/// Bytes a checkpoint image lists, and whether it holds a process image.
-async fn image_bytes(ctr: &Ctr, reference: &str) -> (u64, bool) {
-    let Ok(images) = ctr.ok(&["images", "ls"]).await else {
-        return (0, false);
-    };
-    let Some(digest) = image_digest(&images, reference) else {
-        return (0, false);
-    };
-    let index = ctr
-        .ok(&["content", "get", digest])
-        .await
-        .unwrap_or_default();
-    checkpoint_parts(&index)
-}
-
-/// The digest of image `reference` in the output of `ctr images ls`.
-pub fn image_digest<'a>(images_ls: &'a str, reference: &str) -> Option<&'a str> {
-    images_ls
-        .lines()
-        .find(|l| l.split_whitespace().next() == Some(reference))
-        .and_then(|l| l.split_whitespace().find(|w| w.starts_with("sha256:")))
-}
-
-/// What a checkpoint image's index lists: its parts' bytes, and whether a
-/// process image (CRIU's blob) is among them.
-pub fn checkpoint_parts(index_json: &str) -> (u64, bool) {
-    let index: Value = serde_json::from_str(index_json).unwrap_or_default();
-    let manifests = index["manifests"].as_array().cloned().unwrap_or_default();
-    let bytes = manifests.iter().filter_map(|d| d["size"].as_u64()).sum();
-    let complete = manifests.iter().any(|d| {
-        d["mediaType"]
-            .as_str()
-            .is_some_and(|m| m.contains("criu.checkpoint"))
-    });
-    (bytes, complete)
-}
-
 async fn drive(
     env: &Env,
     t: &Arc<Trajectory>,
     s: Strategy,
     crash_at: Option<usize>,
     id: &str,
-    runc: &Arc<Mutex<RuncCheckpoints>>,
-) -> Result<Option<Duration>> {
-    let gate = (s == Strategy::RuncFull).then(|| runc_gate(env, id, runc.clone()));
+    runc: &runc::Shared,
+) -> Result<Option<Recovered>> {
+    let gate = (s == Strategy::RuncFull).then(|| runc::gate(&env.ctr, id, runc.clone()));
     let mut handle = env.replay.register(id, t.clone(), env.speedup, gate);
     let mut sandbox = Sandbox::start(env, id, s, &t.image).await?;
     let mut llm = sandbox.llm(env).await?;
     let mut agent = Agent::new(id, t);
-    let mut pending_crash = crash_at.filter(|_| s != Strategy::Plain);
+    let mut pending_crash = crash_at.filter(|_| s.recovers());
     if let Some(k) = pending_crash {
         handle.hold_from(Some(k + 1));
     }
     let mut recovery = None;
     let mut crashed_at = None;
+    let mut resumed = None;
     loop {
         let event = {
             let step = agent.step(llm, &env.ctr, &sandbox.id, 50);
@@ -420,8 +300,11 @@ async fn drive(
         };
         match event {
             Event::Stepped(more) => {
-                if let (Some(c), None) = (crashed_at, recovery) {
-                    recovery = Some(Instant::elapsed(&c));
+                if let (Some(c), Some(resume), None) = (crashed_at, resumed, recovery) {
+                    recovery = Some(Recovered {
+                        took: Instant::elapsed(&c),
+                        resume,
+                    });
                 }
                 let more = more?;
                 // The checkpoint at this request holds what the call before it
@@ -454,6 +337,9 @@ async fn drive(
                         after: agent.turn() - 1,
                     });
                 }
+                if s.crab() {
+                    crab_settled(env, &sandbox.id, agent.turn()).await;
+                }
                 env.ctr.crash(&sandbox.id).await.context("crash")?;
                 let resume = recover(env, &mut sandbox, t, s, &agent, runc)
                     .await
@@ -464,6 +350,8 @@ async fn drive(
                         took: crashed_at.map(|c| c.elapsed()).unwrap_or_default(),
                     });
                 }
+                tracing::info!(id, strategy = %s, resume, "recovered");
+                resumed = Some(resume);
                 agent.rewind(resume);
                 handle.hold_from(None);
                 llm = sandbox.llm(env).await?;
@@ -488,11 +376,11 @@ async fn recover(
     t: &Trajectory,
     s: Strategy,
     agent: &Agent,
-    runc: &Arc<Mutex<RuncCheckpoints>>,
+    runc: &runc::Shared,
 ) -> Result<usize> {
     let id = sandbox.id.clone();
     match s {
-        Strategy::Plain => bail!("the plain strategy does not recover"),
+        Strategy::Plain | Strategy::CrabPlain => bail!("the {s} strategy does not recover"),
         Strategy::Crab | Strategy::ChatFs => {
             env.ctr.crabctl(&["restore", &id]).await?;
             if s == Strategy::ChatFs {
@@ -523,53 +411,13 @@ async fn recover(
             })
         }
         Strategy::RuncFull => {
-            let latest = runc
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .latest
-                .clone();
+            // The newest image once its check is done: one the gate is still
+            // inspecting counts, an older one never does (containerd keeps one).
+            let latest = Checkpoints::restorable(runc).await;
             env.ctr.remove(&id).await;
             match latest {
                 Some((index, reference)) => {
-                    let restore = ["container", "restore", "--live", "--rw", &id, &reference];
-                    let mut restored = env.ctr.ok(&restore).await;
-                    for _ in 0..5 {
-                        // containerd forgets a task whose shim was killed a
-                        // little after the kill: until then its id is taken.
-                        match &restored {
-                            Err(e) if e.to_string().contains("already exists") => {
-                                env.ctr.remove(&id).await;
-                                tokio::time::sleep(Duration::from_millis(500)).await;
-                                restored = env.ctr.ok(&restore).await;
-                            }
-                            _ => break,
-                        }
-                    }
-                    if let Err(e) = restored {
-                        let images = env.ctr.ok(&["images", "ls"]).await.unwrap_or_default();
-                        let line = images
-                            .lines()
-                            .find(|l| l.contains(&reference))
-                            .unwrap_or("");
-                        bail!("{e:#} (image: {line})");
-                    }
-                    // runc's restore leaves loopback down on this kernel
-                    // (machine-facts); the tasks' servers need it.
-                    let pid = env.ctr.pid(&id).await?;
-                    let lo = tokio::process::Command::new("nsenter")
-                        .args([
-                            "-t",
-                            &pid.to_string(),
-                            "-n",
-                            "ip",
-                            "link",
-                            "set",
-                            "lo",
-                            "up",
-                        ])
-                        .status()
-                        .await?;
-                    anyhow::ensure!(lo.success(), "bring loopback up in {id}");
+                    runc::restore(&env.ctr, &id, &reference).await?;
                     Ok(index)
                 }
                 None => {
@@ -578,27 +426,5 @@ async fn recover(
                 }
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_checkpoint_image_is_complete_only_with_its_process_image() {
-        let ls = "REF TYPE DIGEST SIZE\n\
-                  crab.eval/a:1 application/vnd.oci.image.index.v1+json sha256:aa 1.0 KiB\n\
-                  crab.eval/a:2 application/vnd.oci.image.index.v1+json sha256:bb 1.0 KiB\n";
-        assert_eq!(image_digest(ls, "crab.eval/a:2"), Some("sha256:bb"));
-        assert_eq!(image_digest(ls, "crab.eval/a:3"), None);
-        let full = r#"{"manifests": [
-            {"mediaType": "application/vnd.containerd.container.criu.checkpoint.criu.tar", "size": 100},
-            {"mediaType": "application/vnd.containerd.container.checkpoint.config.v1+proto", "size": 20}]}"#;
-        assert_eq!(checkpoint_parts(full), (120, true));
-        let files_only = r#"{"manifests": [
-            {"mediaType": "application/vnd.containerd.container.checkpoint.config.v1+proto", "size": 20}]}"#;
-        assert_eq!(checkpoint_parts(files_only), (20, false));
-        assert_eq!(checkpoint_parts("not json"), (0, false));
     }
 }

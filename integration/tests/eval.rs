@@ -1,7 +1,9 @@
 //! The evaluation harness against the real stack: a recorded trajectory whose
 //! state lives in a process's memory, replayed through Crab's proxy, crashed
 //! halfway (shim and processes killed), and recovered. Crab's restore ends in
-//! the fault-free run's state; a recovery with the files alone does not.
+//! the fault-free run's state; a recovery with the files alone does not; runc's
+//! full checkpoints restore the crash turn's, not an older one. Each recovery
+//! resumes at the turn its strategy promises (the harness fails it otherwise).
 
 // Needs root and the private containerd: built only with the `host-tests` feature (hack/test.sh enables it).
 #![cfg(feature = "host-tests")]
@@ -41,6 +43,16 @@ async fn a_crashed_sandbox_recovered_by_crab_ends_as_the_fault_free_run_and_file
     let reference = plain.ending.clone().expect("the fault-free run ends");
     assert!(reference.verified, "the fault-free run fails its own check");
 
+    // Crab's runtime without the turn proxy: the same end, and no checkpoint.
+    let bare = run(&env, t.clone(), Strategy::CrabPlain, Some(3)).await;
+    assert!(correct(&bare, &plain), "crab-plain: {:?}", bare.ending);
+    assert_eq!(bare.recovery, None, "crab-plain was crashed");
+    assert_eq!(
+        bare.kinds,
+        Default::default(),
+        "crab-plain took checkpoints"
+    );
+
     let k = t.turns.len() / 2;
     let crab = run(&env, t.clone(), Strategy::Crab, Some(k)).await;
     assert!(
@@ -53,6 +65,23 @@ async fn a_crashed_sandbox_recovered_by_crab_ends_as_the_fault_free_run_and_file
         "crab after a crash at turn {k}: {:?}",
         crab.ending
     );
+    assert_eq!(crab.resumed_at, Some(k + 1), "crab lost a turn");
+
+    // runc's full checkpoints: the newest (the crash turn's) restores.
+    let runc = run(&env, t.clone(), Strategy::RuncFull, Some(k)).await;
+    assert!(
+        correct(&runc, &plain),
+        "runc-full after a crash at turn {k}: {:?}",
+        runc.ending
+    );
+    assert_eq!(
+        runc.resumed_at,
+        Some(k + 1),
+        "runc-full restored an older checkpoint"
+    );
+    assert_eq!(runc.incomplete, 0, "a runc checkpoint had no process image");
+    // Requests 0..=k+1 before the crash, k+1..=end after it: one checkpoint each.
+    assert_eq!(runc.checkpoint_ms.len(), t.turns.len() + 2);
 
     let files_only = run(&env, t.clone(), Strategy::ChatFs, Some(k)).await;
     assert!(

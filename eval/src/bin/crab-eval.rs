@@ -8,7 +8,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use clap::Parser;
 use crab_eval::replay::Replay;
-use crab_eval::report::{self, Results};
+use crab_eval::report::{self, Reference, Results};
 use crab_eval::run::{run, Env, Outcome};
 use crab_eval::sandbox::Ctr;
 use crab_eval::strategy::Strategy;
@@ -125,6 +125,13 @@ fn crash_points(t: &Trajectory, specs: [&str; 2], seed: &mut u64) -> Result<[Vec
 
 #[tokio::main]
 async fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
     let mut cli = Cli::parse();
     if cli.quick {
         cli.speedup = cli.speedup.max(60.0);
@@ -185,6 +192,8 @@ async fn main() -> Result<()> {
         eprintln!("== {} ({} turns, {})", t.name, t.turns.len(), t.category);
         let plain = run(&env, t.clone(), Strategy::Plain, None).await;
         progress(&plain);
+        let crab_plain = run(&env, t.clone(), Strategy::CrabPlain, None).await;
+        progress(&crab_plain);
         let crab = run(&env, t.clone(), Strategy::Crab, None).await;
         progress(&crab);
         let [points, crab_points] = crash_points(
@@ -211,7 +220,13 @@ async fn main() -> Result<()> {
                 crashes.push(o);
             }
         }
-        results.add(t.clone(), plain, crab, crashes);
+        let fault_free = Reference {
+            trajectory: t.clone(),
+            plain,
+            crab_plain,
+            crab,
+        };
+        results.add(fault_free, crashes);
     }
     let density_env = Env {
         speedup: results.density_speedup,
@@ -241,12 +256,13 @@ fn progress(o: &Outcome) {
         Ok(e) => format!("verified={} digest={}", e.verified, e.digest),
         Err(e) => format!("FAILED: {e}"),
     };
+    let turn = |t: Option<usize>| t.map_or_else(|| "-".to_string(), |t| t.to_string());
     eprintln!(
-        "  {:<10} crash={:<5} {:>7.1}s  {end}",
+        "  {:<10} crash={:<5} resumed={:<5} (promised {:<5}) {:>7.1}s  {end}",
         o.strategy.name(),
-        o.crash_at
-            .map(|k| k.to_string())
-            .unwrap_or_else(|| "-".into()),
+        turn(o.crash_at),
+        turn(o.resumed_at),
+        turn(o.promised_resume()),
         o.elapsed.as_secs_f64()
     );
 }

@@ -35,8 +35,8 @@ fn workload(mb: usize) -> String {
 /// Bytes of a checkpoint image: the sizes its index lists.
 fn image_bytes(reference: &str) -> u64 {
     let images = ctr_ok(&["images", "ls"]);
-    match crab_eval::run::image_digest(&images, reference) {
-        Some(digest) => crab_eval::run::checkpoint_parts(&ctr_ok(&["content", "get", digest])).0,
+    match crab_eval::runc::image_digest(&images, reference) {
+        Some(digest) => crab_eval::runc::checkpoint_parts(&ctr_ok(&["content", "get", digest])).0,
         None => 0,
     }
 }
