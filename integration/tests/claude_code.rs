@@ -105,6 +105,15 @@ fn claude_code_runs_a_scripted_task_through_the_proxy_one_checkpoint_per_request
         .filter_map(|l| l.split(':').next().map(str::trim))
         .collect();
     assert_eq!(ifaces, ["lo"], "{dev}");
+    // Claude Code is not told where its LLM is: the shim injected the proxy.
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).expect("the init's environ");
+    assert!(
+        environ
+            .split(|&b| b == 0)
+            .any(|v| v == b"ANTHROPIC_BASE_URL=http://127.0.0.1:8787"),
+        "no injected ANTHROPIC_BASE_URL: {}",
+        String::from_utf8_lossy(&environ)
+    );
     let exited = wait_until(Duration::from_secs(240), || {
         read_inside(pid, "/dev/shm/claude.exit").is_some_and(|s| s.ends_with('\n'))
     });
