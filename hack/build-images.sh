@@ -5,18 +5,21 @@
 #   docker.io/crab/busybox:latest  host's busybox-static + applet links, users root/nobody/crab
 #   docker.io/crab/python:latest   Debian bookworm minbase + python3, venv, git, make, tcc,
 #                                  sqlite3, patch (via debootstrap)
+#   docker.io/crab/agent:latest    Debian bookworm minbase + nodejs (18) and the pinned
+#                                  Claude Code CLI (npm @anthropic-ai/claude-code, installed
+#                                  with the host's npm into /usr/local), for tests/claude_code.rs
 #   docker.io/crab/pause:latest    a Kubernetes pod's sandbox image for the CRI tests: the
 #                                  host's busybox-static alone, sleeping until TERM/INT; like
 #                                  the real pause image it sets no PATH
 #
 # Each image is one reproducible gzip layer packed by hack/oci-image.py, in an archive
 # that is both an OCI layout and a `docker load` archive. Output goes to
-# ${CRAB_IMAGE_DIR:-/var/lib/crab/images}/{busybox,python}.tar; an existing archive is
-# kept unless --force is given. The debootstrap result is cached in
-# ${CRAB_CACHE_DIR:-/var/cache/crab} so rebuilding the python image is quick.
+# ${CRAB_IMAGE_DIR:-/var/lib/crab/images}/<image>.tar; an existing archive is
+# kept unless --force is given. The debootstrap results and the npm package are cached
+# in ${CRAB_CACHE_DIR:-/var/cache/crab} so rebuilding the python and agent images is quick.
 # Nothing is imported here: hack/containerd.sh and hack/docker.sh do that when they start.
 #
-#   hack/build-images.sh [--force] [busybox] [python] [pause]
+#   hack/build-images.sh [--force] [busybox] [python] [agent] [pause]
 #
 # Environment: CRAB_IMAGE_DIR, CRAB_CACHE_DIR, CRAB_DEBIAN_MIRROR,
 # SOURCE_DATE_EPOCH (mtime of every file in the layers, default 0).
@@ -38,12 +41,12 @@ WANT=()
 for arg in "$@"; do
     case "$arg" in
         --force|-f) FORCE=1 ;;
-        busybox|python|pause) WANT+=("$arg") ;;
+        busybox|python|agent|pause) WANT+=("$arg") ;;
         -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-        *) die "unknown argument: $arg (expected --force, busybox, python, pause)" ;;
+        *) die "unknown argument: $arg (expected --force, busybox, python, agent, pause)" ;;
     esac
 done
-[ ${#WANT[@]} -gt 0 ] || WANT=(busybox python pause)
+[ ${#WANT[@]} -gt 0 ] || WANT=(busybox python agent pause)
 
 [ "$(id -u)" = 0 ] || die "must run as root (debootstrap and file ownership need it)"
 PYTHON=$(command -v python3) || die "python3 is required"
@@ -154,16 +157,18 @@ build_pause() {
 PY_INCLUDE=python3,python3-venv,git,make,tcc,libc6-dev,sqlite3,patch
 
 debootstrap_cached() {
-    # Prints the cached minbase+PY_INCLUDE rootfs, creating it on first use.
-    local cached="$CACHE_DIR/rootfs/$SUITE-$ARCH-${PY_INCLUDE//,/-}"
-    if [ ! -x "$cached/usr/bin/python3" ]; then
+    # Prints the cached minbase rootfs with the packages $1 (comma-separated), creating
+    # it on first use; $2 is a file that exists once the packages are in.
+    local include=$1 marker=$2
+    local cached="$CACHE_DIR/rootfs/$SUITE-$ARCH-${include//,/-}"
+    if [ ! -x "$cached/$marker" ]; then
         command -v debootstrap >/dev/null || die "debootstrap not found (apt-get install debootstrap)"
         local tmp="$cached.tmp"
         unmount_below "$tmp"
         rm -rf "$tmp" "$cached"
         mkdir -p "$(dirname "$cached")"
-        log "debootstrap --variant=minbase --include=$PY_INCLUDE $SUITE ($MIRROR); takes a few minutes"
-        if ! debootstrap --variant=minbase --include="$PY_INCLUDE" --arch="$ARCH" \
+        log "debootstrap --variant=minbase --include=$include $SUITE ($MIRROR); takes a few minutes"
+        if ! debootstrap --variant=minbase --include="$include" --arch="$ARCH" \
                 "$SUITE" "$tmp" "$MIRROR" >"$WORK/debootstrap.log" 2>&1; then
             tail -n 30 "$WORK/debootstrap.log" >&2
             tail -n 30 "$tmp/debootstrap/debootstrap.log" >&2 2>/dev/null || true
@@ -174,6 +179,24 @@ debootstrap_cached() {
         mv "$tmp" "$cached"
     fi
     echo "$cached"
+}
+
+# Strips what a test image never uses from a debootstrapped rootfs: no network inside
+# the tests, so package indexes, caches, docs and locales are dead weight.
+slim_rootfs() {
+    local rootfs=$1
+    (
+        cd "$rootfs"
+        rm -rf var/lib/apt/lists/* var/cache/apt/* var/cache/debconf/*-old \
+            var/lib/dpkg/*-old var/cache/ldconfig/aux-cache \
+            usr/share/doc/* usr/share/man/* usr/share/info/* usr/share/locale/* \
+            usr/share/lintian/* usr/share/linda/* debootstrap
+        find var/log -type f -delete
+        find dev -mindepth 1 -delete
+    )
+    mkdir -p "$rootfs/var/lib/apt/lists/partial" "$rootfs/var/cache/apt/archives/partial"
+    install -d -m 1777 "$rootfs/tmp"
+    write_etc "$rootfs"
 }
 
 # Debian's .pyc files are timestamp-checked; with every mtime fixed by the layer they
@@ -205,26 +228,51 @@ print(f"rewrote {n} pyc files", file=sys.stderr)
 
 build_python() {
     local out="$IMAGE_DIR/python.tar" rootfs="$WORK/python" cached
-    cached=$(debootstrap_cached)
+    cached=$(debootstrap_cached "$PY_INCLUDE" usr/bin/python3)
     log "building docker.io/crab/python:latest from $cached"
     cp -a "$cached" "$rootfs"
-    (
-        cd "$rootfs"
-        # No network inside the tests: package indexes, caches, docs and locales are
-        # dead weight.
-        rm -rf var/lib/apt/lists/* var/cache/apt/* var/cache/debconf/*-old \
-            var/lib/dpkg/*-old var/cache/ldconfig/aux-cache \
-            usr/share/doc/* usr/share/man/* usr/share/info/* usr/share/locale/* \
-            usr/share/lintian/* usr/share/linda/* debootstrap
-        find var/log -type f -delete
-        find dev -mindepth 1 -delete
-    )
-    mkdir -p "$rootfs/var/lib/apt/lists/partial" "$rootfs/var/cache/apt/archives/partial"
-    install -d -m 1777 "$rootfs/tmp"
-    write_etc "$rootfs"
+    slim_rootfs "$rootfs"
     chroot "$rootfs" /usr/bin/python3 -c "$RECOMPILE_PYC" /usr/lib
     pack "$rootfs" docker.io/crab/python:latest '["python3"]' "$out"
     echo "$PY_INCLUDE" >"$out.include"
+}
+
+# The agent image: the real Claude Code CLI. Its last release that is plain JavaScript
+# for node >= 18 (later ones need node 22 or ship a native binary); bookworm's nodejs is
+# 18. Its optional dependencies (sharp, for images) are left out, as are the ripgrep
+# builds for other systems.
+CLAUDE_CODE_VERSION=2.1.112
+AGENT_INCLUDE=nodejs,ca-certificates
+
+build_agent() {
+    local out="$IMAGE_DIR/agent.tar" rootfs="$WORK/agent" cached tgz pkg
+    command -v npm >/dev/null || die "npm not found on the host (apt-get install npm)"
+    cached=$(debootstrap_cached "$AGENT_INCLUDE" usr/bin/node)
+    tgz="$CACHE_DIR/npm/anthropic-ai-claude-code-$CLAUDE_CODE_VERSION.tgz"
+    if [ ! -s "$tgz" ]; then
+        log "npm pack @anthropic-ai/claude-code@$CLAUDE_CODE_VERSION"
+        mkdir -p "$CACHE_DIR/npm"
+        (cd "$WORK" && npm pack --silent --cache "$CACHE_DIR/npm/cache" \
+            "@anthropic-ai/claude-code@$CLAUDE_CODE_VERSION" >/dev/null) ||
+            die "npm pack @anthropic-ai/claude-code@$CLAUDE_CODE_VERSION failed"
+        mv "$WORK/anthropic-ai-claude-code-$CLAUDE_CODE_VERSION.tgz" "$tgz"
+    fi
+    log "building docker.io/crab/agent:latest from $cached and $tgz"
+    cp -a "$cached" "$rootfs"
+    slim_rootfs "$rootfs"
+    npm install --global --prefix "$rootfs/usr/local" --cache "$CACHE_DIR/npm/cache" \
+        --offline --omit=optional --ignore-scripts --no-audit --no-fund --silent "$tgz" ||
+        die "npm install of $tgz into the image failed"
+    pkg="$rootfs/usr/local/lib/node_modules/@anthropic-ai/claude-code"
+    [ -f "$pkg/cli.js" ] || die "$pkg/cli.js missing after npm install"
+    # vendor/{ripgrep,audio-capture}/<arch>-<os>: keep this system's only.
+    find "$pkg/vendor/ripgrep" "$pkg/vendor/audio-capture" -mindepth 1 -maxdepth 1 -type d \
+        ! -name "${ARCH/amd64/x64}-linux" -exec rm -rf {} +
+    chown -R 0:0 "$rootfs/usr/local"
+    chroot "$rootfs" /usr/local/bin/claude --version >/dev/null ||
+        die "claude --version fails inside the image"
+    pack "$rootfs" docker.io/crab/agent:latest '["claude", "--version"]' "$out"
+    echo "$AGENT_INCLUDE claude-code@$CLAUDE_CODE_VERSION" >"$out.include"
 }
 
 for image in "${WANT[@]}"; do
@@ -232,6 +280,10 @@ for image in "${WANT[@]}"; do
     # An archive built with another package list is stale.
     stale=0
     if [ "$image" = python ] && [ "$(cat "$out.include" 2>/dev/null)" != "$PY_INCLUDE" ]; then
+        stale=1
+    fi
+    if [ "$image" = agent ] &&
+        [ "$(cat "$out.include" 2>/dev/null)" != "$AGENT_INCLUDE claude-code@$CLAUDE_CODE_VERSION" ]; then
         stale=1
     fi
     # Archives made before they carried Docker's manifest.json (docker load needs it);

@@ -26,7 +26,8 @@
 #                          persistent data, containerd.log
 #   CRAB_CONTAINERD_STATE  [/run/crab/containerd, /run/crab/containerd-cri]
 #                          socket, config.toml, pid file
-#   CRAB_IMAGE_DIR         [/var/lib/crab/images]      busybox.tar, python.tar, pause.tar
+#   CRAB_IMAGE_DIR         [/var/lib/crab/images]      busybox.tar, python.tar, agent.tar,
+#                          pause.tar
 #   CRAB_NAMESPACE         [crab; always k8s.io with --cri] namespace the images go into
 #   CRAB_CONFIG            passed through to containerd, hence to the crab shim; with
 #                          --cri also the crab handler's ConfigPath
@@ -47,7 +48,7 @@ else
     ROOT_DIR="${CRAB_CONTAINERD_ROOT:-/var/lib/crab/containerd}"
     STATE_DIR="${CRAB_CONTAINERD_STATE:-/run/crab/containerd}"
     NAMESPACE="${CRAB_NAMESPACE:-crab}"
-    IMAGES=(busybox python)
+    IMAGES=(busybox python agent)
 fi
 SOCK="$STATE_DIR/containerd.sock"
 CONFIG="$STATE_DIR/config.toml"

@@ -71,6 +71,9 @@ install_packages() {
     for p in "${pkgs[@]}"; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
     done
+    # hack/build-images.sh packs Claude Code for the agent image with npm; a host
+    # whose node came from elsewhere already has one.
+    command -v npm >/dev/null || missing+=(npm)
     if [ ${#missing[@]} -gt 0 ]; then
         log "installing: ${missing[*]}"
         apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -12,6 +12,7 @@
 
 use std::io::{BufRead, BufReader, Write};
 
+pub mod anthropic;
 pub mod bench;
 pub mod client;
 pub mod crash;
@@ -35,6 +36,8 @@ pub const RUNC: &str = "io.containerd.runc.v2";
 pub const BUSYBOX: &str = "docker.io/crab/busybox:latest";
 /// The python test image.
 pub const PYTHON: &str = "docker.io/crab/python:latest";
+/// The agent image: node and the real Claude Code CLI (`hack/build-images.sh agent`).
+pub const AGENT: &str = "docker.io/crab/agent:latest";
 
 /// containerd's socket.
 pub fn address() -> String {

@@ -1,0 +1,369 @@
+//! A scripted LLM on the host that speaks Anthropic's Messages API, for running
+//! a real, unmodified agent (Claude Code) against it.
+//!
+//! Each `POST /v1/messages` of the agent's main loop (a request offering the
+//! `Bash` tool) gets the next [`Step`] of the script, streamed as the API does
+//! (`message_start`, `content_block_start`, `content_block_delta`s with
+//! `input_json_delta` or `text_delta`, `content_block_stop`, `message_delta`
+//! with the stop reason, `message_stop`), or as one JSON message when the
+//! request did not ask to stream. Side requests (no `Bash` tool, such as a
+//! title or quota check) get a short text answer and leave the script where it
+//! was. `POST /v1/messages/count_tokens` gets a count, `HEAD`/`GET /` an empty
+//! 200; anything else a 404 in the API's error shape, and a line on stderr.
+//! Every request is recorded.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::{Arc, Mutex};
+
+use serde_json::{json, Value};
+
+/// One answer of the script.
+#[derive(Clone, Debug)]
+pub enum Step {
+    /// A `tool_use` block of the named tool with this input; stop reason `tool_use`.
+    Tool(&'static str, Value),
+    /// A text answer; stop reason `end_turn`.
+    Text(&'static str),
+}
+
+/// One request as the server saw it.
+#[derive(Clone, Debug)]
+pub struct Seen {
+    /// The method.
+    pub method: String,
+    /// The request target (path and query).
+    pub target: String,
+    /// The body, parsed (`Null` when it was empty or not JSON).
+    pub body: Value,
+    /// The index of the step it was answered with, for main-loop requests.
+    pub step: Option<usize>,
+}
+
+impl Seen {
+    /// Whether it is a Messages API call (what the turn proxy counts as a turn).
+    pub fn is_message(&self) -> bool {
+        self.method == "POST" && self.target.split('?').next() == Some("/v1/messages")
+    }
+
+    /// The `tool_result` blocks of its messages: (tool_use_id, content as text).
+    pub fn tool_results(&self) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        for m in self.body["messages"].as_array().into_iter().flatten() {
+            for b in m["content"].as_array().into_iter().flatten() {
+                if b["type"] == "tool_result" {
+                    let content = match &b["content"] {
+                        Value::String(s) => s.clone(),
+                        v => v.to_string(),
+                    };
+                    out.push((b["tool_use_id"].as_str().unwrap_or("").into(), content));
+                }
+            }
+        }
+        out
+    }
+}
+
+/// A running scripted server; it lives as long as the test process.
+pub struct Scripted {
+    /// Its port on 127.0.0.1.
+    pub port: u16,
+    seen: Arc<Mutex<Vec<Seen>>>,
+}
+
+/// The id the server gives the `tool_use` block of step `i`.
+pub fn tool_use_id(i: usize) -> String {
+    format!("toolu_crab_{i:02}")
+}
+
+impl Scripted {
+    /// Starts serving `steps` on 127.0.0.1 (a free port). Once the script is
+    /// used up, a main-loop request gets the last step again.
+    pub fn start(steps: Vec<Step>) -> Scripted {
+        assert!(!steps.is_empty(), "a script needs at least one step");
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind the scripted Anthropic server");
+        let port = l.local_addr().expect("its address").port();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let next = Arc::new(Mutex::new(0usize));
+        let steps = Arc::new(steps);
+        let s = seen.clone();
+        std::thread::spawn(move || {
+            for conn in l.incoming() {
+                let Ok(conn) = conn else { return };
+                let (seen, next, steps) = (s.clone(), next.clone(), steps.clone());
+                std::thread::spawn(move || serve(conn, &steps, &next, &seen));
+            }
+        });
+        Scripted { port, seen }
+    }
+
+    /// Its base URL, for the proxy's upstream.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Every request so far.
+    pub fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+fn serve(mut conn: TcpStream, steps: &[Step], next: &Mutex<usize>, seen: &Mutex<Vec<Seen>>) {
+    let Some((method, target, body)) = read_request(&conn) else {
+        return;
+    };
+    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let path = target.split('?').next().unwrap_or("").to_string();
+    let mut step = None;
+    let (status, ctype, payload) = match (method.as_str(), path.as_str()) {
+        ("POST", "/v1/messages") => {
+            let main_loop = body["tools"]
+                .as_array()
+                .is_some_and(|t| t.iter().any(|t| t["name"] == "Bash"));
+            let answer = if main_loop {
+                let mut n = next.lock().unwrap();
+                let i = (*n).min(steps.len() - 1);
+                *n += 1;
+                step = Some(i);
+                (i, steps[i].clone())
+            } else {
+                (usize::MAX, Step::Text("OK"))
+            };
+            let model = body["model"]
+                .as_str()
+                .unwrap_or("claude-scripted")
+                .to_string();
+            if body["stream"] == true {
+                (200, "text/event-stream", sse(&model, answer.0, &answer.1))
+            } else {
+                let m = message(&model, answer.0, &answer.1);
+                (200, "application/json", m.to_string())
+            }
+        }
+        ("POST", "/v1/messages/count_tokens") => (
+            200,
+            "application/json",
+            json!({"input_tokens": body.to_string().len() / 4}).to_string(),
+        ),
+        ("HEAD" | "GET", "/") => (200, "application/json", String::new()),
+        _ => {
+            eprintln!("scripted Anthropic server: unexpected {method} {target}");
+            let e = json!({"type": "error", "error": {"type": "not_found_error",
+                "message": format!("{method} {path} is not scripted")}});
+            (404, "application/json", e.to_string())
+        }
+    };
+    seen.lock().unwrap().push(Seen {
+        method: method.clone(),
+        target,
+        body,
+        step,
+    });
+    let reason = if status == 200 { "OK" } else { "Not Found" };
+    let head = format!(
+        "HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\n\
+         request-id: req_crab\r\nConnection: close\r\n\r\n",
+        payload.len()
+    );
+    let _ = conn.write_all(head.as_bytes());
+    if method != "HEAD" {
+        let _ = conn.write_all(payload.as_bytes());
+    }
+    let _ = conn.flush();
+}
+
+/// The content block of step `i`, complete.
+fn block(i: usize, step: &Step) -> Value {
+    match step {
+        Step::Tool(name, input) => {
+            json!({"type": "tool_use", "id": tool_use_id(i), "name": name, "input": input})
+        }
+        Step::Text(text) => json!({"type": "text", "text": text}),
+    }
+}
+
+fn stop_reason(step: &Step) -> &'static str {
+    match step {
+        Step::Tool(..) => "tool_use",
+        Step::Text(_) => "end_turn",
+    }
+}
+
+/// The whole answer as one message (a request that did not ask to stream).
+fn message(model: &str, i: usize, step: &Step) -> Value {
+    json!({"id": format!("msg_crab_{i:02}"), "type": "message", "role": "assistant",
+        "model": model, "content": [block(i, step)], "stop_reason": stop_reason(step),
+        "stop_sequence": null, "usage": {"input_tokens": 100, "output_tokens": 20}})
+}
+
+/// The answer as the API streams it: one content block, its delta in two parts.
+fn sse(model: &str, i: usize, step: &Step) -> String {
+    let mut start = message(model, i, step);
+    start["content"] = json!([]);
+    start["stop_reason"] = Value::Null;
+    start["usage"]["output_tokens"] = json!(1);
+    let (empty, parts): (Value, Vec<Value>) = match step {
+        Step::Tool(name, input) => {
+            let whole = input.to_string();
+            let (a, b) = whole.split_at(whole.len() / 2);
+            (
+                json!({"type": "tool_use", "id": tool_use_id(i), "name": name, "input": {}}),
+                [a, b]
+                    .iter()
+                    .map(|p| json!({"type": "input_json_delta", "partial_json": p}))
+                    .collect(),
+            )
+        }
+        Step::Text(text) => {
+            let cut = text
+                .char_indices()
+                .nth(text.chars().count() / 2)
+                .map_or(0, |c| c.0);
+            let (a, b) = text.split_at(cut);
+            (
+                json!({"type": "text", "text": ""}),
+                [a, b]
+                    .iter()
+                    .map(|p| json!({"type": "text_delta", "text": p}))
+                    .collect(),
+            )
+        }
+    };
+    let mut events = vec![
+        (
+            "message_start",
+            json!({"type": "message_start", "message": start}),
+        ),
+        (
+            "content_block_start",
+            json!({"type": "content_block_start", "index": 0, "content_block": empty}),
+        ),
+    ];
+    for delta in parts {
+        events.push((
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": 0, "delta": delta}),
+        ));
+    }
+    events.push((
+        "content_block_stop",
+        json!({"type": "content_block_stop", "index": 0}),
+    ));
+    events.push((
+        "message_delta",
+        json!({"type": "message_delta", "delta": {"stop_reason": stop_reason(step),
+            "stop_sequence": null}, "usage": {"output_tokens": 20}}),
+    ));
+    events.push(("message_stop", json!({"type": "message_stop"})));
+    events
+        .iter()
+        .map(|(name, data)| format!("event: {name}\ndata: {data}\n\n"))
+        .collect()
+}
+
+/// Reads one HTTP/1 request: method, target and body (by Content-Length or
+/// chunked).
+fn read_request(conn: &TcpStream) -> Option<(String, String, Vec<u8>)> {
+    let mut r = BufReader::new(conn.try_clone().ok()?);
+    let mut line = String::new();
+    r.read_line(&mut line).ok()?;
+    let mut words = line.split_whitespace();
+    let (method, target) = (words.next()?.to_string(), words.next()?.to_string());
+    let (mut len, mut chunked) = (0usize, false);
+    loop {
+        let mut h = String::new();
+        if r.read_line(&mut h).ok()? == 0 || h == "\r\n" {
+            break;
+        }
+        let h = h.to_ascii_lowercase();
+        if let Some(v) = h.strip_prefix("content-length:") {
+            len = v.trim().parse().ok()?;
+        } else if h.starts_with("transfer-encoding:") && h.contains("chunked") {
+            chunked = true;
+        }
+    }
+    let mut body = Vec::new();
+    if chunked {
+        loop {
+            let mut size = String::new();
+            r.read_line(&mut size).ok()?;
+            let n = usize::from_str_radix(size.trim().split(';').next()?, 16).ok()?;
+            let mut chunk = vec![0; n + 2];
+            r.read_exact(&mut chunk).ok()?;
+            if n == 0 {
+                break;
+            }
+            body.extend_from_slice(&chunk[..n]);
+        }
+    } else {
+        body.resize(len, 0);
+        r.read_exact(&mut body).ok()?;
+    }
+    Some((method, target, body))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn post(port: u16, body: &Value) -> String {
+        let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let body = body.to_string();
+        write!(
+            c,
+            "POST /v1/messages?beta=true HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut answer = String::new();
+        c.read_to_string(&mut answer).unwrap();
+        answer
+    }
+
+    #[test]
+    fn test_a_tool_use_streams_in_the_apis_order_and_its_deltas_join_to_the_input() {
+        let input = json!({"command": "echo hi", "description": "Say hi"});
+        let text = sse("m", 3, &Step::Tool("Bash", input.clone()));
+        let events: Vec<Value> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .map(|d| serde_json::from_str(d).unwrap())
+            .collect();
+        let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+        assert_eq!(
+            kinds,
+            [
+                "message_start",
+                "content_block_start",
+                "content_block_delta",
+                "content_block_delta",
+                "content_block_stop",
+                "message_delta",
+                "message_stop"
+            ]
+        );
+        assert_eq!(events[1]["content_block"]["id"], tool_use_id(3));
+        let joined: String = events[2..4]
+            .iter()
+            .map(|e| e["delta"]["partial_json"].as_str().unwrap())
+            .collect();
+        assert_eq!(serde_json::from_str::<Value>(&joined).unwrap(), input);
+        assert_eq!(events[5]["delta"]["stop_reason"], "tool_use");
+    }
+
+    #[test]
+    fn test_side_requests_do_not_advance_the_script() {
+        let s = Scripted::start(vec![Step::Text("first"), Step::Text("second")]);
+        let main = json!({"model": "m", "tools": [{"name": "Bash"}], "messages": []});
+        let side = json!({"model": "m", "messages": []});
+        assert!(post(s.port, &side).contains("\"OK\""));
+        assert!(post(s.port, &main).contains("\"first\""));
+        assert!(post(s.port, &side).contains("\"OK\""));
+        assert!(post(s.port, &main).contains("\"second\""));
+        // Past the end, the last step again.
+        assert!(post(s.port, &main).contains("\"second\""));
+        let steps: Vec<_> = s.seen().iter().map(|r| r.step).collect();
+        assert_eq!(steps, [None, Some(0), None, Some(1), Some(1)]);
+        assert!(s.seen().iter().all(Seen::is_message));
+    }
+}
