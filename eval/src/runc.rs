@@ -13,7 +13,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use serde_json::Value;
 
 use crate::replay::Gate;
@@ -130,24 +130,8 @@ pub async fn restore(ctr: &Ctr, id: &str, reference: &str) -> Result<()> {
         let line = images.lines().find(|l| l.contains(reference)).unwrap_or("");
         bail!("{e:#} (image: {line})");
     }
-    // runc's restore leaves loopback down on this kernel (machine-facts); the
-    // tasks' servers need it.
     let pid = ctr.pid(id).await?;
-    let lo = tokio::process::Command::new("nsenter")
-        .args([
-            "-t",
-            &pid.to_string(),
-            "-n",
-            "ip",
-            "link",
-            "set",
-            "lo",
-            "up",
-        ])
-        .status()
-        .await
-        .context("nsenter")?;
-    anyhow::ensure!(lo.success(), "bring loopback up in {id}");
+    crate::sandbox::loopback_up(pid)?;
     Ok(())
 }
 

@@ -179,6 +179,29 @@ pub fn shim_pids(id: &str) -> Vec<i32> {
     shim_pids_of("containerd-shim", id)
 }
 
+/// Brings loopback up in the network namespace of process `pid`: runc's restore
+/// leaves it down on this kernel (machine-facts), and the tasks' servers need it.
+pub fn loopback_up(pid: i32) -> Result<()> {
+    let status = std::process::Command::new("nsenter")
+        .args([
+            "-t",
+            &pid.to_string(),
+            "-n",
+            "ip",
+            "link",
+            "set",
+            "lo",
+            "up",
+        ])
+        .status()
+        .context("nsenter")?;
+    anyhow::ensure!(
+        status.success(),
+        "bring loopback up in the namespace of {pid}"
+    );
+    Ok(())
+}
+
 /// Pids of running processes of `binary` (a part of their program's path)
 /// started for container (group) `id` (their `-id` argument).
 pub fn shim_pids_of(binary: &str, id: &str) -> Vec<i32> {

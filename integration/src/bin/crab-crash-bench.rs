@@ -22,7 +22,6 @@
 
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
@@ -132,20 +131,7 @@ fn runc_restore(g: &Guard, reference: &str) -> i32 {
     ctr_ok(&["container", "rm", &g.id]);
     ctr_ok(&["container", "restore", "--live", "--rw", &g.id, reference]);
     let pid = g.pid();
-    let lo = Command::new("nsenter")
-        .args([
-            "-t",
-            &pid.to_string(),
-            "-n",
-            "ip",
-            "link",
-            "set",
-            "lo",
-            "up",
-        ])
-        .status()
-        .expect("nsenter");
-    assert!(lo.success(), "loopback up in {}", g.id);
+    crab_eval::sandbox::loopback_up(pid).expect("loopback up");
     pid
 }
 
