@@ -94,7 +94,9 @@ pub fn admit(
     after.retain_last(config.checkpoint.keep_last as usize);
     if let Some(limit) = sandbox {
         retain_bytes(&mut after, limit, &measure);
-        let kept = image_bytes(&after, &measure);
+    }
+    let kept = image_bytes(&after, &measure);
+    if let Some(limit) = sandbox {
         if kept > limit {
             return Err(Error::QuotaExceeded {
                 what: format!("checkpoint of {key}"),
@@ -108,7 +110,6 @@ pub fn admit(
     }
     if let Some(limit) = host {
         let others = host_bytes(&config.checkpoint.store, key);
-        let kept = image_bytes(&after, &measure);
         if others + kept > limit {
             return Err(Error::QuotaExceeded {
                 what: format!("checkpoint of {key}"),

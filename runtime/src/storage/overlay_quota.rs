@@ -46,15 +46,15 @@ pub(super) fn admit(
     let Some(limit) = limit else {
         return Ok(());
     };
-    let total = copied.saturating_mul(2).saturating_add(held(snapshots));
+    let others = held(snapshots);
+    let total = copied.saturating_mul(2).saturating_add(others);
     if total > limit {
         return Err(Error::QuotaExceeded {
             what: format!("snapshot of {key}"),
             quota: "quota.sandbox_pool_bytes",
             message: format!(
                 "its upper directory holds {copied} bytes, so with this snapshot and the \
-                 {} bytes its other snapshots hold it would take {total} bytes of {limit}",
-                held(snapshots)
+                 {others} bytes its other snapshots hold it would take {total} bytes of {limit}"
             ),
         });
     }
