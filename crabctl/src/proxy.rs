@@ -106,6 +106,7 @@ impl Boundary for Target {
                 id: self.id.clone(),
                 dry_run: false,
                 background: true,
+                agent: None,
             },
         );
         let call = tokio::task::spawn_blocking(move || t.call(request, TURN_TIMEOUT));

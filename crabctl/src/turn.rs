@@ -16,6 +16,7 @@ pub fn run(config: &Config, namespace: &str, id: &str, dry_run: bool, json: bool
             id: id.into(),
             dry_run,
             background: false,
+            agent: None,
         },
     )?;
     let Response::Turn {

@@ -46,6 +46,8 @@ pub struct Config {
     pub policy: Policy,
     /// The turn proxy the shim starts for each container.
     pub proxy: Proxy,
+    /// An agent that lives in the sandbox (see `docs/agents.md`).
+    pub agent: Agent,
     /// What the agent inside a sandbox may make through the agent API.
     pub quota: Quota,
     /// For the fault-injection tests only: a file naming the step (see
@@ -212,6 +214,35 @@ pub struct Proxy {
     pub log_max_size: String,
 }
 
+/// An agent inside the sandbox, talking to its LLM through the turn proxy
+/// (`docs/agents.md`, "Fast-forward"). A container's annotations
+/// `io.crab.agent.fast-forward` and `io.crab.agent.state-paths` choose for it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Agent {
+    /// Journal the LLM exchanges, and after a restore answer the agent's
+    /// repeated requests from the journal until it is where the restored
+    /// checkpoint was. With it, the agent's own processes (those holding the
+    /// proxy connection) and `state_paths` no longer make a turn a checkpoint
+    /// by themselves: a turn that changed nothing else is skipped.
+    pub fast_forward: bool,
+    /// Absolute paths in the container (and everything under them) that only
+    /// the agent's bookkeeping writes (its transcript, its settings): replay
+    /// writes them again, so they alone do not make a checkpoint.
+    pub state_paths: Vec<String>,
+}
+
+impl Default for Agent {
+    fn default() -> Self {
+        Agent {
+            fast_forward: false,
+            // Claude Code's transcript, settings and shell snapshots (root's
+            // home, and $HOME when it is /home/<user>), its task output.
+            state_paths: vec!["/root/.claude".into(), "/tmp/claude-0".into()],
+        }
+    }
+}
+
 /// Migration archives (`crabctl export`, `crabctl import`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -245,6 +276,7 @@ impl Default for Config {
             checkpoint: Checkpoint::default(),
             policy: Policy::default(),
             proxy: Proxy::default(),
+            agent: Agent::default(),
             quota: Quota::default(),
             fault_file: None,
             archive: Archive::default(),

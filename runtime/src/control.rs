@@ -65,6 +65,12 @@ pub enum Request {
         /// until a `Promote` (else high: someone waits for it now).
         #[serde(default)]
         background: bool,
+        /// The connection the turn's LLM request came on, as the agent's socket
+        /// sees it (the proxy saw it from the other end): the processes holding
+        /// it are the agent. Given by the proxy of a container whose agent is
+        /// fast-forwarded ([agent] fast_forward).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        agent: Option<AgentConn>,
     },
     /// The LLM answered before the turn's checkpoint is durable: raise that
     /// checkpoint to high priority in the host's queue.
@@ -137,6 +143,15 @@ impl Request {
             | Request::Rollback { namespace, id, .. } => (namespace, id),
         }
     }
+}
+
+/// A TCP connection from the agent to its proxy, from the agent's side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentConn {
+    /// The agent socket's own address (the proxy's peer).
+    pub local: std::net::SocketAddr,
+    /// The address it is connected to (the proxy's listener).
+    pub remote: std::net::SocketAddr,
 }
 
 /// What a rollback did.

@@ -97,6 +97,7 @@ impl TaskService {
         let (class, entry) = result?;
         tracing::info!(%id, kind = ?class.kind, reasons = ?class.reasons,
             classify_us = class.elapsed_us, total_ms, "turn");
+        tracing::info!(%id, paths = ?class.paths.iter().map(|p| format!("{} {}", p.what, p.path)).collect::<Vec<_>>(), tasks = ?class.tasks.iter().map(|t| format!("{} {} {}", t.tid, t.comm, t.what)).collect::<Vec<_>>(), "PROBE");
         Ok((class, entry.map(|(e, _)| e)))
     }
 
