@@ -232,6 +232,55 @@ pub struct Agent {
     pub state_paths: Vec<String>,
 }
 
+/// The most state paths a container may declare.
+const MAX_STATE_PATHS: usize = 16;
+
+impl Agent {
+    /// Takes the state paths a container's annotation declares (comma-separated
+    /// absolute paths): they replace the host's. Each must be absolute, plain
+    /// (no `.` or `..` component, no empty one) and not the root itself, which
+    /// would leave every file out of the turn's signal.
+    pub fn choose_state_paths(&mut self, wanted: &str) -> std::result::Result<(), String> {
+        let paths: Vec<String> = wanted
+            .split(',')
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+            .map(str::to_string)
+            .collect();
+        if paths.len() > MAX_STATE_PATHS {
+            return Err(format!("{} paths; at most {MAX_STATE_PATHS}", paths.len()));
+        }
+        for p in &paths {
+            check_state_path(p)?;
+        }
+        self.state_paths = paths;
+        Ok(())
+    }
+
+    /// Checks the host's state paths.
+    pub fn check(&self) -> std::result::Result<(), String> {
+        self.state_paths
+            .iter()
+            .try_for_each(|p| check_state_path(p))
+    }
+}
+
+fn check_state_path(p: &str) -> std::result::Result<(), String> {
+    let plain = p.len() <= 4096
+        && p.starts_with('/')
+        && p.len() > 1
+        && p[1..]
+            .split('/')
+            .all(|c| !c.is_empty() && c != "." && c != "..");
+    if plain {
+        Ok(())
+    } else {
+        Err(format!(
+            "{p:?} is not a plain absolute path below / (no empty, . or .. component)"
+        ))
+    }
+}
+
 impl Default for Agent {
     fn default() -> Self {
         Agent {
@@ -621,6 +670,9 @@ impl Config {
             parse_limit(text).map_err(|m| bad(key, m))?;
         }
         self.proxy.check().map_err(|(key, m)| bad(key, m))?;
+        self.agent
+            .check()
+            .map_err(|m| bad("agent.state_paths", m))?;
         let key_file = &self.archive.key_file;
         if !key_file.as_os_str().is_empty() && !key_file.is_absolute() {
             return Err(bad(

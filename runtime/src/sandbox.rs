@@ -22,6 +22,7 @@ use crate::checkpoint::sched::Priority;
 use crate::checkpoint::{bounded, bounded_at, Kind, Manifest};
 use crate::config::{Config, PolicyMode};
 use crate::container::Container;
+use crate::control::AgentConn;
 use crate::helper::ChildStdio;
 use crate::inspect::{self, Classification};
 use crate::{criu, Error, Result};
@@ -69,8 +70,9 @@ impl Sandbox {
         &self,
         dry_run: bool,
         priority: &Priority,
+        agent: Option<AgentConn>,
     ) -> Result<(Classification, Option<Taken>)> {
-        let class = self.classify()?;
+        let class = self.classify(agent)?;
         if dry_run {
             return Ok((class, None));
         }
@@ -79,12 +81,13 @@ impl Sandbox {
     }
 
     /// What the turn changed since the last checkpoint (every turn is full under
-    /// the `full` policy); reads only, so it may be asked again.
-    pub fn classify(&self) -> Result<Classification> {
+    /// the `full` policy); reads only, so it may be asked again. `agent`: the
+    /// connection of the turn's LLM request ([`inspect::classify`]).
+    pub fn classify(&self, agent: Option<AgentConn>) -> Result<Classification> {
         Ok(match self.config.policy.mode {
             PolicyMode::Adaptive => {
                 let insp = inspect::inspector(&self.config)?;
-                inspect::classify(&self.container, &self.config, &insp)?
+                inspect::classify(&self.container, &self.config, &insp, agent)?
             }
             PolicyMode::Full => Classification::full("policy mode is full"),
         })

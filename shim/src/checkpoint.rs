@@ -255,6 +255,9 @@ impl TaskService {
                                 let _ = c.delete();
                                 return Err(e);
                             }
+                            // Its agent comes back as it was at the process image:
+                            // its proxy, started after the restore, replays to here.
+                            crate::control::plan_replay(&cfg, &c, &entry);
                         }
                         Ok((
                             c,

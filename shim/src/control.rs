@@ -125,14 +125,14 @@ impl TaskService {
                 id,
                 dry_run,
                 background,
+                agent,
                 ..
-            } => self
-                .crab_turn(&id, dry_run, background)
-                .await
-                .map(|(classification, entry)| Response::Turn {
+            } => self.crab_turn(&id, dry_run, background, agent).await.map(
+                |(classification, entry)| Response::Turn {
                     classification,
                     entry,
-                }),
+                },
+            ),
             Request::Promote { id, .. } => Ok(Response::Done {
                 changed: self.turns.promote(&id),
             }),
@@ -331,6 +331,10 @@ impl TaskService {
                     ms,
                     "rolled back"
                 );
+                // The agent inside came back as it was at the process image:
+                // the proxy answers its repeated requests from the journal up to
+                // this entry (read at the relisten, before the new listener).
+                plan_replay(&inst.config, &inst.container, &entry);
                 if let Some(p) = &inst.proxy {
                     p.relisten();
                 }
@@ -399,4 +403,19 @@ async fn stop_processes(inst: &mut Instance) -> ShimResult<()> {
         io.finish(Duration::from_millis(200)).await;
     }
     Ok(())
+}
+
+/// Leaves the proxy the replay plan of a restore of `entry` (a fast-forwarded
+/// agent's journal); without it the agent only asks its LLM again.
+pub(crate) fn plan_replay(
+    config: &crab_runtime::config::Config,
+    c: &crab_runtime::container::Container,
+    entry: &crab_runtime::checkpoint::history::Entry,
+) {
+    let planned = c
+        .key()
+        .and_then(|key| crab_runtime::checkpoint::journal::plan_replay(config, &key, entry));
+    if let Err(e) = planned {
+        tracing::warn!(id = %c.id(), error = %e, "no fast-forward plan: the agent asks its LLM again");
+    }
 }

@@ -25,7 +25,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use crab_runtime::api_token;
+use crab_runtime::checkpoint::journal;
 use crab_runtime::config::Config;
+use crab_runtime::storage::ContainerKey;
 use nix::sys::signal::Signal;
 use oci_spec::runtime::Spec;
 
@@ -35,6 +37,11 @@ use crate::error::{ShimError, ShimResult};
 pub const UPSTREAM_ANNOTATION: &str = "io.crab.proxy.upstream";
 /// The annotation that sets where it listens in the container.
 pub const LISTEN_ANNOTATION: &str = "io.crab.proxy.listen";
+/// The annotation that turns the agent's fast-forward on (`true`) or off
+/// (`false`) for one container (`[agent] fast_forward`).
+pub const FAST_FORWARD_ANNOTATION: &str = "io.crab.agent.fast-forward";
+/// The annotation that declares the agent's state paths (comma-separated).
+pub const STATE_PATHS_ANNOTATION: &str = "io.crab.agent.state-paths";
 /// How long the shim waits for the proxy's listener.
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -75,6 +82,25 @@ pub fn configure(config: &mut Config, spec: &Spec) -> ShimResult<()> {
                 .proxy
                 .choose_listen(l)
                 .map_err(|m| refused(LISTEN_ANNOTATION, m))?;
+        }
+        // The agent's fast-forward concerns its own sandbox only: what it leaves
+        // out of a turn's signal, replay writes again.
+        match a.get(FAST_FORWARD_ANNOTATION).map(String::as_str) {
+            None => {}
+            Some("true") => config.agent.fast_forward = true,
+            Some("false") => config.agent.fast_forward = false,
+            Some(other) => {
+                return Err(refused(
+                    FAST_FORWARD_ANNOTATION,
+                    format!("{other:?} is neither true nor false"),
+                ))
+            }
+        }
+        if let Some(p) = a.get(STATE_PATHS_ANNOTATION) {
+            config
+                .agent
+                .choose_state_paths(p)
+                .map_err(|m| refused(STATE_PATHS_ANNOTATION, m))?;
         }
     }
     config.proxy.check().map_err(|(key, m)| refused(key, m))
@@ -252,6 +278,11 @@ pub fn start(config: &Config, l: &Launch) -> ShimResult<TurnProxy> {
     }
     if !config.proxy.upstream_ca.as_os_str().is_empty() {
         cmd.arg("--upstream-ca").arg(&config.proxy.upstream_ca);
+    }
+    if config.agent.fast_forward {
+        let key = ContainerKey::new(l.namespace, l.id).map_err(|e| fail(e.to_string()))?;
+        let dir = journal::create(config, &key).map_err(|e| fail(e.to_string()))?;
+        cmd.arg("--journal").arg(dir);
     }
     let mut child = cmd
         .stdin(Stdio::from(life_r))

@@ -8,6 +8,7 @@ use std::time::Instant;
 use crab_runtime::checkpoint::history::Entry;
 use crab_runtime::checkpoint::sched::Priority;
 use crab_runtime::checkpoint::stats::{Recorder, TurnStats};
+use crab_runtime::control::AgentConn;
 use crab_runtime::inspect::Classification;
 
 use crate::containers::Operation;
@@ -65,12 +66,14 @@ impl TaskService {
     /// checkpoint it needs: nothing but a manifest entry for a skip, a snapshot
     /// for fs-only, a dump for process-only, both for full. A `background` turn
     /// (one hidden in the LLM's think time) queues at low priority until
-    /// promoted.
+    /// promoted. `agent`: the connection of the turn's LLM request, which names
+    /// a fast-forwarded agent inside the sandbox.
     pub async fn crab_turn(
         &self,
         id: &str,
         dry_run: bool,
         background: bool,
+        agent: Option<AgentConn>,
     ) -> ShimResult<(Classification, Option<Entry>)> {
         let started = Instant::now();
         let priority = if background {
@@ -79,7 +82,7 @@ impl TaskService {
             Priority::high()
         };
         self.turns.with(id, |t| t.pending = Some(priority.clone()));
-        let result = self.turn_locked(id, dry_run, priority).await;
+        let result = self.turn_locked(id, dry_run, priority, agent).await;
         let total_ms = started.elapsed().as_secs_f64() * 1000.0;
         self.turns.with(id, |t| {
             t.pending = None;
@@ -97,7 +100,6 @@ impl TaskService {
         let (class, entry) = result?;
         tracing::info!(%id, kind = ?class.kind, reasons = ?class.reasons,
             classify_us = class.elapsed_us, total_ms, "turn");
-        tracing::info!(%id, paths = ?class.paths.iter().map(|p| format!("{} {}", p.what, p.path)).collect::<Vec<_>>(), tasks = ?class.tasks.iter().map(|t| format!("{} {} {}", t.tid, t.comm, t.what)).collect::<Vec<_>>(), "PROBE");
         Ok((class, entry.map(|(e, _)| e)))
     }
 
@@ -106,6 +108,7 @@ impl TaskService {
         id: &str,
         dry_run: bool,
         priority: Priority,
+        agent: Option<AgentConn>,
     ) -> ShimResult<(Classification, Option<(Entry, std::time::Duration)>)> {
         let slot = self.containers.get(id)?;
         // A turn queues behind a running checkpoint or rollback of its container.
@@ -118,19 +121,19 @@ impl TaskService {
             (inst.sandbox(), execs_run(&inst))
         };
         if !execs {
-            return blocking(move || sandbox.turn(dry_run, &priority)).await;
+            return blocking(move || sandbox.turn(dry_run, &priority, agent)).await;
         }
         // An exec runs: a turn that dumps no process does not wait for it;
         // one that does waits (then classifies again: the exec may have changed
         // files meanwhile).
         let mut class = {
             let sandbox = sandbox.clone();
-            blocking(move || sandbox.classify()).await?
+            blocking(move || sandbox.classify(agent)).await?
         };
         if class.kind.dumps_processes() && !dry_run {
             drop(lock_dumpable(&slot, id).await?);
             let sandbox = sandbox.clone();
-            class = blocking(move || sandbox.classify()).await?;
+            class = blocking(move || sandbox.classify(agent)).await?;
         }
         if dry_run {
             return Ok((class, None));

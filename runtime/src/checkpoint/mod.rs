@@ -21,6 +21,7 @@ pub mod history;
 pub mod history_store;
 pub mod hooks;
 pub mod import_spec;
+pub mod journal;
 pub mod net_images;
 pub mod ops;
 pub mod restore_helper;

@@ -302,6 +302,7 @@ impl Container {
             history.save(&dir)?;
             fault::point("checkpoint.retained");
             collect(history, &dir, store.as_ref(), &key);
+            super::journal::prune(&super::journal::dir(config, &key), &history.entries);
         }
         Ok(entry)
     }
@@ -314,6 +315,10 @@ impl Container {
         locked.save()?;
         let dir = locked.dir().to_path_buf();
         collect(locked.history_mut(), &dir, store.as_ref(), &key);
+        super::journal::prune(
+            &super::journal::dir(config, &key),
+            &locked.history().entries,
+        );
         Ok(removed)
     }
 }

@@ -15,6 +15,7 @@
 //! After a checkpoint, [`captured`] forgets what it holds (while the container
 //! is still frozen) and writes the new process [`Baseline`].
 
+pub mod agent;
 pub mod mounts;
 mod observe;
 pub mod policy;
@@ -31,6 +32,7 @@ use crate::checkpoint::history_store::HistoryStore;
 use crate::checkpoint::Kind;
 use crate::config::{Config, PolicyMode};
 use crate::container::{load_spec, Container};
+use crate::control::AgentConn;
 use crate::{Error, Result};
 use crab_bpf::Inspector;
 use mounts::{MountMap, Place};
@@ -181,23 +183,34 @@ fn mount_map(c: &Container, pid: i32) -> Result<MountMap> {
     ))
 }
 
-/// Classifies the turn of container `c` (since its last checkpoint).
-pub fn classify(c: &Container, config: &Config, insp: &Inspector) -> Result<Classification> {
+/// Classifies the turn of container `c` (since its last checkpoint). `agent`:
+/// the connection the turn's LLM request came on, when the proxy knows it; the
+/// agent holding it is left out when the container's agent is fast-forwarded.
+pub fn classify(
+    c: &Container,
+    config: &Config,
+    insp: &Inspector,
+    agent: Option<AgentConn>,
+) -> Result<Classification> {
     // Read, then let go: the turn's checkpoint (in the helper) takes the lock next.
     let hist = HistoryStore::open(config, &c.key()?)?.history().clone();
-    classify_against(c, insp, Some(&hist))
+    let agent = agent
+        .filter(|_| config.agent.fast_forward)
+        .map(|conn| (conn, &config.agent.state_paths[..]));
+    classify_against(c, insp, Some(&hist), agent)
 }
 
 /// What changed since the inspector last forgot (the last checkpoint of any
 /// kind, Crab's or containerd's), whatever the history holds.
 pub fn since_last_checkpoint(c: &Container, insp: &Inspector) -> Result<Classification> {
-    classify_against(c, insp, None)
+    classify_against(c, insp, None, None)
 }
 
 fn classify_against(
     c: &Container,
     insp: &Inspector,
     hist: Option<&History>,
+    agent: Option<(AgentConn, &[String])>,
 ) -> Result<Classification> {
     let started = Instant::now();
     if !insp.is_watched(c.state.cgroup_id)? {
@@ -212,7 +225,7 @@ fn classify_against(
         return Ok(out);
     }
     let base = load_baseline(c);
-    let obs = observe::observe(c, insp, hist, base.as_ref())?;
+    let obs = observe::observe(c, insp, hist, base.as_ref(), agent)?;
     let mut out = policy::decide(&obs, base.as_ref());
     out.elapsed_us = started.elapsed().as_micros() as u64;
     Ok(out)

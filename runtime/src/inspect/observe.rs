@@ -3,21 +3,25 @@
 
 use crab_bpf::{FsFlags, Inspector};
 
+use super::agent::{self, AgentView};
 use super::policy::{compare, Change, Observation, Taken};
 use super::{mount_map, procs, softdirty, Baseline, DETAIL_LIMIT};
 use crate::checkpoint::history::History;
 use crate::container::Container;
+use crate::control::AgentConn;
 use crate::{Error, Result};
 
 /// Reads what [`super::policy::decide`] needs to classify the turn of `c`.
 /// `hist`: the history to classify against (None: since the last checkpoint
 /// of any kind); `base`: the last dump's baseline, which says which tasks ran
-/// and so which to look at more closely.
+/// and so which to look at more closely. `agent`: the connection of a
+/// fast-forwarded agent's LLM request and its state paths.
 pub(super) fn observe(
     c: &Container,
     insp: &Inspector,
     hist: Option<&History>,
     base: Option<&Baseline>,
+    agent: Option<(AgentConn, &[String])>,
 ) -> Result<Observation> {
     let cgid = c.state.cgroup_id;
     let counters = insp.counters(cgid)?.ok_or_else(|| Error::WrongState {
@@ -42,6 +46,15 @@ pub(super) fn observe(
         && procs::holds_deleted_files(&processes);
     let tasks = procs::tasks(tracking.path());
     let queues = procs::queues(&processes);
+    // An agent whose connection no process of the container holds is outside
+    // (it came through the host's door): nothing of the sandbox is left out.
+    let agent = agent.and_then(|(conn, state_paths)| {
+        let pids = agent::holders(&processes, conn);
+        (!pids.is_empty()).then(|| AgentView {
+            pids,
+            state_paths: state_paths.to_vec(),
+        })
+    });
 
     let (changed, _) = compare(&tasks, base);
     let ran = |(_, c): &&(&procs::Task, Change)| *c == Change::Ran;
@@ -69,5 +82,6 @@ pub(super) fn observe(
         queues,
         shared_writable,
         dirty_pages,
+        agent,
     })
 }

@@ -9,6 +9,7 @@
 
 use crab_bpf::{opaque, Counters, FsChange, FsFlags};
 
+use super::agent::AgentView;
 use super::mounts::{MountMap, Place};
 use super::procs::{Queue, Task};
 use super::{Baseline, Classification, PathChange, TaskChange, DETAIL_LIMIT};
@@ -48,6 +49,10 @@ pub struct Observation {
     /// Pages written since the last dump, by tid, where the kernel tracks them:
     /// for the tasks that ran among the first [`DETAIL_LIMIT`] changed ones.
     pub dirty_pages: Vec<(i32, u64)>,
+    /// The agent inside, when it is fast-forwarded and was found: its threads,
+    /// queued input and state paths alone make no checkpoint, and a turn that
+    /// takes anything takes it too (full).
+    pub agent: Option<AgentView>,
 }
 
 /// How a task alive now differs from the baseline.
@@ -159,6 +164,11 @@ pub fn decide(obs: &Observation, base: Option<&Baseline>) -> Classification {
         ));
         proc = true;
     }
+    // The agent's own threads are made again by fast-forward.
+    let of_agent = |t: &Task| obs.agent.as_ref().is_some_and(|a| a.pids.contains(&t.tgid));
+    let agent_ran = changed.iter().any(|(t, _)| of_agent(t)) || died.iter().any(|t| of_agent(t));
+    let changed: Vec<_> = changed.into_iter().filter(|(t, _)| !of_agent(t)).collect();
+    let died: Vec<_> = died.into_iter().filter(|t| !of_agent(t)).collect();
     if !changed.is_empty() || !died.is_empty() {
         proc = true;
         out.reasons.push(format!(
@@ -167,7 +177,13 @@ pub fn decide(obs: &Observation, base: Option<&Baseline>) -> Classification {
             died.len()
         ));
     }
-    if obs.queues != base.map_or(&[][..], |b| &b.queues[..]) {
+    let not_agents = |qs: &[Queue]| -> Vec<Queue> {
+        qs.iter()
+            .filter(|q| !obs.agent.as_ref().is_some_and(|a| a.pids.contains(&q.pid)))
+            .cloned()
+            .collect()
+    };
+    if not_agents(&obs.queues) != not_agents(base.map_or(&[][..], |b| &b.queues[..])) {
         proc = true;
         out.reasons
             .push("input queued on pipes or sockets changed".into());
@@ -206,6 +222,22 @@ pub fn decide(obs: &Observation, base: Option<&Baseline>) -> Classification {
             what: "died".into(),
         });
     }
+    if let Some(a) = &obs.agent {
+        // Skipped turns are replayed from the agent's checkpoint: one that takes
+        // the files or other processes must take the agent with them, or the
+        // agent and its state would come back from different turns.
+        if (fs || proc) && !(fs && proc) {
+            (fs, proc) = (true, true);
+            out.reasons
+                .push("the fast-forwarded agent goes with every checkpoint".into());
+        }
+        if !fs && agent_ran {
+            out.reasons.push(format!(
+                "only the agent ran (pids {:?}): fast-forward makes it again",
+                a.pids
+            ));
+        }
+    }
     out.kind = match (fs, proc) {
         (false, false) => Kind::Skip,
         (true, false) => Kind::FsOnly,
@@ -219,13 +251,17 @@ pub fn decide(obs: &Observation, base: Option<&Baseline>) -> Classification {
 /// `out`. Returns whether the files (rootfs) and the processes (tmpfs, ghost
 /// files) changed.
 fn paths(obs: &Observation, out: &mut Classification) -> (bool, bool) {
-    let (mut rootfs, mut internal, mut unlinked) = (0, 0, 0);
+    let (mut rootfs, mut internal, mut unlinked, mut agent_state) = (0, 0, 0, 0);
     for ch in &obs.fs_changes {
         if ch.flags.has(FsFlags::UNLINKED) {
             unlinked += 1;
             continue;
         }
         let (place, _) = obs.mounts.place(&ch.path, ch.dev);
+        if place != Place::Ignored && obs.agent.as_ref().is_some_and(|a| a.owns_path(&ch.path)) {
+            agent_state += 1;
+            continue;
+        }
         match place {
             Place::Rootfs => rootfs += 1,
             Place::Internal => internal += 1,
@@ -248,6 +284,11 @@ fn paths(obs: &Observation, out: &mut Classification) -> (bool, bool) {
     if rootfs > 0 {
         out.reasons
             .push(format!("{rootfs} paths changed on the rootfs"));
+    }
+    if agent_state > 0 {
+        out.reasons.push(format!(
+            "{agent_state} paths of the agent's own state changed (fast-forward writes them again)"
+        ));
     }
     if internal > 0 {
         out.reasons.push(format!(
@@ -288,18 +329,19 @@ mod tests {
         MountMap::new(all.collect(), &["/data".to_string()])
     }
 
-    fn task(tid: i32, start: u64, runtime_ns: u64, comm: &str) -> Task {
+    pub(super) fn task(tid: i32, start: u64, runtime_ns: u64, comm: &str) -> Task {
         Task {
             tid,
             start,
             runtime_ns,
             comm: comm.into(),
+            tgid: tid,
         }
     }
 
     /// A container whose shell and daemon did nothing since a checkpoint,
     /// with a history that holds both halves, and its baseline.
-    fn quiet() -> (Observation, Option<Baseline>) {
+    pub(super) fn quiet() -> (Observation, Option<Baseline>) {
         let tasks = vec![task(1, 100, 5_000, "sh"), task(7, 200, 9_000, "daemon")];
         let base = Baseline {
             tasks: tasks.clone(),
@@ -319,12 +361,13 @@ mod tests {
             queues: Vec::new(),
             shared_writable: Vec::new(),
             dirty_pages: Vec::new(),
+            agent: None,
         };
         (obs, Some(base))
     }
 
     /// Records a changed name, as the inspector would.
-    fn change(o: &mut Observation, path: &str, flags: u32, dev: u32) {
+    pub(super) fn change(o: &mut Observation, path: &str, flags: u32, dev: u32) {
         o.counters.fs_entries += 1;
         o.fs_changes.push(FsChange {
             path: path.into(),
@@ -663,3 +706,7 @@ mod tests {
         assert!(got.tasks.is_empty());
     }
 }
+
+#[cfg(test)]
+#[path = "policy_agent_tests.rs"]
+mod agent_tests;

@@ -24,6 +24,9 @@ pub struct Task {
     pub runtime_ns: u64,
     /// Its command name.
     pub comm: String,
+    /// The process it is a thread of (0 in baselines written before it was kept).
+    #[serde(default)]
+    pub tgid: i32,
 }
 
 /// Bytes waiting to be read on one descriptor of a process.
@@ -37,29 +40,47 @@ pub struct Queue {
     pub bytes: u64,
 }
 
-/// The tasks in cgroup directory `cgroup` (all threads).
+/// The tasks in cgroup directory `cgroup` (all threads of its processes).
 pub fn tasks(cgroup: &Path) -> Vec<Task> {
-    let text = std::fs::read_to_string(cgroup.join("cgroup.threads")).unwrap_or_default();
-    text.lines()
-        .filter_map(|l| l.trim().parse().ok())
-        .filter_map(task)
-        .collect()
+    let mut out = Vec::new();
+    for pid in processes(cgroup) {
+        let Ok(threads) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            continue;
+        };
+        let mut of_pid: Vec<Task> = threads
+            .flatten()
+            .filter_map(|t| t.file_name().to_str()?.parse().ok())
+            .filter_map(|tid| thread(pid, tid))
+            .collect();
+        of_pid.sort_by_key(|t| t.tid);
+        out.extend(of_pid);
+    }
+    out
 }
 
 /// One task, by tid (None once it is gone).
 pub fn task(tid: i32) -> Option<Task> {
-    let stat = std::fs::read_to_string(format!("/proc/{tid}/stat")).ok()?;
+    thread(tid, tid).map(|mut t| {
+        t.tgid = 0;
+        t
+    })
+}
+
+/// Thread `tid` of process `tgid`.
+fn thread(tgid: i32, tid: i32) -> Option<Task> {
+    let stat = std::fs::read_to_string(format!("/proc/{tgid}/task/{tid}/stat")).ok()?;
     // The command may hold spaces and parentheses: fields start after the last ')'.
     let (head, rest) = stat.rsplit_once(')')?;
     let comm = head.split_once('(')?.1.to_string();
     let start = rest.split_whitespace().nth(19)?.parse().ok()?;
-    let sched = std::fs::read_to_string(format!("/proc/{tid}/schedstat")).ok()?;
+    let sched = std::fs::read_to_string(format!("/proc/{tgid}/task/{tid}/schedstat")).ok()?;
     let runtime_ns = sched.split_whitespace().next()?.parse().ok()?;
     Some(Task {
         tid,
         start,
         runtime_ns,
         comm,
+        tgid,
     })
 }
 
@@ -114,23 +135,26 @@ pub fn queues(pids: &[i32]) -> Vec<Queue> {
     out
 }
 
-fn pidfd_open(pid: i32) -> Option<OwnedFd> {
+/// A pidfd of `pid` (None once it is gone).
+pub(super) fn pidfd_open(pid: i32) -> Option<OwnedFd> {
     // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
     // SAFETY: a non-negative result is a descriptor this process now owns.
     (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
-/// FIONREAD on a duplicate of another process's descriptor (pidfd_getfd).
-fn queued(pidfd: &OwnedFd, fd: i32) -> Option<u64> {
+/// A duplicate of descriptor `fd` of the process behind `pidfd` (pidfd_getfd).
+pub(super) fn duplicate(pidfd: &OwnedFd, fd: i32) -> Option<OwnedFd> {
     // SAFETY: pidfd_getfd takes a pidfd, a target descriptor number and flags,
     // and returns a new descriptor or -1.
     let dup = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) };
-    if dup < 0 {
-        return None;
-    }
     // SAFETY: a non-negative result is a descriptor this process now owns.
-    let dup = unsafe { OwnedFd::from_raw_fd(dup as i32) };
+    (dup >= 0).then(|| unsafe { OwnedFd::from_raw_fd(dup as i32) })
+}
+
+/// FIONREAD on a duplicate of another process's descriptor.
+fn queued(pidfd: &OwnedFd, fd: i32) -> Option<u64> {
+    let dup = duplicate(pidfd, fd)?;
     let mut n: libc::c_int = 0;
     // SAFETY: FIONREAD writes one int through the pointer, which is valid.
     let r = unsafe { libc::ioctl(dup.as_raw_fd(), libc::FIONREAD, &mut n) };
