@@ -2,7 +2,9 @@
 //! a real, unmodified agent (Claude Code) against it.
 //!
 //! Each `POST /v1/messages` of the agent's main loop (a request offering the
-//! `Bash` tool) gets the next [`Step`] of the script, streamed as the API does
+//! `Bash` tool) gets the [`Step`] of the script at its place in the
+//! conversation (step `i` answers a conversation holding `i` answers of the
+//! assistant, so a request sent again gets the same step), streamed as the API does
 //! (`message_start`, `content_block_start`, `content_block_delta`s with
 //! `input_json_delta` or `text_delta`, `content_block_stop`, `message_delta`
 //! with the stop reason, `message_stop`), or as one JSON message when the
@@ -69,6 +71,29 @@ pub struct Scripted {
     /// Its port on 127.0.0.1.
     pub port: u16,
     seen: Arc<Mutex<Vec<Seen>>>,
+    hold: Arc<Hold>,
+}
+
+/// A step whose answers wait until the test lets them go.
+#[derive(Default)]
+struct Hold {
+    /// (the step held, whether it is let go, how many requests wait on it)
+    state: Mutex<(Option<usize>, bool, usize)>,
+    changed: std::sync::Condvar,
+}
+
+impl Hold {
+    fn wait_if_held(&self, step: usize) {
+        let mut s = self.state.lock().unwrap();
+        if s.0 != Some(step) {
+            return;
+        }
+        s.2 += 1;
+        self.changed.notify_all();
+        while !s.1 {
+            s = self.changed.wait(s).unwrap();
+        }
+    }
 }
 
 /// The id the server gives the `tool_use` block of step `i`.
@@ -84,17 +109,39 @@ impl Scripted {
         let l = TcpListener::bind("127.0.0.1:0").expect("bind the scripted Anthropic server");
         let port = l.local_addr().expect("its address").port();
         let seen = Arc::new(Mutex::new(Vec::new()));
-        let next = Arc::new(Mutex::new(0usize));
+        let hold = Arc::new(Hold::default());
         let steps = Arc::new(steps);
-        let s = seen.clone();
+        let (s, h) = (seen.clone(), hold.clone());
         std::thread::spawn(move || {
             for conn in l.incoming() {
                 let Ok(conn) = conn else { return };
-                let (seen, next, steps) = (s.clone(), next.clone(), steps.clone());
-                std::thread::spawn(move || serve(conn, &steps, &next, &seen));
+                let (seen, hold, steps) = (s.clone(), h.clone(), steps.clone());
+                std::thread::spawn(move || serve(conn, &steps, &hold, &seen));
             }
         });
-        Scripted { port, seen }
+        Scripted { port, seen, hold }
+    }
+
+    /// From now on, answers to step `step` wait until [`Scripted::let_go`].
+    pub fn hold_step(&self, step: usize) {
+        *self.hold.state.lock().unwrap() = (Some(step), false, 0);
+    }
+
+    /// Waits until a request for the held step waits (false after `timeout`).
+    pub fn wait_held(&self, timeout: std::time::Duration) -> bool {
+        let s = self.hold.state.lock().unwrap();
+        let (s, _) = self
+            .hold
+            .changed
+            .wait_timeout_while(s, timeout, |s| s.2 == 0)
+            .unwrap();
+        s.2 > 0
+    }
+
+    /// Lets the held step's answers go, and holds nothing more.
+    pub fn let_go(&self) {
+        self.hold.state.lock().unwrap().1 = true;
+        self.hold.changed.notify_all();
     }
 
     /// Its base URL, for the proxy's upstream.
@@ -108,7 +155,7 @@ impl Scripted {
     }
 }
 
-fn serve(mut conn: TcpStream, steps: &[Step], next: &Mutex<usize>, seen: &Mutex<Vec<Seen>>) {
+fn serve(mut conn: TcpStream, steps: &[Step], hold: &Hold, seen: &Mutex<Vec<Seen>>) {
     let Some((method, target, body)) = read_request(&conn) else {
         return;
     };
@@ -121,10 +168,12 @@ fn serve(mut conn: TcpStream, steps: &[Step], next: &Mutex<usize>, seen: &Mutex<
                 .as_array()
                 .is_some_and(|t| t.iter().any(|t| t["name"] == "Bash"));
             let answer = if main_loop {
-                let mut n = next.lock().unwrap();
-                let i = (*n).min(steps.len() - 1);
-                *n += 1;
+                let answered = body["messages"]
+                    .as_array()
+                    .map_or(0, |m| m.iter().filter(|m| m["role"] == "assistant").count());
+                let i = answered.min(steps.len() - 1);
                 step = Some(i);
+                hold.wait_if_held(i);
                 (i, steps[i].clone())
             } else {
                 (usize::MAX, Step::Text("OK"))
