@@ -62,8 +62,5 @@ impl Drop for HostDoor {
 
 /// Whether the peer of `conn` may use the door ([`crab_runtime::peer::allowed`]).
 pub fn admit(conn: &tokio::net::UnixStream, group: Option<u32>) -> Result<(), String> {
-    let cred = conn
-        .peer_cred()
-        .map_err(|e| format!("no peer credentials: {e}"))?;
-    crab_runtime::peer::allowed(cred.uid(), cred.gid(), cred.pid(), group)
+    crab_runtime::peer::socket_allowed(std::os::fd::AsFd::as_fd(conn), group)
 }

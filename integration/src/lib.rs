@@ -14,6 +14,7 @@ use std::io::{BufRead, BufReader, Write};
 
 pub mod anthropic;
 pub mod bench;
+pub mod claude;
 pub mod client;
 pub mod crash;
 pub mod cri;

@@ -15,19 +15,11 @@
 use std::time::Duration;
 
 use crab_integration::anthropic::{tool_use_id, Scripted, Step};
-use crab_integration::{config_with, crabctl_ok, ctr_ok, wait_until, Guard, AGENT, CRAB};
+use crab_integration::{claude, crabctl_ok};
 use serde_json::{json, Value};
 
 /// What Claude Code is asked to do; the script below does it.
 const TASK: &str = "Create /root/hello.txt saying hello, then write notes.md.";
-
-/// The init: Claude Code headless in root's home (stdin closed, which it
-/// would otherwise wait 3 s for), its output and exit code kept, then idle so
-/// the test can look inside.
-const INIT: &str = "cd /root && \
-    claude -p \"$TASK\" --output-format stream-json --verbose \
-      --dangerously-skip-permissions </dev/null >/tmp/claude.out 2>/tmp/claude.err; \
-    echo $? >/dev/shm/claude.exit; exec sleep infinity";
 
 /// The files the script makes and what they must hold.
 const HELLO: &str = "hello from crab\n";
@@ -48,54 +40,10 @@ fn script() -> Vec<Step> {
     ]
 }
 
-/// A file inside the sandbox, read from the host through the init's root (an
-/// exec while Claude Code runs would refuse the turn's checkpoint).
-fn read_inside(pid: i32, path: &str) -> Option<String> {
-    std::fs::read_to_string(format!("/proc/{pid}/root{path}")).ok()
-}
-
 #[test]
 fn claude_code_runs_a_scripted_task_through_the_proxy_one_checkpoint_per_request() {
-    let images = ctr_ok(&["images", "ls", "-q"]);
-    assert!(
-        images.lines().any(|l| l == AGENT),
-        "{AGENT} is not imported: run `hack/build-images.sh agent`, then `hack/containerd.sh start`"
-    );
     let llm = Scripted::start(script());
-    let upstream = llm.url();
-    let config = config_with(&format!("[proxy]\nupstreams = [\"{upstream}\"]\n"));
-    let task = format!("TASK={TASK}");
-    let g = Guard::run_detached(
-        CRAB,
-        AGENT,
-        &[
-            "--runtime-config-path",
-            &config.to_string_lossy(),
-            "--annotation",
-            &format!("io.crab.proxy.upstream={upstream}"),
-            "--env",
-            "HOME=/root",
-            // As root, Claude Code refuses --dangerously-skip-permissions
-            // unless told it is in a sandbox. (A non-root init cannot be
-            // checkpointed where root lacks CAP_SYS_RESOURCE: CRIU's prlimit
-            // of another user's process gets EPERM.)
-            "--env",
-            "IS_SANDBOX=1",
-            "--env",
-            &task,
-            "--env",
-            "ANTHROPIC_API_KEY=sk-ant-dummy-for-the-scripted-server",
-            "--env",
-            "DISABLE_TELEMETRY=1",
-            "--env",
-            "DISABLE_ERROR_REPORTING=1",
-            "--env",
-            "DISABLE_AUTOUPDATER=1",
-            "--env",
-            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1",
-        ],
-        &["sh", "-c", INIT],
-    );
+    let g = claude::run(&llm, TASK, &[]);
     let pid = g.pid();
     // Loopback is the sandbox's only interface: the proxy is its only way out.
     let dev = std::fs::read_to_string(format!("/proc/{pid}/net/dev")).expect("the init's net/dev");
@@ -114,25 +62,12 @@ fn claude_code_runs_a_scripted_task_through_the_proxy_one_checkpoint_per_request
         "no injected ANTHROPIC_BASE_URL: {}",
         String::from_utf8_lossy(&environ)
     );
-    let exited = wait_until(Duration::from_secs(240), || {
-        read_inside(pid, "/dev/shm/claude.exit").is_some_and(|s| s.ends_with('\n'))
-    });
-    let out = read_inside(pid, "/tmp/claude.out").unwrap_or_default();
-    let err = read_inside(pid, "/tmp/claude.err").unwrap_or_default();
+    let (code, out, err) = claude::finished(&g, &llm, Duration::from_secs(240));
     let seen = llm.seen();
-    let log: Vec<String> = seen
-        .iter()
-        .map(|s| format!("{} {} step={:?}", s.method, s.target, s.step))
-        .collect();
+    let log = claude::requests(&llm);
     eprintln!("requests the scripted server saw: {log:#?}");
-    assert!(
-        exited,
-        "Claude Code did not finish\nrequests: {log:#?}\nstdout: {out}\nstderr: {err}"
-    );
-    let code = read_inside(pid, "/dev/shm/claude.exit").unwrap();
     assert_eq!(
-        code.trim(),
-        "0",
+        code, "0",
         "requests: {log:#?}\nstdout: {out}\nstderr: {err}"
     );
 

@@ -43,6 +43,15 @@ pub fn allowed(uid: u32, gid: u32, pid: Option<i32>, group: Option<u32>) -> Resu
     }
 }
 
+/// Whether the peer of the connected unix socket `conn` may use the sockets
+/// ([`allowed`], from its `SO_PEERCRED`).
+pub fn socket_allowed(conn: std::os::fd::BorrowedFd<'_>, group: Option<u32>) -> Result<(), String> {
+    let cred = nix::sys::socket::getsockopt(&conn, nix::sys::socket::sockopt::PeerCredentials)
+        .map_err(|e| format!("no peer credentials: {e}"))?;
+    let pid = (cred.pid() > 0).then_some(cred.pid());
+    allowed(cred.uid(), cred.gid(), pid, group)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -55,5 +64,14 @@ mod tests {
         assert!(e.contains("uid 65534") && e.contains("not root"), "{e}");
         let e = allowed(65534, 65534, None, Some(50)).unwrap_err();
         assert!(e.contains("control group"), "{e}");
+    }
+
+    #[test]
+    fn a_socket_peer_is_checked_by_its_credentials() {
+        use std::os::fd::AsFd;
+        let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+        // This test runs as whoever runs it: root passes, others need the group.
+        let me = nix::unistd::getegid().as_raw();
+        assert!(socket_allowed(a.as_fd(), Some(me)).is_ok());
     }
 }

@@ -35,10 +35,7 @@ const KILL_TIMEOUT: Duration = Duration::from_secs(10);
 /// Whether the process at the other end of `conn` may use the control socket
 /// ([`crab_runtime::peer::allowed`]).
 fn peer_allowed(conn: &tokio::net::UnixStream, group: Option<u32>) -> Result<(), String> {
-    let cred = conn
-        .peer_cred()
-        .map_err(|e| format!("no peer credentials: {e}"))?;
-    crab_runtime::peer::allowed(cred.uid(), cred.gid(), cred.pid(), group)
+    crab_runtime::peer::socket_allowed(std::os::fd::AsFd::as_fd(conn), group)
 }
 
 impl TaskService {

@@ -1,0 +1,91 @@
+//! Claude Code in a crab sandbox, for the tests that run the real agent
+//! (`tests/claude_code.rs`, `tests/agent_fast_forward.rs`): how it is started,
+//! and how the test reads what it did. See docs/agents.md.
+
+use std::time::Duration;
+
+use crate::anthropic::Scripted;
+use crate::{config_with, ctr_ok, wait_until, Guard, AGENT, CRAB};
+
+/// The init: Claude Code headless in root's home (stdin closed, which it would
+/// otherwise wait 3 s for), its output and exit code kept, then idle so the
+/// test can look inside. `$TASK` is what it is asked to do.
+pub const INIT: &str = "cd /root && \
+    claude -p \"$TASK\" --output-format stream-json --verbose \
+      --dangerously-skip-permissions </dev/null >/tmp/claude.out 2>/tmp/claude.err; \
+    echo $? >/dev/shm/claude.exit; exec sleep infinity";
+
+/// Claude Code running `task` in a sandbox whose proxy goes to `llm`, with
+/// these extra `ctr run` arguments (annotations).
+pub fn run(llm: &Scripted, task: &str, extra: &[&str]) -> Guard {
+    let images = ctr_ok(&["images", "ls", "-q"]);
+    assert!(
+        images.lines().any(|l| l == AGENT),
+        "{AGENT} is not imported: run `hack/build-images.sh agent`, then `hack/containerd.sh start`"
+    );
+    let upstream = llm.url();
+    let config = config_with(&format!("[proxy]\nupstreams = [\"{upstream}\"]\n"));
+    let task = format!("TASK={task}");
+    let upstream_annotation = format!("io.crab.proxy.upstream={upstream}");
+    let mut args = vec![
+        "--runtime-config-path",
+        config.to_str().expect("utf-8 path"),
+        "--annotation",
+        &upstream_annotation,
+        "--env",
+        "HOME=/root",
+        // As root, Claude Code refuses --dangerously-skip-permissions unless
+        // told it is in a sandbox. (A non-root init cannot be checkpointed where
+        // root lacks CAP_SYS_RESOURCE: CRIU's prlimit of another user's process
+        // gets EPERM.)
+        "--env",
+        "IS_SANDBOX=1",
+        "--env",
+        &task,
+        "--env",
+        "ANTHROPIC_API_KEY=sk-ant-dummy-for-the-scripted-server",
+        "--env",
+        "DISABLE_TELEMETRY=1",
+        "--env",
+        "DISABLE_ERROR_REPORTING=1",
+        "--env",
+        "DISABLE_AUTOUPDATER=1",
+        "--env",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1",
+    ];
+    args.extend_from_slice(extra);
+    Guard::run_detached(CRAB, AGENT, &args, &["sh", "-c", INIT])
+}
+
+/// A file inside the sandbox, read from the host through the init's root (an
+/// exec while Claude Code runs would hold up the turn's checkpoint).
+pub fn read_inside(pid: i32, path: &str) -> Option<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/root{path}")).ok()
+}
+
+/// Waits for Claude Code to finish in `g`; its exit code, stdout and stderr.
+/// Panics, with what it printed and what the server saw, when it does not
+/// finish in time.
+pub fn finished(g: &Guard, llm: &Scripted, timeout: Duration) -> (String, String, String) {
+    let exited = wait_until(timeout, || {
+        read_inside(g.pid(), "/dev/shm/claude.exit").is_some_and(|s| s.ends_with('\n'))
+    });
+    let pid = g.pid();
+    let out = read_inside(pid, "/tmp/claude.out").unwrap_or_default();
+    let err = read_inside(pid, "/tmp/claude.err").unwrap_or_default();
+    assert!(
+        exited,
+        "Claude Code did not finish\nrequests: {:#?}\nstdout: {out}\nstderr: {err}",
+        requests(llm)
+    );
+    let code = read_inside(pid, "/dev/shm/claude.exit").unwrap_or_default();
+    (code.trim().to_string(), out, err)
+}
+
+/// What the scripted server saw, a line each.
+pub fn requests(llm: &Scripted) -> Vec<String> {
+    llm.seen()
+        .iter()
+        .map(|s| format!("{} {} step={:?}", s.method, s.target, s.step))
+        .collect()
+}
