@@ -135,6 +135,7 @@ pub fn rollback(config: &Config, namespace: &str, id: &str, checkpoint: &str) ->
             namespace: namespace.into(),
             id: id.into(),
             checkpoint: checkpoint.into(),
+            caller: None,
         },
     )?;
     if let Response::RolledBack { report } = r {

@@ -176,6 +176,7 @@ impl Sandbox for Target {
             namespace: self.namespace.clone(),
             id: self.id.clone(),
             checkpoint: checkpoint.to_string(),
+            caller: None,
         };
         // The shim tells this proxy (SIGHUP) to listen in the new namespace.
         match self.call(request, TURN_TIMEOUT)? {

@@ -124,6 +124,13 @@ pub enum Request {
         id: String,
         /// Its name or seq.
         checkpoint: String,
+        /// The connection the agent API's request came on, as the caller's
+        /// socket sees it: when a process of the container holds it, the
+        /// caller lives in the sandbox, and only the files go back (its
+        /// processes keep running, so that it gets the answer and remembers
+        /// asking).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        caller: Option<AgentConn>,
     },
 }
 

@@ -103,6 +103,13 @@ impl Sandbox {
         self.checkpoint(req, priority)
     }
 
+    /// Whether a process of the container holds the TCP connection `conn` (as
+    /// its side sees it): the caller of the agent API lives in the sandbox.
+    pub fn holds_connection(&self, conn: AgentConn) -> bool {
+        let processes = inspect::procs::processes(self.container.tracking().path());
+        !inspect::agent::holders(&processes, conn).is_empty()
+    }
+
     /// The checkpoints, oldest first.
     pub fn checkpoints(&self) -> Result<Vec<Entry>> {
         Ok(HistoryStore::open(&self.config, &self.container.key()?)?

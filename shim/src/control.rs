@@ -14,7 +14,7 @@ use crab_runtime::checkpoint::history::Entry;
 use crab_runtime::checkpoint::ops::CheckpointRequest;
 use crab_runtime::checkpoint::sched::Priority;
 use crab_runtime::config::Config;
-use crab_runtime::control::{self, Request, Response, Rollback};
+use crab_runtime::control::{self, AgentConn, Request, Response, Rollback};
 use crab_runtime::error::ErrorKind;
 use nix::sys::signal::Signal;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -140,8 +140,13 @@ impl TaskService {
             Request::Stats { id, .. } => Ok(Response::Stats {
                 stats: self.turns.stats(&id),
             }),
-            Request::Rollback { id, checkpoint, .. } => self
-                .crab_rollback(&id, &checkpoint)
+            Request::Rollback {
+                id,
+                checkpoint,
+                caller,
+                ..
+            } => self
+                .crab_rollback(&id, &checkpoint, caller)
                 .await
                 .map(|report| Response::RolledBack { report }),
             Request::FsSnapshot { id, name, .. } => self
@@ -223,8 +228,16 @@ impl TaskService {
     }
 
     /// `crabctl rollback`: the files, and (when the checkpoint has a process image)
-    /// the processes, become those of the checkpoint; the task keeps its id.
-    pub async fn crab_rollback(&self, id: &str, name: &str) -> ShimResult<Rollback> {
+    /// the processes, become those of the checkpoint; the task keeps its id. An
+    /// agent that lives in the sandbox and asks through the agent API (`caller`
+    /// is its connection) gets the files only: a rollback of its own process
+    /// would lose the answer and make it forget it asked, and ask again.
+    pub async fn crab_rollback(
+        &self,
+        id: &str,
+        name: &str,
+        caller: Option<AgentConn>,
+    ) -> ShimResult<Rollback> {
         let started = Instant::now();
         let slot = self.containers.get(id)?;
         let _claim = slot.begin(Operation::RollingBack)?;
@@ -253,7 +266,17 @@ impl TaskService {
             let sandbox = sandbox.clone();
             move || sandbox.rollback_files(&snapshot)
         };
-        let Some((images, dumped)) = image else {
+        let inside = match caller {
+            Some(conn) => {
+                let sandbox = sandbox.clone();
+                blocking(move || Ok(sandbox.holds_connection(conn))).await?
+            }
+            None => false,
+        };
+        if inside {
+            tracing::info!(%id, seq = entry.seq, "rollback asked from inside the sandbox: the files only");
+        }
+        let Some((images, dumped)) = image.filter(|_| !inside) else {
             // Files only: the processes stay, frozen around the change.
             blocking(move || c.rolled_back_frozen(rollback_fs)).await?;
             return Ok(Rollback {
