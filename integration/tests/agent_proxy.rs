@@ -267,6 +267,52 @@ fn an_agent_checkpoints_rolls_back_and_forks_its_sandbox_and_carries_on() {
     assert_eq!(status, 200);
 }
 
+/// An agent in the sandbox that checkpoints, changes a file, rolls back through
+/// the agent API and writes down what it got and what it remembers.
+const ROLLING_AGENT: &str = r#"
+import json, os, time, urllib.request
+def call(path, body):
+    req = urllib.request.Request('http://127.0.0.1:8787' + path, method='POST',
+        data=json.dumps(body).encode(),
+        headers={'Content-Type': 'application/json',
+                 'Authorization': 'Bearer ' + os.environ['CRAB_API_TOKEN']})
+    return json.loads(urllib.request.urlopen(req, timeout=120).read())
+memory = ['started']
+open('/root/f', 'w').write('v1')
+memory.append(call('/.crab/v1/checkpoints', {'name': 'a'})['checkpoint']['name'])
+open('/root/f', 'w').write('v2')
+answer = call('/.crab/v1/rollback', {'checkpoint': 'a'})
+memory.append('rolled back')
+result = {'memory': memory, 'answer': answer, 'file': open('/root/f').read(), 'pid': os.getpid()}
+open('/dev/shm/result', 'w').write(json.dumps(result))
+time.sleep(100000)
+"#;
+
+#[test]
+fn an_agent_inside_that_rolls_back_gets_the_answer_and_only_its_files_go_back() {
+    let g = llm::proxied_sandbox(Duration::ZERO, "", &["python3", "-c", ROLLING_AGENT]);
+    let pid = g.pid();
+    let result = format!("/proc/{pid}/root/dev/shm/result");
+    assert!(
+        wait_until(Duration::from_secs(60), || std::path::Path::new(&result)
+            .exists()),
+        "the agent never wrote its result"
+    );
+    let r = json_of(&std::fs::read_to_string(&result).unwrap());
+    // The files went back; the agent kept running (same process, same memory)
+    // and got the rollback's answer, which says the processes were kept.
+    assert_eq!(r["file"], "v1", "{r}");
+    assert_eq!(r["memory"], json!(["started", "a", "rolled back"]), "{r}");
+    assert_eq!(r["pid"].as_i64(), Some(i64::from(pid)), "{r}");
+    let report = &r["answer"]["rolled_back"];
+    assert_eq!(report["checkpoint"]["name"], "a", "{r}");
+    assert_eq!(report["processes"], false, "{r}");
+    assert_eq!(g.pid(), pid, "the init was replaced");
+    // The rollback changed the files behind the inspector: the next turn takes them.
+    let dry = crabctl_ok(&["turn", &g.id, "--dry-run"]);
+    assert!(!dry.contains("skip"), "{dry}");
+}
+
 fn stats(id: &str) -> Value {
     serde_json::from_str(&crabctl_ok(&["stats", id, "--json"])).unwrap()
 }
@@ -481,4 +527,36 @@ fn an_upstream_annotation_not_on_the_list_is_refused() {
     // The host's own configuration, without this runtime configuration: the same.
     let err = refused_run(&["--annotation", "io.crab.proxy.upstream=http://127.0.0.1:2"]);
     assert!(err.contains("not an upstream the host allows"), "{err}");
+}
+
+/// The agent's state paths are left out of every turn's signal: an annotation
+/// cannot name the root, climb out with `..`, or give a relative path; nor can
+/// it turn fast-forward into anything but true or false.
+#[test]
+fn an_agent_state_paths_annotation_that_is_not_plain_is_refused() {
+    let config = allowing("http://127.0.0.1:9");
+    for paths in ["/", "/root/../etc", "root/.claude", "/root/.claude,/tmp//x"] {
+        let err = refused_run(&[
+            "--runtime-config-path",
+            &config,
+            "--annotation",
+            "io.crab.proxy.upstream=http://127.0.0.1:9",
+            "--annotation",
+            "io.crab.agent.fast-forward=true",
+            "--annotation",
+            &format!("io.crab.agent.state-paths={paths}"),
+        ]);
+        assert!(err.contains("io.crab.agent.state-paths"), "{paths}: {err}");
+        assert!(err.contains("plain absolute path"), "{paths}: {err}");
+        assert!(err.to_lowercase().contains("invalid argument"), "{err}");
+    }
+    let err = refused_run(&[
+        "--runtime-config-path",
+        &config,
+        "--annotation",
+        "io.crab.proxy.upstream=http://127.0.0.1:9",
+        "--annotation",
+        "io.crab.agent.fast-forward=yes",
+    ]);
+    assert!(err.contains("io.crab.agent.fast-forward"), "{err}");
 }

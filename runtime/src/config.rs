@@ -942,4 +942,21 @@ fail_closed = false
         assert!(parse_size("0").is_err());
         assert!(parse_size("G").is_err());
     }
+
+    #[test]
+    fn agent_state_paths_must_be_plain_absolute_paths_below_the_root() {
+        let mut a = Agent::default();
+        a.choose_state_paths("/root/.claude, /tmp/claude-0")
+            .unwrap();
+        assert_eq!(a.state_paths, ["/root/.claude", "/tmp/claude-0"]);
+        for bad in ["/", "/a/../b", "a/b", "/a//b", "/a/./b"] {
+            let e = a.choose_state_paths(bad).unwrap_err();
+            assert!(e.contains("plain absolute path"), "{bad}: {e}");
+        }
+        let many = vec!["/x"; 17].join(",");
+        assert!(a
+            .choose_state_paths(&many)
+            .unwrap_err()
+            .contains("at most 16"));
+    }
 }
