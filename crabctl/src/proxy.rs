@@ -24,13 +24,13 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use crab_proxy::logfile::CappedLog;
-use crab_proxy::{Boundary, Gate, Limits, LogLimit, Proxy, Sandbox, Upstream};
+use crab_proxy::{Boundary, Gate, Limits, LogLimit, Proxy, Sandbox, TurnContext, Upstream};
 use crab_runtime::api_token;
 use crab_runtime::checkpoint::ops::CheckpointRequest;
 use crab_runtime::checkpoint::Kind;
 use crab_runtime::config::Config;
 use crab_runtime::container::Container;
-use crab_runtime::control::{self, Request, Response};
+use crab_runtime::control::{self, AgentConn, Request, Response};
 use crab_runtime::error::{ErrorKind, Failure};
 use serde_json::Value;
 
@@ -55,6 +55,9 @@ pub struct Options {
     pub managed: bool,
     /// The log file (rotated at `[proxy] log_max_size`); stderr if none.
     pub log: Option<PathBuf>,
+    /// Journal the LLM exchanges here, and fast-forward a restored agent
+    /// from them (`replay.json`, loaded at start and on SIGHUP).
+    pub journal: Option<PathBuf>,
 }
 
 /// The container the proxy serves: where its control socket and containerd are.
@@ -66,6 +69,10 @@ struct Target {
     id: String,
     /// The agent's checkpoints of the last minute (`[quota]`).
     checkpoints: Arc<crate::quota::PerMinute>,
+    /// Whether the LLM exchanges are journaled: only then does the shim need
+    /// the agent's connection (to tell the agent's processes, whose
+    /// checkpoints it may skip, since the journal can replay them).
+    journal: bool,
 }
 
 impl Target {
@@ -98,7 +105,12 @@ impl Target {
 }
 
 impl Boundary for Target {
-    fn turn(&self) -> Gate {
+    fn turn(&self, ctx: &TurnContext) -> Gate {
+        // The proxy's view reversed: the agent's socket is the proxy's peer.
+        let agent = match (self.journal, ctx.peer, ctx.local) {
+            (true, Some(local), Some(remote)) => Some(AgentConn { local, remote }),
+            _ => None,
+        };
         let (t, request) = (
             self.clone(),
             Request::Turn {
@@ -106,7 +118,7 @@ impl Boundary for Target {
                 id: self.id.clone(),
                 dry_run: false,
                 background: true,
-                agent: None,
+                agent,
             },
         );
         let call = tokio::task::spawn_blocking(move || t.call(request, TURN_TIMEOUT));
@@ -119,7 +131,7 @@ impl Boundary for Target {
         );
         Gate::new(async move {
             match call.await {
-                Ok(Ok(Response::Turn { .. })) => Ok(()),
+                Ok(Ok(Response::Turn { entry, .. })) => Ok(entry.map(|e| e.seq)),
                 Ok(Ok(other)) => Err(format!("unexpected answer {other:?}")),
                 Ok(Err(e)) => Err(e.message),
                 Err(e) => Err(e.to_string()),
@@ -318,6 +330,7 @@ pub fn run(config: &Config, address: &str, namespace: &str, id: &str, o: Options
         namespace: namespace.into(),
         id: id.into(),
         checkpoints: Arc::default(),
+        journal: o.journal.is_some(),
     });
     let mut proxy = Proxy::new(upstream, target.clone(), !o.fail_open).with_limits(limits(config)?);
     if o.agent_api {

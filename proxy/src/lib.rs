@@ -33,7 +33,7 @@ pub use api::Sandbox;
 pub use limits::Limits;
 pub use ratelimit::LogLimit;
 pub use server::Proxy;
-pub use turn::{Boundary, Gate};
+pub use turn::{Boundary, Gate, GateResult, TurnContext};
 pub use upstream::Upstream;
 
 /// What can go wrong setting the proxy up.

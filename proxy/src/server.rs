@@ -22,7 +22,7 @@ use crate::door::Door;
 use crate::limits::{self, Cut, GuardedBody, Limits};
 use crate::ratelimit::limited;
 use crate::target;
-use crate::turn::Boundary;
+use crate::turn::{Boundary, TurnContext};
 use crate::upstream::Upstream;
 use crate::{is_turn_boundary, Error, Result};
 
@@ -177,8 +177,8 @@ impl Proxy {
         admit: impl Fn(&D::Conn) -> std::result::Result<(), String>,
     ) -> Result<()> {
         loop {
-            let stream = match door.accept().await {
-                Ok(stream) => stream,
+            let (stream, ctx) = match door.accept().await {
+                Ok(accepted) => accepted,
                 Err(source) if listener_broken(&source) => {
                     return Err(Error::Io {
                         what: "accept".into(),
@@ -207,24 +207,33 @@ impl Proxy {
             };
             let proxy = self.clone();
             tokio::spawn(async move {
-                proxy.serve_connection(stream).await;
+                proxy.serve_connection_from(stream, ctx).await;
                 drop(permit);
             });
         }
     }
 
-    /// Serves HTTP/1 on one client connection until it ends, with the
-    /// header timeout and the buffer bounds. [`Proxy::serve`] calls it for
-    /// each connection it accepts under the cap; tests and the fuzz target
-    /// give it in-memory streams.
+    /// Serves HTTP/1 on one client connection that has no peer address (tests
+    /// and the fuzz target give it in-memory streams); see
+    /// [`Proxy::serve_connection_from`].
     pub async fn serve_connection<IO>(self: Arc<Self>, io: IO)
+    where
+        IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        self.serve_connection_from(io, TurnContext::default()).await
+    }
+
+    /// Serves HTTP/1 on one client connection until it ends, with the header
+    /// timeout and the buffer bounds; its turns carry `ctx`. [`Proxy::serve`]
+    /// calls it for each connection it accepts under the cap.
+    pub async fn serve_connection_from<IO>(self: Arc<Self>, io: IO, ctx: TurnContext)
     where
         IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
         let proxy = self.clone();
         let service = service_fn(move |req| {
             let proxy = proxy.clone();
-            async move { Ok::<_, std::convert::Infallible>(proxy.handle(req).await) }
+            async move { Ok::<_, std::convert::Infallible>(proxy.handle(req, ctx).await) }
         });
         let mut builder = hyper::server::conn::http1::Builder::new();
         builder
@@ -242,7 +251,7 @@ impl Proxy {
 
     /// The one place where the agent API is told from proxied traffic, after
     /// the checks every request passes.
-    async fn handle(&self, req: Request<Incoming>) -> Response<Body> {
+    async fn handle(&self, req: Request<Incoming>, ctx: TurnContext) -> Response<Body> {
         let target = match target::origin_form(req.uri()) {
             Ok(t) => t,
             Err(e) => {
@@ -264,7 +273,7 @@ impl Proxy {
         if api::is_reserved(target.path()) {
             return api::handle(self.sandbox.as_ref(), req).await;
         }
-        self.forward(req, target, cut).await
+        self.forward(req, target, cut, ctx).await
     }
 
     async fn forward(
@@ -272,10 +281,11 @@ impl Proxy {
         mut req: Request<GuardedBody>,
         target: PathAndQuery,
         cut: Cut,
+        ctx: TurnContext,
     ) -> Response<Body> {
         // Only the method and path are logged: headers carry credentials.
         let (method, path) = (req.method().clone(), target.path().to_string());
-        let gate = is_turn_boundary(&method, target.as_str()).then(|| self.boundary.turn());
+        let gate = is_turn_boundary(&method, target.as_str()).then(|| self.boundary.turn(&ctx));
         let upstream = &self.upstream;
         let limits = &self.limits;
         let failed = |why: String| {

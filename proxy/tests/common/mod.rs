@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use crab_errkind::{ErrorKind, Failure};
-use crab_proxy::{Boundary, Gate, Proxy, Sandbox, Upstream};
+use crab_proxy::{Boundary, Gate, Proxy, Sandbox, TurnContext, Upstream};
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Frame, Incoming};
@@ -156,6 +156,8 @@ pub struct TestBoundary {
     pub turns: AtomicUsize,
     pub promoted: Arc<AtomicUsize>,
     pub held: Mutex<Vec<Duration>>,
+    /// Each turn's connection, in order.
+    pub contexts: Mutex<Vec<TurnContext>>,
 }
 
 impl TestBoundary {
@@ -165,6 +167,7 @@ impl TestBoundary {
             turns: AtomicUsize::new(0),
             promoted: Arc::new(AtomicUsize::new(0)),
             held: Mutex::new(Vec::new()),
+            contexts: Mutex::new(Vec::new()),
         })
     }
     pub fn turns(&self) -> usize {
@@ -176,8 +179,9 @@ impl TestBoundary {
 }
 
 impl Boundary for TestBoundary {
-    fn turn(&self) -> Gate {
+    fn turn(&self, ctx: &TurnContext) -> Gate {
         self.turns.fetch_add(1, Ordering::SeqCst);
+        self.contexts.lock().unwrap().push(*ctx);
         let gate = match &self.kind {
             GateKind::Open => Gate::open(),
             GateKind::After(d) => {
@@ -185,14 +189,14 @@ impl Boundary for TestBoundary {
                 let sleep = tokio::time::sleep(*d);
                 Gate::new(async move {
                     sleep.await;
-                    Ok(())
+                    Ok(None)
                 })
             }
             GateKind::Manual(n) => {
                 let n = n.clone();
                 Gate::new(async move {
                     n.notified().await;
-                    Ok(())
+                    Ok(None)
                 })
             }
             GateKind::Fail(why) => {
