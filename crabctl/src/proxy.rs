@@ -15,6 +15,10 @@
 //! listening, exits when its stdin (a pipe only the
 //! shim holds) reaches EOF, and on SIGHUP (after a restore or rollback put the
 //! container in a new network namespace) listens there too.
+//!
+//! With `--journal DIR` each LLM exchange is kept in DIR, and after a restore
+//! the agent's repeated requests are answered from there (DIR/replay.json, read
+//! at start and on SIGHUP); see docs/proxy.md, "Journal and fast-forward".
 
 use std::net::SocketAddr;
 use std::os::unix::fs::MetadataExt;
@@ -24,7 +28,9 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use crab_proxy::logfile::CappedLog;
-use crab_proxy::{Boundary, Gate, Limits, LogLimit, Proxy, Sandbox, TurnContext, Upstream};
+use crab_proxy::{
+    Boundary, Gate, Journal, Limits, LogLimit, Proxy, Sandbox, TurnContext, Upstream,
+};
 use crab_runtime::api_token;
 use crab_runtime::checkpoint::ops::CheckpointRequest;
 use crab_runtime::checkpoint::Kind;
@@ -345,6 +351,18 @@ pub fn run(config: &Config, address: &str, namespace: &str, id: &str, o: Options
             proxy = proxy.with_sandbox(target.clone(), &token);
         }
     }
+    // Opened (and its replay plan loaded) before the first listener serves:
+    // a restored agent's first request may already be one to replay.
+    let journal = match &o.journal {
+        Some(dir) => {
+            let j = Arc::new(
+                Journal::open(dir).with_context(|| format!("the journal in {}", dir.display()))?,
+            );
+            proxy = proxy.with_journal(j.clone());
+            Some(j)
+        }
+        None => None,
+    };
     let proxy = Arc::new(proxy);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -382,11 +400,23 @@ pub fn run(config: &Config, address: &str, namespace: &str, id: &str, o: Options
         loop {
             tokio::select! {
                 _ = &mut lifeline => return anyhow::Ok(()),
-                _ = hup.recv() => match listening.bind_current(&target, o.listen, &proxy) {
-                    Ok(true) => tracing::info!("listening in the container's new network namespace"),
-                    Ok(false) => {}
-                    Err(e) => tracing::error!(error = format!("{e:#}"), "cannot listen in the new namespace"),
-                },
+                _ = hup.recv() => {
+                    // The runtime writes the replay plan before the SIGHUP of a
+                    // restore or rollback: load it before the agent can reach
+                    // the new listener.
+                    if let Some(j) = journal.clone() {
+                        match tokio::task::spawn_blocking(move || j.load_plan()).await {
+                            Ok(Ok(_)) => {}
+                            Ok(Err(e)) => tracing::warn!(error = %e, "fast-forward: the replay plan was dropped"),
+                            Err(e) => tracing::error!(error = %e, "fast-forward: loading the replay plan failed"),
+                        }
+                    }
+                    match listening.bind_current(&target, o.listen, &proxy) {
+                        Ok(true) => tracing::info!("listening in the container's new network namespace"),
+                        Ok(false) => {}
+                        Err(e) => tracing::error!(error = format!("{e:#}"), "cannot listen in the new namespace"),
+                    }
+                }
             }
         }
     })?;
