@@ -74,7 +74,16 @@ impl Journal {
         let mut out = self.start(rec).await;
         let mut settling = None;
         loop {
-            let frame = match body.frame().await {
+            // An agent that hangs up is noticed at once, not at the next
+            // chunk (an SSE stream may idle for long).
+            let next = tokio::select! {
+                next = body.frame() => next,
+                () = tx.closed() => {
+                    discard(out.take(), "the agent dropped the answer").await;
+                    return;
+                }
+            };
+            let frame = match next {
                 None => break,
                 Some(Err(e)) => {
                     discard(out.take(), "the upstream's answer failed").await;
