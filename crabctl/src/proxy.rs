@@ -112,11 +112,7 @@ impl Target {
 
 impl Boundary for Target {
     fn turn(&self, ctx: &TurnContext) -> Gate {
-        // The proxy's view reversed: the agent's socket is the proxy's peer.
-        let agent = match (self.journal, ctx.peer, ctx.local) {
-            (true, Some(local), Some(remote)) => Some(AgentConn { local, remote }),
-            _ => None,
-        };
+        let agent = agent_conn(self.journal, ctx);
         let (t, request) = (
             self.clone(),
             Request::Turn {
@@ -226,6 +222,16 @@ impl Sandbox for Target {
         })
         .join()
         .map_err(|_| Failure::new(ErrorKind::Internal, "fork thread panicked"))?
+    }
+}
+
+/// The agent's connection for the shim, when journaling (without a journal the
+/// shim must not skip the agent's checkpoints, so it need not know it): the
+/// proxy's view reversed, the agent's socket being the proxy's peer.
+fn agent_conn(journal: bool, ctx: &TurnContext) -> Option<AgentConn> {
+    match (journal, ctx.peer, ctx.local) {
+        (true, Some(local), Some(remote)) => Some(AgentConn { local, remote }),
+        _ => None,
     }
 }
 
@@ -423,4 +429,30 @@ pub fn run(config: &Config, address: &str, namespace: &str, id: &str, o: Options
     // The lifeline's blocking read may still be parked; do not wait for it.
     rt.shutdown_background();
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_agent_connection_is_the_proxys_reversed_and_only_when_journaling() {
+        let ctx = TurnContext {
+            peer: Some("127.0.0.1:40000".parse().unwrap()),
+            local: Some("127.0.0.1:8787".parse().unwrap()),
+        };
+        let conn = agent_conn(true, &ctx).unwrap();
+        assert_eq!(
+            conn.local,
+            ctx.peer.unwrap(),
+            "the agent socket's own address"
+        );
+        assert_eq!(conn.remote, ctx.local.unwrap(), "the proxy's listener");
+        assert_eq!(agent_conn(false, &ctx), None);
+        assert_eq!(
+            agent_conn(true, &TurnContext::default()),
+            None,
+            "the host door"
+        );
+    }
 }
