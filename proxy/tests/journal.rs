@@ -235,6 +235,35 @@ async fn an_answer_dropped_half_way_leaves_no_exchange() {
 }
 
 #[tokio::test]
+async fn an_answer_the_llm_breaks_off_leaves_no_exchange() {
+    let (up, _) = start_stub().await;
+    let dir = tempfile::tempdir().unwrap();
+    let jdir = dir.path().join("journal");
+    let journal = Arc::new(Journal::open(&jdir).unwrap());
+    let proxy = start(up, SeqBoundary::new(41, &jdir), journal);
+
+    let stream = tokio::net::TcpStream::connect(proxy).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let req = http::Request::post("/v1/responses")
+        .header("host", "x")
+        .body(http_body_util::Full::new(bytes::Bytes::from(REQUEST)))
+        .unwrap();
+    let resp = sender.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    use http_body_util::BodyExt;
+    assert!(
+        resp.into_body().collect().await.is_err(),
+        "the agent sees the break too"
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(names(&jdir).is_empty(), "left {:?}", names(&jdir));
+}
+
+#[tokio::test]
 async fn the_next_turn_waits_until_the_previous_exchange_is_durable() {
     let (up, _) = start_stub().await;
     let dir = tempfile::tempdir().unwrap();

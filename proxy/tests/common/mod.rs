@@ -58,7 +58,8 @@ impl hyper::body::Body for ChanBody {
 type StubBody = http_body_util::combinators::BoxBody<Bytes, std::convert::Infallible>;
 
 /// The stub LLM: `POST /v1/chat/completions` answers [`ANSWER`] (after
-/// `?delay_ms=N`), `POST /v1/messages` streams [`SSE`], anything else 200 "ok".
+/// `?delay_ms=N`), `POST /v1/messages` streams [`SSE`], `POST /v1/responses`
+/// breaks off its answer, anything else 200 "ok".
 async fn stub(req: Request<Incoming>, seen: Arc<Mutex<Vec<Seen>>>) -> Response<StubBody> {
     let (parts, body) = req.into_parts();
     // A body the proxy cut (a test of its limits) arrives truncated.
@@ -101,6 +102,20 @@ async fn stub(req: Request<Incoming>, seen: Arc<Mutex<Vec<Seen>>>) -> Response<S
             });
             Response::builder()
                 .header("content-type", "text/event-stream")
+                .body(ChanBody(rx).boxed())
+                .unwrap()
+        }
+        // Promises more than it sends, then ends: the proxy's upstream body fails.
+        "/v1/responses" => {
+            let (tx, rx) = mpsc::channel(1);
+            tokio::spawn(async move {
+                tx.send(Bytes::from_static(b"data: partial\n\n"))
+                    .await
+                    .unwrap();
+            });
+            Response::builder()
+                .header("content-type", "text/event-stream")
+                .header("content-length", "1000")
                 .body(ChanBody(rx).boxed())
                 .unwrap()
         }
