@@ -131,6 +131,11 @@ enum Command {
         /// (default: stderr).
         #[arg(long)]
         log: Option<PathBuf>,
+        /// Journal each LLM exchange in DIR (made 0700 if missing), and
+        /// answer a restored agent's repeated requests from it (DIR/replay.json,
+        /// read at start and on SIGHUP).
+        #[arg(long, value_name = "DIR")]
+        journal: Option<PathBuf>,
     },
     /// List a container's checkpoints.
     Ls {
@@ -275,6 +280,7 @@ fn run() -> Result<()> {
             agent_api,
             managed,
             log,
+            journal,
         } => proxy::run(
             &config,
             &cli.address,
@@ -288,6 +294,7 @@ fn run() -> Result<()> {
                 agent_api,
                 managed,
                 log,
+                journal,
             },
         ),
         Command::Ls { id, json } => ckpt::list(&config, &cli.namespace, &id, json),

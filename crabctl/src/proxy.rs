@@ -15,6 +15,10 @@
 //! listening, exits when its stdin (a pipe only the
 //! shim holds) reaches EOF, and on SIGHUP (after a restore or rollback put the
 //! container in a new network namespace) listens there too.
+//!
+//! With `--journal DIR` each LLM exchange is kept in DIR, and after a restore
+//! the agent's repeated requests are answered from there (DIR/replay.json, read
+//! at start and on SIGHUP); see docs/proxy.md, "Journal and fast-forward".
 
 use std::net::SocketAddr;
 use std::os::unix::fs::MetadataExt;
@@ -24,13 +28,15 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use crab_proxy::logfile::CappedLog;
-use crab_proxy::{Boundary, Gate, Limits, LogLimit, Proxy, Sandbox, Upstream};
+use crab_proxy::{
+    Boundary, Gate, Journal, Limits, LogLimit, Proxy, Sandbox, TurnContext, Upstream,
+};
 use crab_runtime::api_token;
 use crab_runtime::checkpoint::ops::CheckpointRequest;
 use crab_runtime::checkpoint::Kind;
 use crab_runtime::config::Config;
 use crab_runtime::container::Container;
-use crab_runtime::control::{self, Request, Response};
+use crab_runtime::control::{self, AgentConn, Request, Response};
 use crab_runtime::error::{ErrorKind, Failure};
 use serde_json::Value;
 
@@ -55,6 +61,9 @@ pub struct Options {
     pub managed: bool,
     /// The log file (rotated at `[proxy] log_max_size`); stderr if none.
     pub log: Option<PathBuf>,
+    /// Journal the LLM exchanges here, and fast-forward a restored agent
+    /// from them (`replay.json`, loaded at start and on SIGHUP).
+    pub journal: Option<PathBuf>,
 }
 
 /// The container the proxy serves: where its control socket and containerd are.
@@ -66,6 +75,10 @@ struct Target {
     id: String,
     /// The agent's checkpoints of the last minute (`[quota]`).
     checkpoints: Arc<crate::quota::PerMinute>,
+    /// Whether the LLM exchanges are journaled: only then does the shim need
+    /// the agent's connection (to tell the agent's processes, whose
+    /// checkpoints it may skip, since the journal can replay them).
+    journal: bool,
 }
 
 impl Target {
@@ -98,7 +111,8 @@ impl Target {
 }
 
 impl Boundary for Target {
-    fn turn(&self) -> Gate {
+    fn turn(&self, ctx: &TurnContext) -> Gate {
+        let agent = agent_conn(self.journal, ctx);
         let (t, request) = (
             self.clone(),
             Request::Turn {
@@ -106,7 +120,7 @@ impl Boundary for Target {
                 id: self.id.clone(),
                 dry_run: false,
                 background: true,
-                agent: None,
+                agent,
             },
         );
         let call = tokio::task::spawn_blocking(move || t.call(request, TURN_TIMEOUT));
@@ -119,7 +133,7 @@ impl Boundary for Target {
         );
         Gate::new(async move {
             match call.await {
-                Ok(Ok(Response::Turn { .. })) => Ok(()),
+                Ok(Ok(Response::Turn { entry, .. })) => Ok(entry.map(|e| e.seq)),
                 Ok(Ok(other)) => Err(format!("unexpected answer {other:?}")),
                 Ok(Err(e)) => Err(e.message),
                 Err(e) => Err(e.to_string()),
@@ -209,6 +223,16 @@ impl Sandbox for Target {
         })
         .join()
         .map_err(|_| Failure::new(ErrorKind::Internal, "fork thread panicked"))?
+    }
+}
+
+/// The agent's connection for the shim, when journaling (without a journal the
+/// shim must not skip the agent's checkpoints, so it need not know it): the
+/// proxy's view reversed, the agent's socket being the proxy's peer.
+fn agent_conn(journal: bool, ctx: &TurnContext) -> Option<AgentConn> {
+    match (journal, ctx.peer, ctx.local) {
+        (true, Some(local), Some(remote)) => Some(AgentConn { local, remote }),
+        _ => None,
     }
 }
 
@@ -319,6 +343,7 @@ pub fn run(config: &Config, address: &str, namespace: &str, id: &str, o: Options
         namespace: namespace.into(),
         id: id.into(),
         checkpoints: Arc::default(),
+        journal: o.journal.is_some(),
     });
     let mut proxy = Proxy::new(upstream, target.clone(), !o.fail_open).with_limits(limits(config)?);
     if o.agent_api {
@@ -333,6 +358,18 @@ pub fn run(config: &Config, address: &str, namespace: &str, id: &str, o: Options
             proxy = proxy.with_sandbox(target.clone(), &token);
         }
     }
+    // Opened (and its replay plan loaded) before the first listener serves:
+    // a restored agent's first request may already be one to replay.
+    let journal = match &o.journal {
+        Some(dir) => {
+            let j = Arc::new(
+                Journal::open(dir).with_context(|| format!("the journal in {}", dir.display()))?,
+            );
+            proxy = proxy.with_journal(j.clone());
+            Some(j)
+        }
+        None => None,
+    };
     let proxy = Arc::new(proxy);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -370,15 +407,53 @@ pub fn run(config: &Config, address: &str, namespace: &str, id: &str, o: Options
         loop {
             tokio::select! {
                 _ = &mut lifeline => return anyhow::Ok(()),
-                _ = hup.recv() => match listening.bind_current(&target, o.listen, &proxy) {
-                    Ok(true) => tracing::info!("listening in the container's new network namespace"),
-                    Ok(false) => {}
-                    Err(e) => tracing::error!(error = format!("{e:#}"), "cannot listen in the new namespace"),
-                },
+                _ = hup.recv() => {
+                    // The runtime writes the replay plan before the SIGHUP of a
+                    // restore or rollback: load it before the agent can reach
+                    // the new listener.
+                    if let Some(j) = journal.clone() {
+                        match tokio::task::spawn_blocking(move || j.load_plan()).await {
+                            Ok(Ok(_)) => {}
+                            Ok(Err(e)) => tracing::warn!(error = %e, "fast-forward: the replay plan was dropped"),
+                            Err(e) => tracing::error!(error = %e, "fast-forward: loading the replay plan failed"),
+                        }
+                    }
+                    match listening.bind_current(&target, o.listen, &proxy) {
+                        Ok(true) => tracing::info!("listening in the container's new network namespace"),
+                        Ok(false) => {}
+                        Err(e) => tracing::error!(error = format!("{e:#}"), "cannot listen in the new namespace"),
+                    }
+                }
             }
         }
     })?;
     // The lifeline's blocking read may still be parked; do not wait for it.
     rt.shutdown_background();
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_agent_connection_is_the_proxys_reversed_and_only_when_journaling() {
+        let ctx = TurnContext {
+            peer: Some("127.0.0.1:40000".parse().unwrap()),
+            local: Some("127.0.0.1:8787".parse().unwrap()),
+        };
+        let conn = agent_conn(true, &ctx).unwrap();
+        assert_eq!(
+            conn.local,
+            ctx.peer.unwrap(),
+            "the agent socket's own address"
+        );
+        assert_eq!(conn.remote, ctx.local.unwrap(), "the proxy's listener");
+        assert_eq!(agent_conn(false, &ctx), None);
+        assert_eq!(
+            agent_conn(true, &TurnContext::default()),
+            None,
+            "the host door"
+        );
+    }
 }

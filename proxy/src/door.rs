@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 
+use crate::turn::TurnContext;
 use crate::{Proxy, Result};
 
 /// A listener the proxy serves.
@@ -17,8 +18,9 @@ pub(crate) trait Door: Send + 'static {
     /// One accepted connection.
     type Conn: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static;
 
-    /// The next connection.
-    fn accept(&self) -> impl Future<Output = std::io::Result<Self::Conn>> + Send;
+    /// The next connection, and where it came from (for TCP: the peer's and
+    /// the listener's addresses, which name the agent's socket to the shim).
+    fn accept(&self) -> impl Future<Output = std::io::Result<(Self::Conn, TurnContext)>> + Send;
 
     /// Writes `answer` without waiting (the socket's buffer takes it, or the
     /// client gets a reset); the connection is closed when dropped.
@@ -28,11 +30,15 @@ pub(crate) trait Door: Send + 'static {
 impl Door for TcpListener {
     type Conn = TcpStream;
 
-    async fn accept(&self) -> std::io::Result<TcpStream> {
-        let (stream, _) = TcpListener::accept(self).await?;
+    async fn accept(&self) -> std::io::Result<(TcpStream, TurnContext)> {
+        let (stream, peer) = TcpListener::accept(self).await?;
         // Answers stream back chunk by chunk: no Nagle delay between them.
         let _ = stream.set_nodelay(true);
-        Ok(stream)
+        let ctx = TurnContext {
+            peer: Some(peer),
+            local: stream.local_addr().ok(),
+        };
+        Ok((stream, ctx))
     }
 
     fn answer(conn: &TcpStream, answer: &[u8]) {
@@ -43,8 +49,9 @@ impl Door for TcpListener {
 impl Door for UnixListener {
     type Conn = UnixStream;
 
-    async fn accept(&self) -> std::io::Result<UnixStream> {
-        Ok(UnixListener::accept(self).await?.0)
+    async fn accept(&self) -> std::io::Result<(UnixStream, TurnContext)> {
+        // A host-side caller is no agent socket in the sandbox: no addresses.
+        Ok((UnixListener::accept(self).await?.0, TurnContext::default()))
     }
 
     fn answer(conn: &UnixStream, answer: &[u8]) {

@@ -8,7 +8,8 @@
 //! it is, then streamed to the agent chunk by chunk. Every other path passes
 //! through untouched, except the reserved prefix `/.crab/`: there the agent
 //! reaches its own sandbox (checkpoint, rollback, fork; REST and MCP) through
-//! the caller's [`Sandbox`].
+//! the caller's [`Sandbox`]. With a [`Journal`], each exchange is kept on disk,
+//! and a restored agent's repeated requests are answered from it.
 //!
 //! The listening socket is made inside the container's network namespace
 //! ([`netns::bind_in`]); the proxy itself runs on the host and connects
@@ -20,6 +21,7 @@ mod ratelimit;
 
 mod api;
 mod door;
+mod journal;
 mod limits;
 pub mod logfile;
 mod mcp;
@@ -30,10 +32,11 @@ mod turn;
 mod upstream;
 
 pub use api::Sandbox;
+pub use journal::{Journal, REPLAY_PLAN};
 pub use limits::Limits;
 pub use ratelimit::LogLimit;
 pub use server::Proxy;
-pub use turn::{Boundary, Gate};
+pub use turn::{Boundary, Gate, GateResult, TurnContext};
 pub use upstream::Upstream;
 
 /// What can go wrong setting the proxy up.
@@ -50,6 +53,14 @@ pub enum Error {
     /// The upstream address is not usable.
     #[error("bad upstream {0:?}: expected http://host:port or https://host[:port]")]
     BadUpstream(String),
+    /// A journal file is not usable.
+    #[error("journal {path}: {reason}")]
+    Journal {
+        /// The file.
+        path: String,
+        /// Why it cannot be used.
+        reason: String,
+    },
     /// The CA file for an HTTPS upstream is not usable.
     #[error("CA file {path}: {reason}")]
     CaFile {

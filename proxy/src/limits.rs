@@ -13,6 +13,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
+use tokio::sync::oneshot;
+
+use crate::journal::Hasher;
 
 /// The bounds of one proxy, over all its listeners.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,25 +100,66 @@ pub(crate) enum BodyError {
 
 /// A client's request body with the body timeout and size limit applied. The
 /// timer runs only while the proxy waits for the client (not while the
-/// upstream is slow to take what was read).
+/// upstream is slow to take what was read). Optionally digested as it passes
+/// (the journal's key for the exchange).
 pub(crate) struct GuardedBody {
-    inner: Incoming,
+    inner: Source,
     timeout: Duration,
     left: u64,
     max: u64,
     sleep: Option<Pin<Box<tokio::time::Sleep>>>,
     cut: Cut,
+    digest: Option<(Hasher, oneshot::Sender<String>)>,
+}
+
+/// Where a guarded body's bytes come from.
+enum Source {
+    /// Still arriving from the client.
+    Live(Incoming),
+    /// Already read whole (and checked) for a replay that did not match; the
+    /// bytes are taken on the first poll.
+    Whole(Option<Bytes>),
 }
 
 impl GuardedBody {
     pub(crate) fn new(inner: Incoming, limits: &Limits, cut: Cut) -> GuardedBody {
         GuardedBody {
-            inner,
+            inner: Source::Live(inner),
             timeout: limits.body_timeout,
             left: limits.max_body,
             max: limits.max_body,
             sleep: None,
             cut,
+            digest: None,
+        }
+    }
+
+    /// A body already read whole (within the limits when it was read).
+    pub(crate) fn whole(bytes: Bytes, limits: &Limits, cut: Cut) -> GuardedBody {
+        GuardedBody {
+            inner: Source::Whole(Some(bytes)),
+            timeout: limits.body_timeout,
+            left: limits.max_body,
+            max: limits.max_body,
+            sleep: None,
+            cut,
+            digest: None,
+        }
+    }
+
+    /// Digests the body as it passes, starting from `hasher`; the receiver gets
+    /// the hex digest once the body has ended, and nothing (an error) if it
+    /// failed or was dropped before its end.
+    pub(crate) fn digesting(mut self, hasher: Hasher) -> (GuardedBody, oneshot::Receiver<String>) {
+        let (tx, rx) = oneshot::channel();
+        self.digest = Some((hasher, tx));
+        (self, rx)
+    }
+
+    /// The body's end: the digest, if one is asked for, is complete.
+    fn ended(&mut self) {
+        if let Some((hasher, tx)) = self.digest.take() {
+            let _ = tx.send(hasher.finish());
         }
     }
 }
@@ -129,13 +173,26 @@ impl Body for GuardedBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let this = &mut *self;
-        match Pin::new(&mut this.inner).poll_frame(cx) {
+        let inner = match &mut this.inner {
+            Source::Live(inner) => inner,
+            Source::Whole(bytes) => {
+                let frame = bytes.take().map(|b| Ok(Frame::data(b)));
+                if frame.is_none() {
+                    this.ended();
+                }
+                return Poll::Ready(frame);
+            }
+        };
+        match Pin::new(inner).poll_frame(cx) {
             Poll::Ready(frame) => {
                 this.sleep = None;
                 let frame = match frame {
                     Some(Ok(f)) => f,
                     Some(Err(e)) => return Poll::Ready(Some(Err(e.into()))),
-                    None => return Poll::Ready(None),
+                    None => {
+                        this.ended();
+                        return Poll::Ready(None);
+                    }
                 };
                 if let Some(data) = frame.data_ref() {
                     let n = data.len() as u64;
@@ -144,6 +201,14 @@ impl Body for GuardedBody {
                         return Poll::Ready(Some(Err(BodyError::TooLarge(this.max))));
                     }
                     this.left -= n;
+                    if let Some((hasher, _)) = &mut this.digest {
+                        hasher.update(data);
+                    }
+                }
+                // With a Content-Length, hyper stops at its last byte and
+                // never polls for the end.
+                if matches!(&this.inner, Source::Live(inner) if inner.is_end_stream()) {
+                    this.ended();
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
@@ -161,11 +226,21 @@ impl Body for GuardedBody {
         }
     }
 
+    // Not claiming the end early when digesting: the digest completes only
+    // when a poll sees the end.
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.digest.is_none()
+            && match &self.inner {
+                Source::Live(inner) => inner.is_end_stream(),
+                Source::Whole(bytes) => bytes.is_none(),
+            }
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        match &self.inner {
+            Source::Live(inner) => inner.size_hint(),
+            Source::Whole(Some(b)) => SizeHint::with_exact(b.len() as u64),
+            Source::Whole(None) => SizeHint::with_exact(0),
+        }
     }
 }

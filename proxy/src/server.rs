@@ -19,14 +19,19 @@ use tokio::sync::Semaphore;
 
 use crate::api::{self, Sandbox};
 use crate::door::Door;
+use crate::journal::{self, Journal, Prepared, Recording};
 use crate::limits::{self, Cut, GuardedBody, Limits};
 use crate::ratelimit::limited;
 use crate::target;
-use crate::turn::Boundary;
+use crate::turn::{Boundary, TurnContext};
 use crate::upstream::Upstream;
 use crate::{is_turn_boundary, Error, Result};
 
-pub(crate) type Body = BoxBody<Bytes, hyper::Error>;
+/// What an answer's body may fail with: the upstream's error, or reading a
+/// journaled answer.
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+pub(crate) type Body = BoxBody<Bytes, BoxError>;
 
 /// A whole (not streamed) answer.
 pub(crate) fn full(status: StatusCode, content_type: &str, body: Bytes) -> Response<Body> {
@@ -44,7 +49,7 @@ fn plain(status: StatusCode, msg: String) -> Response<Body> {
 
 /// A refusal after which the connection is closed: the request's body (if
 /// any) is not read, so the next request could not be told from it.
-fn refusal(status: StatusCode, msg: String) -> Response<Body> {
+pub(crate) fn refusal(status: StatusCode, msg: String) -> Response<Body> {
     let mut r = plain(status, msg);
     r.headers_mut().insert(
         http::header::CONNECTION,
@@ -65,6 +70,7 @@ pub struct Proxy {
     limits: Limits,
     /// One permit per client connection served: the cap.
     connections: Arc<Semaphore>,
+    journal: Option<Arc<Journal>>,
 }
 
 /// Upstream connections are kept this long after their last answer ended, for
@@ -129,7 +135,15 @@ impl Proxy {
             pool: Pool::default(),
             connections: Arc::new(Semaphore::new(limits.max_connections)),
             limits,
+            journal: None,
         }
+    }
+
+    /// Journals each turn's exchange in `journal`, and answers a restored
+    /// agent's repeated requests from it while its replay plan lasts.
+    pub fn with_journal(mut self, journal: Arc<Journal>) -> Proxy {
+        self.journal = Some(journal);
+        self
     }
 
     /// Turns on the agent API (`/.crab/`) on every listener, acting on `sandbox`,
@@ -177,8 +191,8 @@ impl Proxy {
         admit: impl Fn(&D::Conn) -> std::result::Result<(), String>,
     ) -> Result<()> {
         loop {
-            let stream = match door.accept().await {
-                Ok(stream) => stream,
+            let (stream, ctx) = match door.accept().await {
+                Ok(accepted) => accepted,
                 Err(source) if listener_broken(&source) => {
                     return Err(Error::Io {
                         what: "accept".into(),
@@ -207,24 +221,33 @@ impl Proxy {
             };
             let proxy = self.clone();
             tokio::spawn(async move {
-                proxy.serve_connection(stream).await;
+                proxy.serve_connection_from(stream, ctx).await;
                 drop(permit);
             });
         }
     }
 
-    /// Serves HTTP/1 on one client connection until it ends, with the
-    /// header timeout and the buffer bounds. [`Proxy::serve`] calls it for
-    /// each connection it accepts under the cap; tests and the fuzz target
-    /// give it in-memory streams.
+    /// Serves HTTP/1 on one client connection that has no peer address (tests
+    /// and the fuzz target give it in-memory streams); see
+    /// [`Proxy::serve_connection_from`].
     pub async fn serve_connection<IO>(self: Arc<Self>, io: IO)
+    where
+        IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        self.serve_connection_from(io, TurnContext::default()).await
+    }
+
+    /// Serves HTTP/1 on one client connection until it ends, with the header
+    /// timeout and the buffer bounds; its turns carry `ctx`. [`Proxy::serve`]
+    /// calls it for each connection it accepts under the cap.
+    pub async fn serve_connection_from<IO>(self: Arc<Self>, io: IO, ctx: TurnContext)
     where
         IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
         let proxy = self.clone();
         let service = service_fn(move |req| {
             let proxy = proxy.clone();
-            async move { Ok::<_, std::convert::Infallible>(proxy.handle(req).await) }
+            async move { Ok::<_, std::convert::Infallible>(proxy.handle(req, ctx).await) }
         });
         let mut builder = hyper::server::conn::http1::Builder::new();
         builder
@@ -242,7 +265,7 @@ impl Proxy {
 
     /// The one place where the agent API is told from proxied traffic, after
     /// the checks every request passes.
-    async fn handle(&self, req: Request<Incoming>) -> Response<Body> {
+    async fn handle(&self, req: Request<Incoming>, ctx: TurnContext) -> Response<Body> {
         let target = match target::origin_form(req.uri()) {
             Ok(t) => t,
             Err(e) => {
@@ -264,7 +287,7 @@ impl Proxy {
         if api::is_reserved(target.path()) {
             return api::handle(self.sandbox.as_ref(), req).await;
         }
-        self.forward(req, target, cut).await
+        self.forward(req, target, cut, ctx).await
     }
 
     async fn forward(
@@ -272,10 +295,21 @@ impl Proxy {
         mut req: Request<GuardedBody>,
         target: PathAndQuery,
         cut: Cut,
+        ctx: TurnContext,
     ) -> Response<Body> {
         // Only the method and path are logged: headers carry credentials.
         let (method, path) = (req.method().clone(), target.path().to_string());
-        let gate = is_turn_boundary(&method, target.as_str()).then(|| self.boundary.turn());
+        let turn = is_turn_boundary(&method, target.as_str());
+        let journal = self.journal.as_ref().filter(|_| turn);
+        let mut digest = None;
+        if let Some(j) = journal {
+            match journal::prepare(j, req, &path, &cut, &self.limits).await {
+                Prepared::Answer(answer) => return answer,
+                Prepared::Live(r, d) => (req, digest) = (r, Some(d)),
+            }
+            j.barrier().await;
+        }
+        let gate = turn.then(|| self.boundary.turn(&ctx));
         let upstream = &self.upstream;
         let limits = &self.limits;
         let failed = |why: String| {
@@ -314,22 +348,43 @@ impl Proxy {
                 },
             }
         };
+        let mut seq = None;
         if let Some(gate) = gate {
             // The answer waits for the turn's checkpoint: the agent must not act
             // on it before the state it acts on is safe.
             let (result, held) = gate.hold().await;
             self.boundary.gated(held);
-            if let Err(e) = result {
-                limited!(warn, %method, %path, error = %e, "turn checkpoint failed");
-                if self.fail_closed {
-                    return plain(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        format!("crab proxy: the sandbox checkpoint failed: {e}\n"),
-                    );
+            match result {
+                Ok(s) => seq = s,
+                Err(e) => {
+                    limited!(warn, %method, %path, error = %e, "turn checkpoint failed");
+                    if self.fail_closed {
+                        return plain(
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            format!("crab proxy: the sandbox checkpoint failed: {e}\n"),
+                        );
+                    }
                 }
             }
         }
-        resp.map(|b| b.boxed())
+        // Journaled only with a checkpoint to replay it after.
+        if let (Some(j), Some(seq), Some(digest)) = (journal, seq, digest) {
+            let content_type = resp
+                .headers()
+                .get(http::header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_string();
+            let rec = Recording {
+                seq,
+                path,
+                status: resp.status(),
+                content_type,
+                digest,
+            };
+            return resp.map(|b| j.record(rec, b));
+        }
+        resp.map(|b| b.map_err(Into::into).boxed())
     }
 }
 

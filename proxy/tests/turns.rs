@@ -162,3 +162,16 @@ async fn one_proxy_serves_two_listeners_with_shared_state() {
     assert_eq!(boundary.turns(), 2, "one boundary for both listeners");
     assert_eq!(seen.lock().unwrap().len(), 2);
 }
+
+#[tokio::test]
+async fn a_turn_names_the_connection_its_request_came_on() {
+    let (up, _) = start_stub().await;
+    let boundary = TestBoundary::new(GateKind::Open);
+    let proxy = start_proxy(up, boundary.clone(), None, true);
+
+    send(proxy, "POST", "/v1/chat/completions", REQUEST).await;
+    let ctx = boundary.contexts.lock().unwrap()[0];
+    assert_eq!(ctx.local, Some(proxy), "the listener's address");
+    let peer = ctx.peer.expect("a TCP client has a peer address");
+    assert!(peer.ip().is_loopback() && peer.port() != proxy.port());
+}

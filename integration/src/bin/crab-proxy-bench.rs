@@ -28,7 +28,7 @@ use bytes::Bytes;
 use clap::Parser;
 use crab_integration::bench::{cores, pct, sorted, List, Quick};
 use crab_integration::*;
-use crab_proxy::{Boundary, Gate, Proxy, Upstream};
+use crab_proxy::{Boundary, Gate, Proxy, TurnContext, Upstream};
 use crab_runtime::checkpoint::stats::{Summary, TurnStats};
 use http::{Request, Response};
 use http_body_util::combinators::BoxBody;
@@ -98,7 +98,7 @@ fn now_ns() -> u64 {
 struct Open;
 
 impl Boundary for Open {
-    fn turn(&self) -> Gate {
+    fn turn(&self, _: &TurnContext) -> Gate {
         Gate::open()
     }
 }

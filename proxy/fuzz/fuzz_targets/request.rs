@@ -8,7 +8,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use crab_errkind::{ErrorKind, Failure};
-use crab_proxy::{Boundary, Gate, Limits, Proxy, Sandbox, Upstream};
+use crab_proxy::{Boundary, Gate, Limits, Proxy, Sandbox, TurnContext, Upstream};
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -16,7 +16,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 struct Open;
 
 impl Boundary for Open {
-    fn turn(&self) -> Gate {
+    fn turn(&self, _: &TurnContext) -> Gate {
         Gate::open()
     }
 }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use crab_errkind::{ErrorKind, Failure};
-use crab_proxy::{Boundary, Gate, Proxy, Sandbox, Upstream};
+use crab_proxy::{Boundary, Gate, Proxy, Sandbox, TurnContext, Upstream};
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Frame, Incoming};
@@ -58,7 +58,8 @@ impl hyper::body::Body for ChanBody {
 type StubBody = http_body_util::combinators::BoxBody<Bytes, std::convert::Infallible>;
 
 /// The stub LLM: `POST /v1/chat/completions` answers [`ANSWER`] (after
-/// `?delay_ms=N`), `POST /v1/messages` streams [`SSE`], anything else 200 "ok".
+/// `?delay_ms=N`), `POST /v1/messages` streams [`SSE`], `POST /v1/responses`
+/// breaks off its answer, anything else 200 "ok".
 async fn stub(req: Request<Incoming>, seen: Arc<Mutex<Vec<Seen>>>) -> Response<StubBody> {
     let (parts, body) = req.into_parts();
     // A body the proxy cut (a test of its limits) arrives truncated.
@@ -101,6 +102,20 @@ async fn stub(req: Request<Incoming>, seen: Arc<Mutex<Vec<Seen>>>) -> Response<S
             });
             Response::builder()
                 .header("content-type", "text/event-stream")
+                .body(ChanBody(rx).boxed())
+                .unwrap()
+        }
+        // Promises more than it sends, then ends: the proxy's upstream body fails.
+        "/v1/responses" => {
+            let (tx, rx) = mpsc::channel(1);
+            tokio::spawn(async move {
+                tx.send(Bytes::from_static(b"data: partial\n\n"))
+                    .await
+                    .unwrap();
+            });
+            Response::builder()
+                .header("content-type", "text/event-stream")
+                .header("content-length", "1000")
                 .body(ChanBody(rx).boxed())
                 .unwrap()
         }
@@ -156,6 +171,8 @@ pub struct TestBoundary {
     pub turns: AtomicUsize,
     pub promoted: Arc<AtomicUsize>,
     pub held: Mutex<Vec<Duration>>,
+    /// Each turn's connection, in order.
+    pub contexts: Mutex<Vec<TurnContext>>,
 }
 
 impl TestBoundary {
@@ -165,6 +182,7 @@ impl TestBoundary {
             turns: AtomicUsize::new(0),
             promoted: Arc::new(AtomicUsize::new(0)),
             held: Mutex::new(Vec::new()),
+            contexts: Mutex::new(Vec::new()),
         })
     }
     pub fn turns(&self) -> usize {
@@ -176,8 +194,9 @@ impl TestBoundary {
 }
 
 impl Boundary for TestBoundary {
-    fn turn(&self) -> Gate {
+    fn turn(&self, ctx: &TurnContext) -> Gate {
         self.turns.fetch_add(1, Ordering::SeqCst);
+        self.contexts.lock().unwrap().push(*ctx);
         let gate = match &self.kind {
             GateKind::Open => Gate::open(),
             GateKind::After(d) => {
@@ -185,14 +204,14 @@ impl Boundary for TestBoundary {
                 let sleep = tokio::time::sleep(*d);
                 Gate::new(async move {
                     sleep.await;
-                    Ok(())
+                    Ok(None)
                 })
             }
             GateKind::Manual(n) => {
                 let n = n.clone();
                 Gate::new(async move {
                     n.notified().await;
-                    Ok(())
+                    Ok(None)
                 })
             }
             GateKind::Fail(why) => {
