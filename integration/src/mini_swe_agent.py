@@ -29,6 +29,7 @@ import os
 import sys
 from pathlib import Path
 
+import litellm
 from minisweagent.agents.default import DefaultAgent
 from minisweagent.config import get_config_from_spec
 from minisweagent.environments.docker import DockerEnvironment
@@ -47,6 +48,9 @@ def join_network_namespace(pid: int) -> None:
 
 def main() -> int:
     args = json.loads(sys.argv[1])
+    # litellm prints its list of providers for a model it finds no price for
+    # in its own map (the registry adds it afterwards).
+    litellm.suppress_debug_info = True
     config = get_config_from_spec(args["config"])
 
     env_config = dict(config.get("environment", {}))

@@ -93,6 +93,13 @@ pub fn docker_wrapper(dir: &Path) -> PathBuf {
 
 const T: Duration = Duration::from_secs(60);
 
+/// The model mini-swe-agent is told to use: litellm's OpenAI provider, at `api_base`.
+pub const MODEL: &str = "openai/crab-scripted";
+/// Its price per token in and out (the registry the driver is given), in dollars.
+pub const INPUT_COST: f64 = 1e-6;
+/// See [`INPUT_COST`].
+pub const OUTPUT_COST: f64 = 2e-6;
+
 /// What the driver is told (see `mini_swe_agent.py`).
 pub struct Options<'a> {
     /// The sandbox's image (as dockerd names it).
@@ -126,10 +133,17 @@ impl Agent {
         let docker = docker_wrapper(dir.path());
         let driver = dir.path().join("driver.py");
         std::fs::write(&driver, DRIVER).expect("write the driver");
+        // The model's price, so that mini-swe-agent counts each call's cost as it
+        // would a real model's (its `litellm_model_registry`).
+        let registry = dir.path().join("registry.json");
+        let price = serde_json::json!({MODEL: {"litellm_provider": "openai", "mode": "chat",
+            "max_tokens": 8192, "input_cost_per_token": INPUT_COST,
+            "output_cost_per_token": OUTPUT_COST}});
+        std::fs::write(&registry, price.to_string()).expect("write the model registry");
         let args = serde_json::json!({
             "image": o.image, "run_args": o.run_args, "docker": docker,
             "config": o.config, "model_class": o.model_class,
-            "model": "openai/crab-scripted", "api_base": format!("http://{LISTEN}/v1"),
+            "model": MODEL, "api_base": format!("http://{LISTEN}/v1"),
             "task": o.task, "trajectory": dir.path().join("trajectory.json"),
         });
         let stderr = std::fs::File::create(dir.path().join("stderr")).expect("stderr file");
@@ -144,12 +158,12 @@ impl Agent {
             .env("HOME", dir.path())
             // Nothing but the LLM: litellm's cost map from its package, not the
             // network; mini-swe-agent's settings from an empty directory; no
-            // banner; no cost for a model it does not know; no retries (a
-            // failed request fails the run, and every request is a turn).
+            // banner; no retries (a failed request fails the run, and every
+            // request is a turn).
             .env("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+            .env("LITELLM_MODEL_REGISTRY_PATH", &registry)
             .env("MSWEA_GLOBAL_CONFIG_DIR", dir.path().join("config"))
             .env("MSWEA_SILENT_STARTUP", "1")
-            .env("MSWEA_COST_TRACKING", "ignore_errors")
             .env("MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT", "1")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())

@@ -16,7 +16,7 @@
 use std::time::{Duration, Instant};
 
 use crab_integration::docker::{docker_inspect, DockerGuard, DOCKER_PYTHON, DOCKER_RUNTIME, MOBY};
-use crab_integration::mini_swe_agent::{Agent, Options, Proxy};
+use crab_integration::mini_swe_agent::{Agent, Options, Proxy, INPUT_COST, OUTPUT_COST};
 use crab_integration::openai::{Scripted, Step};
 use crab_integration::{address, text};
 use serde_json::Value;
@@ -154,17 +154,32 @@ fn run(model_class: &str, config: &str) {
         "tools offered"
     );
 
-    // One entry in the sandbox's history per chat completions request.
+    // mini-swe-agent counted each call, at the registry's price (the server's
+    // usage: 100 tokens in, 20 out).
+    let stats = &trajectory["info"]["model_stats"];
+    assert_eq!(stats["api_calls"], chats.len(), "{stats}");
+    let cost = chats.len() as f64 * (100.0 * INPUT_COST + 20.0 * OUTPUT_COST);
+    let counted = stats["instance_cost"].as_f64().unwrap_or(0.0);
+    assert!((counted - cost).abs() < 1e-9, "{stats}, not {cost}");
+
+    // One entry in the sandbox's history per chat completions request: the
+    // request after step i ends the turn in which step i's command ran.
     let history: Vec<Value> = serde_json::from_str(&crabctl_moby(&["ls", &agent.id, "--json"]))
         .expect("crabctl ls --json is JSON");
-    eprintln!("{:<4} {:<14} {:<10} name", "#", "kind", "bytes");
+    eprintln!(
+        "{:<4} {:<9} {:>10}  the turn's command",
+        "seq", "kind", "images"
+    );
     for (i, h) in history.iter().enumerate() {
+        let command = match i {
+            0 => "(none: the sandbox's start)",
+            i => script.get(i - 1).map_or("?", |(s, _)| s.command.as_str()),
+        };
         eprintln!(
-            "{:<4} {:<14} {:<10} {}",
-            i,
+            "{:<4} {:<9} {:>10}  {command}",
+            h["seq"].as_u64().unwrap_or(0),
             h["kind"].as_str().unwrap_or("?"),
-            h["bytes"].as_u64().map_or("?".into(), |b| b.to_string()),
-            h["name"].as_str().unwrap_or("")
+            h["process_bytes"].as_u64().unwrap_or(0)
         );
     }
     assert_eq!(
@@ -173,6 +188,9 @@ fn run(model_class: &str, config: &str) {
         "requests: {log:#?}\nhistory: {history:#?}\nproxy log:\n{}",
         std::fs::read_to_string(&proxy_log).unwrap_or_default()
     );
+    // The turn of the write took the file system (the read-only turns may skip).
+    let write = &history[2]["kind"];
+    assert!(write == "fs-only" || write == "full", "{history:#?}");
 
     // The driver ends once told, with mini-swe-agent's success.
     assert_eq!(agent.finish(), Some(0), "stderr:\n{}", agent.stderr());
