@@ -3,7 +3,8 @@
 # project. Idempotent: every step checks whether its result is already there.
 #
 #   hack/setup.sh            # packages, CRIU, containerd, tracefs, shim, test images,
-#                            # Docker 26 in an isolated trixie root (hack/docker.sh)
+#                            # Docker 26 in an isolated trixie root (hack/docker.sh),
+#                            # mini-swe-agent in a venv (hack/mini-swe-agent.sh)
 #   CRAB_SKIP_BUILD=1 ...    # everything but the cargo build and shim install
 set -euo pipefail
 
@@ -61,6 +62,8 @@ install_packages() {
         # CRIU saves and locks a network namespace's rules with these (runc's dumps
         # fail without them; Crab locks with nftables but still saves iptables rules)
         iptables tar
+        # mini-swe-agent's venv (hack/mini-swe-agent.sh)
+        python3-venv
         # CRIU build dependencies (bookworm versions are fine)
         libprotobuf-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler
         python3-protobuf libnl-3-dev libnet1-dev libcap-dev libaio-dev
@@ -159,6 +162,11 @@ docker_root() {
     "$ROOT/hack/docker.sh" install
 }
 
+mini_swe_agent() {
+    # mini-swe-agent from PyPI in a venv of its own, for tests/mini_swe_agent.rs.
+    "$ROOT/hack/mini-swe-agent.sh" install
+}
+
 storage_pools() {
     "$ROOT/hack/pool.sh"
     # ZFS for the zfs backend (the zfs-fuse daemon where the kernel has no ZFS).
@@ -175,4 +183,5 @@ storage_pools
 build_shim
 build_images
 docker_root
+mini_swe_agent
 log "done"

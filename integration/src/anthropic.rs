@@ -312,7 +312,7 @@ fn sse(model: &str, i: usize, step: &Step) -> String {
 
 /// Reads one HTTP/1 request: method, target and body (by Content-Length or
 /// chunked).
-fn read_request(conn: &TcpStream) -> Option<(String, String, Vec<u8>)> {
+pub(crate) fn read_request(conn: &TcpStream) -> Option<(String, String, Vec<u8>)> {
     let mut r = BufReader::new(conn.try_clone().ok()?);
     let mut line = String::new();
     r.read_line(&mut line).ok()?;

@@ -20,6 +20,8 @@ pub mod crash;
 pub mod cri;
 pub mod docker;
 pub mod llm;
+pub mod mini_swe_agent;
+pub mod openai;
 pub mod pty;
 pub mod ttrpc;
 use std::path::{Path, PathBuf};
