@@ -185,12 +185,13 @@ impl Sandbox for Target {
         }
     }
 
-    fn rollback(&self, checkpoint: &str) -> Result<Value, Failure> {
+    fn rollback(&self, checkpoint: &str, caller: &TurnContext) -> Result<Value, Failure> {
         let request = Request::Rollback {
             namespace: self.namespace.clone(),
             id: self.id.clone(),
             checkpoint: checkpoint.to_string(),
-            caller: None,
+            // The shim checks whether a process of the sandbox holds it.
+            caller: agent_conn(true, caller),
         };
         // The shim tells this proxy (SIGHUP) to listen in the new namespace.
         match self.call(request, TURN_TIMEOUT)? {
@@ -226,9 +227,10 @@ impl Sandbox for Target {
     }
 }
 
-/// The agent's connection for the shim, when journaling (without a journal the
-/// shim must not skip the agent's checkpoints, so it need not know it): the
-/// proxy's view reversed, the agent's socket being the proxy's peer.
+/// The caller's connection for the shim: the proxy's view reversed, the
+/// caller's socket being the proxy's peer. For a turn only when journaling
+/// (without a journal the shim must not skip the agent's checkpoints, so it
+/// need not know it); for a rollback always.
 fn agent_conn(journal: bool, ctx: &TurnContext) -> Option<AgentConn> {
     match (journal, ctx.peer, ctx.local) {
         (true, Some(local), Some(remote)) => Some(AgentConn { local, remote }),

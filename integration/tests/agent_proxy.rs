@@ -303,10 +303,12 @@ fn an_agent_inside_that_rolls_back_gets_the_answer_and_only_its_files_go_back() 
     // and got the rollback's answer, which says the processes were kept.
     assert_eq!(r["file"], "v1", "{r}");
     assert_eq!(r["memory"], json!(["started", "a", "rolled back"]), "{r}");
-    assert_eq!(r["pid"].as_i64(), Some(i64::from(pid)), "{r}");
+    // The agent is the init (pid 1 in its namespace), and it was not replaced.
+    assert_eq!(r["pid"].as_i64(), Some(1), "{r}");
     let report = &r["answer"]["rolled_back"];
     assert_eq!(report["checkpoint"]["name"], "a", "{r}");
     assert_eq!(report["processes"], false, "{r}");
+    assert_eq!(report["pid"].as_i64(), Some(i64::from(pid)), "{r}");
     assert_eq!(g.pid(), pid, "the init was replaced");
     // The rollback changed the files behind the inspector: the next turn takes them.
     let dry = crabctl_ok(&["turn", &g.id, "--dry-run"]);

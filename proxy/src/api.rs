@@ -14,6 +14,7 @@ use serde_json::{json, Value};
 use crate::limits::{BodyError, GuardedBody};
 use crate::ratelimit::limited;
 use crate::server::{full, Body};
+use crate::turn::TurnContext;
 
 /// The agent API's requests are small JSON objects; more is refused.
 const MAX_BODY: usize = 64 * 1024;
@@ -32,7 +33,13 @@ pub trait Sandbox: Send + Sync + 'static {
     /// Takes a checkpoint now, optionally named; returns its entry.
     fn checkpoint(&self, name: Option<String>) -> std::result::Result<Value, Failure>;
     /// Rolls the container back to `checkpoint` (a name or a sequence number).
-    fn rollback(&self, checkpoint: &str) -> std::result::Result<Value, Failure>;
+    /// `caller`: the connection the request came on (the caller may live in the
+    /// sandbox: then only its files should go back, so that it gets the answer).
+    fn rollback(
+        &self,
+        checkpoint: &str,
+        caller: &TurnContext,
+    ) -> std::result::Result<Value, Failure>;
     /// Starts `count` copies of the container from `checkpoint` (the latest
     /// when `None`); returns the new containers' ids.
     fn fork(
@@ -155,13 +162,14 @@ impl Op {
     pub(crate) async fn run(
         self,
         sandbox: Arc<dyn Sandbox>,
+        caller: TurnContext,
     ) -> std::result::Result<Value, Failure> {
         tokio::task::spawn_blocking(move || {
             Ok(match self {
                 Op::List => json!({ "checkpoints": sandbox.list()? }),
                 Op::Checkpoint { name } => json!({ "checkpoint": sandbox.checkpoint(name)? }),
                 Op::Rollback { checkpoint } => {
-                    json!({ "rolled_back": sandbox.rollback(&checkpoint)? })
+                    json!({ "rolled_back": sandbox.rollback(&checkpoint, &caller)? })
                 }
                 Op::Fork { checkpoint, count } => {
                     json!({ "ids": sandbox.fork(checkpoint, count)? })
@@ -262,7 +270,11 @@ pub(crate) async fn read_json(
 }
 
 /// Answers a request under `/.crab/`.
-pub(crate) async fn handle(agent: Option<&Agent>, req: Request<GuardedBody>) -> Response<Body> {
+pub(crate) async fn handle(
+    agent: Option<&Agent>,
+    req: Request<GuardedBody>,
+    caller: TurnContext,
+) -> Response<Body> {
     let (method, path) = (req.method().clone(), req.uri().path().to_string());
     limited!(info, %method, %path, "agent API");
     let Some(agent) = agent else {
@@ -288,7 +300,7 @@ pub(crate) async fn handle(agent: Option<&Agent>, req: Request<GuardedBody>) -> 
     }
     let sandbox = agent.sandbox.clone();
     let kind = match (path.as_str(), &method) {
-        ("/.crab/mcp", &Method::POST) => return crate::mcp::handle(sandbox, req).await,
+        ("/.crab/mcp", &Method::POST) => return crate::mcp::handle(sandbox, req, caller).await,
         ("/.crab/mcp", _) => return method_not_allowed("POST"),
         ("/.crab/v1/checkpoints", &Method::GET) => Kind::List,
         ("/.crab/v1/checkpoints", &Method::POST) => Kind::Checkpoint,
@@ -315,7 +327,7 @@ pub(crate) async fn handle(agent: Option<&Agent>, req: Request<GuardedBody>) -> 
         Err(msg) => return error(StatusCode::BAD_REQUEST, msg),
     };
     let created = matches!(op, Op::Checkpoint { .. });
-    match op.run(sandbox).await {
+    match op.run(sandbox, caller).await {
         Ok(v) if created => json_response(StatusCode::CREATED, &v),
         Ok(v) => json_response(StatusCode::OK, &v),
         Err(failure) => {

@@ -10,6 +10,7 @@ use serde_json::{json, Value};
 use crate::api::{json_response, read_json, Kind, Op, Sandbox, MAX_FORKS};
 use crate::limits::GuardedBody;
 use crate::server::{full, Body};
+use crate::turn::TurnContext;
 
 /// Protocol versions this server speaks, the newest first (the answer when the
 /// client asks for one it does not know).
@@ -92,7 +93,11 @@ fn rpc_error(id: &Value, code: i64, message: impl Into<String>) -> Value {
 }
 
 /// Answers one HTTP request to the MCP endpoint.
-pub(crate) async fn handle(sandbox: Arc<dyn Sandbox>, req: Request<GuardedBody>) -> Response<Body> {
+pub(crate) async fn handle(
+    sandbox: Arc<dyn Sandbox>,
+    req: Request<GuardedBody>,
+    caller: TurnContext,
+) -> Response<Body> {
     let msg = match read_json(req.into_body()).await {
         Ok(Value::Null) => {
             let e = rpc_error(&Value::Null, INVALID_REQUEST, "empty body");
@@ -132,7 +137,7 @@ pub(crate) async fn handle(sandbox: Arc<dyn Sandbox>, req: Request<GuardedBody>)
         );
     };
     let params = msg.get("params").cloned().unwrap_or(Value::Null);
-    let answer = match call(sandbox, method, params).await {
+    let answer = match call(sandbox, method, params, caller).await {
         Ok(result) => json!({"jsonrpc": "2.0", "id": id, "result": result}),
         Err((code, message)) => rpc_error(&id, code, message),
     };
@@ -143,6 +148,7 @@ async fn call(
     sandbox: Arc<dyn Sandbox>,
     method: &str,
     params: Value,
+    caller: TurnContext,
 ) -> std::result::Result<Value, (i64, String)> {
     match method {
         "initialize" => {
@@ -170,7 +176,7 @@ async fn call(
             // Bad arguments and sandbox failures are the tool's result, so the
             // LLM sees them and can correct its call.
             let outcome = match Op::parse(*kind, args) {
-                Ok(op) => op.run(sandbox).await.map_err(|f| f.message),
+                Ok(op) => op.run(sandbox, caller).await.map_err(|f| f.message),
                 Err(why) => Err(format!("bad arguments: {why}")),
             };
             Ok(match outcome {

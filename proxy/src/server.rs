@@ -285,7 +285,7 @@ impl Proxy {
         let cut = Cut::default();
         let req = req.map(|body| GuardedBody::new(body, &self.limits, cut.clone()));
         if api::is_reserved(target.path()) {
-            return api::handle(self.sandbox.as_ref(), req).await;
+            return api::handle(self.sandbox.as_ref(), req, ctx).await;
         }
         self.forward(req, target, cut, ctx).await
     }

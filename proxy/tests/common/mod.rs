@@ -260,7 +260,7 @@ impl Sandbox for TestSandbox {
             _ => Ok(json!({"seq": 2, "name": name})),
         }
     }
-    fn rollback(&self, checkpoint: &str) -> Result<Value, Failure> {
+    fn rollback(&self, checkpoint: &str, _caller: &TurnContext) -> Result<Value, Failure> {
         self.record(format!("rollback {checkpoint}"));
         match checkpoint {
             "missing" => Err(Failure::new(

@@ -1,0 +1,155 @@
+//! Claude Code inside the sandbox with fast-forward (`io.crab.agent.fast-forward`,
+//! docs/agents.md): the turns where only the agent did something (it read files,
+//! ran read-only commands, wrote its transcript) are skipped; after a crash the
+//! sandbox comes back from its newest checkpoint, whose agent is older, and the
+//! proxy answers the agent's repeated requests from its journal until it is
+//! where it was, without asking the LLM again.
+
+// Needs root and the private containerd: built only with the `host-tests` feature (hack/test.sh enables it).
+#![cfg(feature = "host-tests")]
+
+use std::process::Command;
+use std::time::Duration;
+
+use crab_integration::anthropic::{Scripted, Step};
+use crab_integration::{claude, crabctl_ok, namespace, shim_pids, state_dir, Guard};
+use serde_json::{json, Value};
+
+const TASK: &str = "Look around, then write /root/notes.md.";
+const NOTES: &str = "# Notes\n\nWritten after looking around.\n";
+
+/// The annotations of a fast-forwarded Claude Code: its stream-json output file
+/// is its own state, as its transcript is.
+const FAST_FORWARD: &[&str] = &[
+    "--annotation",
+    "io.crab.agent.fast-forward=true",
+    "--annotation",
+    "io.crab.agent.state-paths=/root/.claude,/tmp/claude-0,/tmp/claude.out,/tmp/claude.err",
+];
+
+fn bash(command: &str) -> Step {
+    Step::Tool(
+        "Bash",
+        json!({"command": command, "description": "look around"}),
+    )
+}
+
+/// Five read-only commands, a write, two reads, and the answer.
+fn script() -> Vec<Step> {
+    vec![
+        bash("cat /etc/os-release"),
+        bash("ls -la /root /usr/local/bin"),
+        bash("grep -c root /etc/passwd"),
+        bash("head -3 /etc/group && wc -l /etc/services"),
+        bash("find /etc -maxdepth 1 -name '*.conf' | sort | head"),
+        Step::Tool(
+            "Write",
+            json!({"file_path": "/root/notes.md", "content": NOTES}),
+        ),
+        bash("cat /root/notes.md"),
+        bash("ls -la /root"),
+        Step::Text("Done: notes.md is written."),
+    ]
+}
+
+/// The sandbox's history: (seq, kind) of each entry.
+fn kinds(g: &Guard) -> Vec<(u64, String)> {
+    let history: Vec<Value> =
+        serde_json::from_str(&crabctl_ok(&["ls", &g.id, "--json"])).expect("crabctl ls --json");
+    history
+        .iter()
+        .map(|e| {
+            (
+                e["seq"].as_u64().unwrap_or(0),
+                e["kind"].as_str().unwrap_or("?").to_string(),
+            )
+        })
+        .collect()
+}
+
+/// Main-loop requests the server saw, by step.
+fn steps_seen(llm: &Scripted) -> Vec<usize> {
+    llm.seen().iter().filter_map(|s| s.step).collect()
+}
+
+#[test]
+fn claude_codes_read_only_turns_are_skipped_and_its_writes_are_full() {
+    let llm = Scripted::start(script());
+    let g = claude::run(&llm, TASK, FAST_FORWARD);
+    let (code, out, err) = claude::finished(&g, &llm, Duration::from_secs(240));
+    assert_eq!(code, "0", "stdout: {out}\nstderr: {err}");
+    assert_eq!(g.exec_ok(&["cat", "/root/notes.md"]), NOTES);
+    assert_eq!(steps_seen(&llm), (0..9).collect::<Vec<_>>());
+    let kinds = kinds(&g);
+    eprintln!("history (seq, kind): {kinds:?}");
+    let skipped = kinds.iter().filter(|(_, k)| k == "skip").count();
+    eprintln!(
+        "| turns | skipped | share |\n| {} | {skipped} | {:.0}% |",
+        kinds.len(),
+        100.0 * skipped as f64 / kinds.len() as f64
+    );
+    // The first turn takes everything; the read-only ones after it are skipped.
+    // The write's turn (the request after the Write step) is full.
+    assert!(
+        skipped >= 4,
+        "{skipped} of {} turns skipped: {kinds:?}",
+        kinds.len()
+    );
+    assert!(kinds.iter().skip(1).any(|(_, k)| k == "full"), "{kinds:?}");
+}
+
+/// The crash: SIGKILL to the sandbox's shim and init (the kernel kills the rest of
+/// its pid namespace), nobody waiting for anyone to notice.
+fn crash(g: &Guard) {
+    let mut victims = shim_pids(&g.id);
+    victims.push(g.pid());
+    for pid in victims {
+        let status = Command::new("kill")
+            .args(["-9", &pid.to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill -9 {pid}");
+    }
+}
+
+#[test]
+fn after_a_crash_claude_code_is_fast_forwarded_from_the_journal_and_finishes() {
+    let llm = Scripted::start(script());
+    // The crash comes while the agent waits for step 5 (the Write): steps 1-4
+    // were read-only turns, skipped.
+    llm.hold_step(5);
+    let g = claude::run(&llm, TASK, FAST_FORWARD);
+    assert!(
+        llm.wait_held(Duration::from_secs(180)),
+        "Claude Code never asked for step 5: {:#?}",
+        claude::requests(&llm)
+    );
+    let before = kinds(&g);
+    eprintln!("history before the crash: {before:?}");
+    crash(&g);
+    llm.let_go();
+    let out = crabctl_ok(&["restore", &g.id]);
+    eprintln!("{out}");
+    let (code, out, err) = claude::finished(&g, &llm, Duration::from_secs(240));
+    assert_eq!(code, "0", "stdout: {out}\nstderr: {err}");
+    assert_eq!(g.exec_ok(&["cat", "/root/notes.md"]), NOTES);
+    let seen = steps_seen(&llm);
+    eprintln!("steps the server answered: {seen:?}");
+    // Steps 0-4 once each: after the restore, their answers came from the
+    // journal. Step 5 twice (its answer was never released before the crash).
+    let mut expected: Vec<usize> = (0..9).collect();
+    expected.insert(6, 5);
+    assert_eq!(seen, expected, "{:#?}", claude::requests(&llm));
+    // The proxy says so: the restored agent (its image is the first turn's) got
+    // the answers of steps 0-4 from the journal, then went live at step 5.
+    let log = state_dir()
+        .join(namespace())
+        .join(format!("{}.proxy.log", g.id));
+    let log = std::fs::read_to_string(&log).unwrap_or_default();
+    let line = log
+        .lines()
+        .find(|l| l.contains("fast-forward: ") && l.contains("answers replayed"))
+        .unwrap_or_else(|| panic!("no fast-forward line in the proxy log:\n{log}"));
+    eprintln!("{line}");
+    assert!(line.contains("fast-forward: 5 answers replayed"), "{line}");
+}
