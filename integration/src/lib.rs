@@ -464,3 +464,28 @@ pub fn crabctl_ok(args: &[&str]) -> String {
     assert!(out.status.success(), "crabctl {args:?}: {o}{e}");
     o
 }
+
+/// The network interfaces of process `pid`'s namespace, by name.
+pub fn interfaces(pid: i32) -> Vec<String> {
+    let dev = std::fs::read_to_string(format!("/proc/{pid}/net/dev"))
+        .unwrap_or_else(|e| panic!("/proc/{pid}/net/dev: {e}"));
+    dev.lines()
+        .skip(2)
+        .filter_map(|l| l.split(':').next().map(|n| n.trim().to_string()))
+        .collect()
+}
+
+/// Kills container `g`'s shim and init with SIGKILL (the kernel kills the rest of
+/// its pid namespace), and waits for nobody to notice: a crash.
+pub fn kill_shim_and_init(g: &Guard) {
+    let mut victims = shim_pids(&g.id);
+    assert_eq!(victims.len(), 1, "one shim serves {}", g.id);
+    victims.push(g.pid());
+    for pid in victims {
+        let status = std::process::Command::new("kill")
+            .args(["-9", &pid.to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill -9 {pid}");
+    }
+}

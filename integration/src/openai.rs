@@ -45,18 +45,8 @@ impl Step {
     }
 }
 
-/// One request as the server saw it.
-#[derive(Clone, Debug)]
-pub struct Seen {
-    /// The method.
-    pub method: String,
-    /// The request target (path and query).
-    pub target: String,
-    /// The body, parsed (`Null` when it was empty or not JSON).
-    pub body: Value,
-    /// The index of the step it was answered with, for chat completions.
-    pub step: Option<usize>,
-}
+/// One request as the server saw it (the same record as the Anthropic server's).
+pub use crate::anthropic::Seen;
 
 impl Seen {
     /// Whether it is a chat completions call (what the turn proxy counts as a turn).

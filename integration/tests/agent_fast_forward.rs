@@ -8,11 +8,10 @@
 // Needs root and the private containerd: built only with the `host-tests` feature (hack/test.sh enables it).
 #![cfg(feature = "host-tests")]
 
-use std::process::Command;
 use std::time::Duration;
 
 use crab_integration::anthropic::{Scripted, Step};
-use crab_integration::{claude, crabctl_ok, namespace, shim_pids, state_dir, Guard};
+use crab_integration::{claude, crabctl_ok, kill_shim_and_init, namespace, state_dir, Guard};
 use serde_json::{json, Value};
 
 const TASK: &str = "Look around, then write /root/notes.md.";
@@ -98,20 +97,6 @@ fn claude_codes_read_only_turns_are_skipped_and_its_writes_are_full() {
     assert!(kinds.iter().skip(1).any(|(_, k)| k == "full"), "{kinds:?}");
 }
 
-/// The crash: SIGKILL to the sandbox's shim and init (the kernel kills the rest of
-/// its pid namespace), nobody waiting for anyone to notice.
-fn crash(g: &Guard) {
-    let mut victims = shim_pids(&g.id);
-    victims.push(g.pid());
-    for pid in victims {
-        let status = Command::new("kill")
-            .args(["-9", &pid.to_string()])
-            .status()
-            .expect("kill");
-        assert!(status.success(), "kill -9 {pid}");
-    }
-}
-
 #[test]
 fn after_a_crash_claude_code_is_fast_forwarded_from_the_journal_and_finishes() {
     let llm = Scripted::start(script());
@@ -126,7 +111,7 @@ fn after_a_crash_claude_code_is_fast_forwarded_from_the_journal_and_finishes() {
     );
     let before = kinds(&g);
     eprintln!("history before the crash: {before:?}");
-    crash(&g);
+    kill_shim_and_init(&g);
     llm.let_go();
     let out = crabctl_ok(&["restore", &g.id]);
     eprintln!("{out}");

@@ -15,7 +15,7 @@
 use std::time::Duration;
 
 use crab_integration::anthropic::{tool_use_id, Scripted, Step};
-use crab_integration::{claude, crabctl_ok};
+use crab_integration::{claude, crabctl_ok, interfaces};
 use serde_json::{json, Value};
 
 /// What Claude Code is asked to do; the script below does it.
@@ -46,13 +46,7 @@ fn claude_code_runs_a_scripted_task_through_the_proxy_one_checkpoint_per_request
     let g = claude::run(&llm, TASK, &[]);
     let pid = g.pid();
     // Loopback is the sandbox's only interface: the proxy is its only way out.
-    let dev = std::fs::read_to_string(format!("/proc/{pid}/net/dev")).expect("the init's net/dev");
-    let ifaces: Vec<&str> = dev
-        .lines()
-        .skip(2)
-        .filter_map(|l| l.split(':').next().map(str::trim))
-        .collect();
-    assert_eq!(ifaces, ["lo"], "{dev}");
+    assert_eq!(interfaces(pid), ["lo"]);
     // Claude Code is not told where its LLM is: the shim injected the proxy.
     let environ = std::fs::read(format!("/proc/{pid}/environ")).expect("the init's environ");
     assert!(

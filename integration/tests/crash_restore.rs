@@ -8,7 +8,6 @@
 // Needs root and the private containerd: built only with the `host-tests` feature (hack/test.sh enables it).
 #![cfg(feature = "host-tests")]
 
-use std::process::Command;
 use std::time::Duration;
 
 use crab_integration::llm;
@@ -33,21 +32,6 @@ fn count(g: &Guard) -> u64 {
     g.number("/tmp/count")
 }
 
-/// The crash: SIGKILL to the container's shim and init (the kernel kills the rest
-/// of its pid namespace), and nothing waits for anyone to notice.
-fn crash(g: &Guard) {
-    let mut victims = shim_pids(&g.id);
-    assert_eq!(victims.len(), 1, "one shim serves {}", g.id);
-    victims.push(g.pid());
-    for pid in victims {
-        let status = Command::new("kill")
-            .args(["-9", &pid.to_string()])
-            .status()
-            .expect("kill");
-        assert!(status.success(), "kill -9 {pid}");
-    }
-}
-
 /// Writes `/f` = `value` and takes checkpoint `name`; returns the count just before.
 fn checkpoint_with(g: &Guard, value: &str, name: &str) -> u64 {
     g.exec_ok(&["sh", "-c", &format!("echo {value} > /f")]);
@@ -64,7 +48,7 @@ fn a_container_killed_with_its_shim_is_restored_at_once_from_its_newest_checkpoi
     let at = checkpoint_with(&g, "newest", "newest");
     g.exec_ok(&["sh", "-c", "echo lost > /f && echo lost > /lost"]);
     let old_shim = shim_pids(&g.id);
-    crash(&g);
+    kill_shim_and_init(&g);
     let out = crabctl_ok(&["restore", &g.id]);
     assert!(out.contains("restored from checkpoint newest"), "{out}");
     assert!(out.contains("the old task cleared in"), "{out}");
@@ -101,7 +85,7 @@ fn a_sandbox_killed_with_its_shim_gets_its_proxy_back_in_the_same_restore() {
     assert_eq!(old_proxy.len(), 1, "one proxy per container");
     let at = checkpoint_with(&g, "kept", "safe");
     g.exec_ok(&["sh", "-c", "echo lost > /f"]);
-    crash(&g);
+    kill_shim_and_init(&g);
     let out = crabctl_ok(&["restore", &g.id]);
     assert!(out.contains("restored from checkpoint safe"), "{out}");
     // The new proxy was started by the restore; the old one ends on its own

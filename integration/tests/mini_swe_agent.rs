@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use crab_integration::docker::{docker_inspect, DockerGuard, DOCKER_PYTHON, DOCKER_RUNTIME, MOBY};
 use crab_integration::mini_swe_agent::{Agent, Options, Proxy, INPUT_COST, OUTPUT_COST};
 use crab_integration::openai::{Scripted, Step};
-use crab_integration::{address, text};
+use crab_integration::{address, interfaces, text};
 use serde_json::Value;
 
 const TASK: &str = "Write 'hello from mini-swe-agent' to /root/hello.txt, check it, and submit.";
@@ -89,13 +89,7 @@ fn run(model_class: &str, config: &str) {
         .parse()
         .expect("the sandbox init's pid");
     // Loopback is the sandbox's only interface: the proxy is the agent's only way out.
-    let dev = std::fs::read_to_string(format!("/proc/{pid}/net/dev")).expect("net/dev");
-    let ifaces: Vec<&str> = dev
-        .lines()
-        .skip(2)
-        .filter_map(|l| l.split(':').next().map(str::trim))
-        .collect();
-    assert_eq!(ifaces, ["lo"], "{dev}");
+    assert_eq!(interfaces(pid), ["lo"]);
 
     agent.go(pid);
     let result: Value = serde_json::from_str(&agent.line("result ", Duration::from_secs(300)))

@@ -95,20 +95,65 @@ fn sse() -> Vec<u8> {
     SSE.concat().into_bytes()
 }
 
-#[tokio::test]
-async fn an_sse_answer_is_journaled_byte_identical_under_its_checkpoint_seq() {
+/// A journal in a fresh directory, and a proxy to a fresh stub LLM that
+/// records into it, its turns checkpoints 41, 42, ...
+struct Journaled {
+    _dir: tempfile::TempDir,
+    jdir: PathBuf,
+    proxy: SocketAddr,
+    boundary: Arc<SeqBoundary>,
+}
+
+async fn journaled() -> Journaled {
     let (up, _) = start_stub().await;
     let dir = tempfile::tempdir().unwrap();
     let jdir = dir.path().join("journal");
     let journal = Arc::new(Journal::open(&jdir).unwrap());
     let boundary = SeqBoundary::new(41, &jdir);
     let proxy = start(up, boundary.clone(), journal);
+    Journaled {
+        _dir: dir,
+        jdir,
+        proxy,
+        boundary,
+    }
+}
+
+/// After a restore whose plan is checkpoints `from..=to`: a new proxy on the
+/// same journal, to a new stub LLM (what it saw), its turns from `next`.
+async fn restored(
+    jdir: &Path,
+    from: u64,
+    to: u64,
+    next: u64,
+) -> (
+    SocketAddr,
+    Arc<SeqBoundary>,
+    Arc<Journal>,
+    Arc<Mutex<Vec<Seen>>>,
+) {
+    std::fs::write(
+        jdir.join(REPLAY_PLAN),
+        format!(r#"{{"from": {from}, "to": {to}}}"#),
+    )
+    .unwrap();
+    let (up, seen) = start_stub().await;
+    let journal = Arc::new(Journal::open(jdir).unwrap());
+    let boundary = SeqBoundary::new(next, jdir);
+    let proxy = start(up, boundary.clone(), journal.clone());
+    (proxy, boundary, journal, seen)
+}
+
+#[tokio::test]
+async fn an_sse_answer_is_journaled_byte_identical_under_its_checkpoint_seq() {
+    let Journaled { jdir, proxy, .. } = &journaled().await;
+    let (jdir, proxy) = (jdir.as_path(), *proxy);
 
     let got = send(proxy, "POST", "/v1/messages?beta=true", REQUEST).await;
     assert_eq!(got.body(), sse());
     assert_eq!(got.frames.len(), SSE.len(), "still streamed chunk by chunk");
 
-    let file = exchange(&jdir, 41).await;
+    let file = exchange(jdir, 41).await;
     let nl = file.iter().position(|&b| b == b'\n').unwrap();
     let header: serde_json::Value = serde_json::from_slice(&file[..nl]).unwrap();
     let digest = hex_sha256(format!("/v1/messages\n{REQUEST}").as_bytes());
@@ -122,31 +167,24 @@ async fn an_sse_answer_is_journaled_byte_identical_under_its_checkpoint_seq() {
         sse().as_slice(),
         "the body as the agent got it"
     );
-    assert_eq!(names(&jdir), ["41.exchange"], "no partial left");
+    assert_eq!(names(jdir), ["41.exchange"], "no partial left");
     use std::os::unix::fs::PermissionsExt;
-    let mode = std::fs::metadata(&jdir).unwrap().permissions().mode();
+    let mode = std::fs::metadata(jdir).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o700);
 }
 
 #[tokio::test]
 async fn a_replayed_request_gets_the_same_bytes_without_a_turn_or_the_llm() {
-    let dir = tempfile::tempdir().unwrap();
-    let jdir = dir.path().join("journal");
     // Before the crash: two turns journaled.
-    let (up, _) = start_stub().await;
-    let journal = Arc::new(Journal::open(&jdir).unwrap());
-    let proxy = start(up, SeqBoundary::new(41, &jdir), journal);
+    let Journaled { jdir, proxy, .. } = &journaled().await;
+    let (jdir, proxy) = (jdir.as_path(), *proxy);
     let live = send(proxy, "POST", "/v1/messages", REQUEST).await;
     let live2 = send(proxy, "POST", "/v1/chat/completions", OTHER).await;
-    exchange(&jdir, 42).await;
+    exchange(jdir, 42).await;
 
     // Restored to before both: a new proxy, a new LLM that must not be asked.
-    std::fs::write(jdir.join(REPLAY_PLAN), r#"{"from": 41, "to": 42}"#).unwrap();
-    let (up, seen) = start_stub().await;
-    let journal = Arc::new(Journal::open(&jdir).unwrap());
+    let (proxy, boundary, journal, seen) = restored(jdir, 41, 42, 43).await;
     assert!(!jdir.join(REPLAY_PLAN).exists(), "the plan is used once");
-    let boundary = SeqBoundary::new(43, &jdir);
-    let proxy = start(up, boundary.clone(), journal.clone());
 
     let again = send(proxy, "POST", "/v1/messages?beta=true", REQUEST).await;
     assert_eq!(again.status, live.status);
@@ -166,25 +204,18 @@ async fn a_replayed_request_gets_the_same_bytes_without_a_turn_or_the_llm() {
     assert_eq!(live3.body(), sse());
     assert_eq!(boundary.turns(), 1);
     assert_eq!(seen.lock().unwrap().len(), 1);
-    exchange(&jdir, 43).await;
+    exchange(jdir, 43).await;
 }
 
 #[tokio::test]
 async fn a_divergent_request_goes_live_and_ends_the_replay() {
-    let dir = tempfile::tempdir().unwrap();
-    let jdir = dir.path().join("journal");
-    let (up, _) = start_stub().await;
-    let journal = Arc::new(Journal::open(&jdir).unwrap());
-    let proxy = start(up, SeqBoundary::new(41, &jdir), journal);
+    let Journaled { jdir, proxy, .. } = &journaled().await;
+    let (jdir, proxy) = (jdir.as_path(), *proxy);
     send(proxy, "POST", "/v1/chat/completions", REQUEST).await;
     send(proxy, "POST", "/v1/chat/completions", OTHER).await;
-    exchange(&jdir, 42).await;
+    exchange(jdir, 42).await;
 
-    std::fs::write(jdir.join(REPLAY_PLAN), r#"{"from": 41, "to": 42}"#).unwrap();
-    let (up, seen) = start_stub().await;
-    let journal = Arc::new(Journal::open(&jdir).unwrap());
-    let boundary = SeqBoundary::new(43, &jdir);
-    let proxy = start(up, boundary.clone(), journal.clone());
+    let (proxy, boundary, journal, seen) = restored(jdir, 41, 42, 43).await;
 
     // The restored agent asks something else first (its clock, say, differs).
     let diverged = "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi!\"}]}";
@@ -197,7 +228,7 @@ async fn a_divergent_request_goes_live_and_ends_the_replay() {
         "its body went upstream whole"
     );
     assert_eq!((journal.replayed(), journal.diverged()), (0, 1));
-    exchange(&jdir, 43).await;
+    exchange(jdir, 43).await;
 
     // The replay is over: even a journaled request goes live now.
     send(proxy, "POST", "/v1/chat/completions", OTHER).await;
@@ -208,11 +239,8 @@ async fn a_divergent_request_goes_live_and_ends_the_replay() {
 
 #[tokio::test]
 async fn an_answer_dropped_half_way_leaves_no_exchange() {
-    let (up, _) = start_stub().await;
-    let dir = tempfile::tempdir().unwrap();
-    let jdir = dir.path().join("journal");
-    let journal = Arc::new(Journal::open(&jdir).unwrap());
-    let proxy = start(up, SeqBoundary::new(41, &jdir), journal);
+    let Journaled { jdir, proxy, .. } = &journaled().await;
+    let (jdir, proxy) = (jdir.as_path(), *proxy);
 
     let mut c = tokio::net::TcpStream::connect(proxy).await.unwrap();
     let head = format!(
@@ -231,16 +259,13 @@ async fn an_answer_dropped_half_way_leaves_no_exchange() {
     drop(c);
     // The stub would have ended its stream by now.
     tokio::time::sleep(SSE_GAP * 4).await;
-    assert!(names(&jdir).is_empty(), "left {:?}", names(&jdir));
+    assert!(names(jdir).is_empty(), "left {:?}", names(jdir));
 }
 
 #[tokio::test]
 async fn an_answer_the_llm_breaks_off_leaves_no_exchange() {
-    let (up, _) = start_stub().await;
-    let dir = tempfile::tempdir().unwrap();
-    let jdir = dir.path().join("journal");
-    let journal = Arc::new(Journal::open(&jdir).unwrap());
-    let proxy = start(up, SeqBoundary::new(41, &jdir), journal);
+    let Journaled { jdir, proxy, .. } = &journaled().await;
+    let (jdir, proxy) = (jdir.as_path(), *proxy);
 
     let stream = tokio::net::TcpStream::connect(proxy).await.unwrap();
     let (mut sender, conn) =
@@ -260,17 +285,15 @@ async fn an_answer_the_llm_breaks_off_leaves_no_exchange() {
         "the agent sees the break too"
     );
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(names(&jdir).is_empty(), "left {:?}", names(&jdir));
+    assert!(names(jdir).is_empty(), "left {:?}", names(jdir));
 }
 
 #[tokio::test]
 async fn the_next_turn_waits_until_the_previous_exchange_is_durable() {
-    let (up, _) = start_stub().await;
-    let dir = tempfile::tempdir().unwrap();
-    let jdir = dir.path().join("journal");
-    let journal = Arc::new(Journal::open(&jdir).unwrap());
-    let boundary = SeqBoundary::new(41, &jdir);
-    let proxy = start(up, boundary.clone(), journal);
+    let Journaled {
+        proxy, boundary, ..
+    } = &journaled().await;
+    let proxy = *proxy;
 
     // Each next request is sent the moment the previous answer has ended.
     for (path, body) in [
@@ -309,19 +332,12 @@ async fn answers_without_a_checkpoint_seq_are_not_journaled() {
 
 #[tokio::test]
 async fn other_paths_pass_unjournaled_during_a_replay() {
-    let dir = tempfile::tempdir().unwrap();
-    let jdir = dir.path().join("journal");
-    let (up, _) = start_stub().await;
-    let journal = Arc::new(Journal::open(&jdir).unwrap());
-    let proxy = start(up, SeqBoundary::new(41, &jdir), journal);
+    let Journaled { jdir, proxy, .. } = &journaled().await;
+    let (jdir, proxy) = (jdir.as_path(), *proxy);
     send(proxy, "POST", "/v1/chat/completions", REQUEST).await;
-    exchange(&jdir, 41).await;
+    exchange(jdir, 41).await;
 
-    std::fs::write(jdir.join(REPLAY_PLAN), r#"{"from": 41, "to": 41}"#).unwrap();
-    let (up, seen) = start_stub().await;
-    let journal = Arc::new(Journal::open(&jdir).unwrap());
-    let boundary = SeqBoundary::new(42, &jdir);
-    let proxy = start(up, boundary.clone(), journal.clone());
+    let (proxy, boundary, journal, seen) = restored(jdir, 41, 41, 42).await;
     let got = send(proxy, "GET", "/v1/models", "").await;
     assert_eq!(got.text(), "ok");
     assert_eq!(seen.lock().unwrap().len(), 1, "a GET goes upstream");
@@ -329,5 +345,5 @@ async fn other_paths_pass_unjournaled_during_a_replay() {
     assert_eq!(got.text(), ANSWER);
     assert_eq!((journal.replayed(), journal.diverged()), (1, 0));
     assert_eq!(boundary.turns(), 0);
-    assert_eq!(names(&jdir), ["41.exchange"]);
+    assert_eq!(names(jdir), ["41.exchange"]);
 }
