@@ -115,6 +115,25 @@ fn after_a_crash_claude_code_is_fast_forwarded_from_the_journal_and_finishes() {
     llm.let_go();
     let out = crabctl_ok(&["restore", &g.id]);
     eprintln!("{out}");
+    // The entry restored, and the turn its processes come from.
+    let restored: u64 = out
+        .split("restored from checkpoint ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|seq| seq.parse().ok())
+        .unwrap_or_else(|| panic!("which checkpoint? {out}"));
+    let history: Vec<Value> =
+        serde_json::from_str(&crabctl_ok(&["ls", &g.id, "--json"])).expect("crabctl ls --json");
+    let image = history
+        .iter()
+        .find(|e| e["seq"] == restored)
+        .and_then(|e| e["process_image"].as_u64())
+        .unwrap_or_else(|| panic!("entry {restored} has no process image: {history:?}"));
+    eprintln!("restored entry {restored}, its processes from entry {image}");
+    assert!(
+        restored - image >= 3,
+        "fewer than three turns skipped before the crash: {before:?}"
+    );
     let (code, out, err) = claude::finished(&g, &llm, Duration::from_secs(240));
     assert_eq!(code, "0", "stdout: {out}\nstderr: {err}");
     assert_eq!(g.exec_ok(&["cat", "/root/notes.md"]), NOTES);
@@ -125,8 +144,9 @@ fn after_a_crash_claude_code_is_fast_forwarded_from_the_journal_and_finishes() {
     let mut expected: Vec<usize> = (0..9).collect();
     expected.insert(6, 5);
     assert_eq!(seen, expected, "{:#?}", claude::requests(&llm));
-    // The proxy says so: the restored agent (its image is the first turn's) got
-    // the answers of steps 0-4 from the journal, then went live at step 5.
+    // The proxy says so: the restored agent got the answers of the turns from
+    // its image's to the crash from the journal (all but the one in flight),
+    // then went live at step 5.
     let log = state_dir()
         .join(namespace())
         .join(format!("{}.proxy.log", g.id));
@@ -136,5 +156,11 @@ fn after_a_crash_claude_code_is_fast_forwarded_from_the_journal_and_finishes() {
         .find(|l| l.contains("fast-forward: ") && l.contains("answers replayed"))
         .unwrap_or_else(|| panic!("no fast-forward line in the proxy log:\n{log}"));
     eprintln!("{line}");
-    assert!(line.contains("fast-forward: 5 answers replayed"), "{line}");
+    assert!(
+        line.contains(&format!(
+            "fast-forward: {} answers replayed",
+            restored - image
+        )),
+        "{line}"
+    );
 }

@@ -18,7 +18,7 @@ use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
@@ -97,6 +97,38 @@ struct Expected {
 struct Plan {
     expected: Vec<Expected>,
     replayed: u64,
+    /// When each answer was replayed, from when the plan was loaded: the gaps
+    /// are what each recovered turn took (the agent re-running its tools).
+    loaded: Instant,
+    at: Vec<Duration>,
+}
+
+impl Plan {
+    /// "N answers replayed in T ms (per turn: median M ms, p95 P ms)".
+    fn summary(&self) -> String {
+        let mut gaps: Vec<Duration> = self
+            .at
+            .iter()
+            .scan(Duration::ZERO, |prev, &t| {
+                let gap = t.saturating_sub(*prev);
+                *prev = t;
+                Some(gap)
+            })
+            .collect();
+        gaps.sort_unstable();
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        let pick = |q: f64| {
+            gaps.get(((gaps.len() as f64 - 1.0) * q).round() as usize)
+                .map_or(0.0, |d| ms(*d))
+        };
+        format!(
+            "{} answers replayed in {:.0} ms (per turn: median {:.0} ms, p95 {:.0} ms)",
+            self.replayed,
+            self.at.last().map_or(0.0, |d| ms(*d)),
+            pick(0.5),
+            pick(0.95)
+        )
+    }
 }
 
 /// What to do with a turn-boundary request read whole during a replay.
@@ -198,6 +230,8 @@ impl Journal {
         *self.lock_plan() = (n > 0).then_some(Plan {
             expected,
             replayed: 0,
+            loaded: Instant::now(),
+            at: Vec::new(),
         });
         Ok(n)
     }
@@ -280,20 +314,21 @@ impl Journal {
             tracing::warn!(%path, expected_seq = expected, "fast-forward: the request matches no journaled one");
             tracing::info!(
                 replayed = plan.replayed,
-                "fast-forward: {} answers replayed, diverged at seq {expected}, then live",
-                plan.replayed
+                "fast-forward: {}, diverged at seq {expected}, then live",
+                plan.summary()
             );
             *guard = None;
             return Lookup::Live;
         };
         let seq = plan.expected.remove(i).seq;
         plan.replayed += 1;
+        plan.at.push(plan.loaded.elapsed());
         self.replayed.fetch_add(1, Ordering::Relaxed);
         if plan.expected.is_empty() {
             tracing::info!(
                 replayed = plan.replayed,
-                "fast-forward: {} answers replayed, then live",
-                plan.replayed
+                "fast-forward: {}, then live",
+                plan.summary()
             );
             *guard = None;
         }
@@ -343,6 +378,21 @@ fn parse_header(line: &[u8]) -> std::result::Result<Header, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_summary_gives_each_recovered_turns_time() {
+        let plan = Plan {
+            expected: Vec::new(),
+            replayed: 4,
+            loaded: Instant::now(),
+            at: [10, 30, 40, 140].map(Duration::from_millis).to_vec(),
+        };
+        // Gaps 10, 20, 10, 100 ms.
+        assert_eq!(
+            plan.summary(),
+            "4 answers replayed in 140 ms (per turn: median 20 ms, p95 100 ms)"
+        );
+    }
 
     #[test]
     fn the_digest_is_of_the_path_without_query_and_the_body() {
