@@ -400,19 +400,30 @@ mod tests {
         assert_eq!(events[5]["delta"]["stop_reason"], "tool_use");
     }
 
+    /// A main-loop request whose conversation holds `answers` of the assistant.
+    fn main_loop(answers: usize) -> Value {
+        let mut messages = vec![json!({"role": "user", "content": "task"})];
+        for _ in 0..answers {
+            messages.push(json!({"role": "assistant", "content": "done"}));
+            messages.push(json!({"role": "user", "content": "result"}));
+        }
+        json!({"model": "m", "tools": [{"name": "Bash"}], "messages": messages})
+    }
+
     #[test]
-    fn test_side_requests_do_not_advance_the_script() {
+    fn test_the_step_is_the_conversations_place_and_side_requests_take_none() {
         let s = Scripted::start(vec![Step::Text("first"), Step::Text("second")]);
-        let main = json!({"model": "m", "tools": [{"name": "Bash"}], "messages": []});
         let side = json!({"model": "m", "messages": []});
         assert!(post(s.port, &side).contains("\"OK\""));
-        assert!(post(s.port, &main).contains("\"first\""));
+        assert!(post(s.port, &main_loop(0)).contains("\"first\""));
         assert!(post(s.port, &side).contains("\"OK\""));
-        assert!(post(s.port, &main).contains("\"second\""));
+        assert!(post(s.port, &main_loop(1)).contains("\"second\""));
+        // Sent again (a retry, a replay): the same step.
+        assert!(post(s.port, &main_loop(0)).contains("\"first\""));
         // Past the end, the last step again.
-        assert!(post(s.port, &main).contains("\"second\""));
+        assert!(post(s.port, &main_loop(5)).contains("\"second\""));
         let steps: Vec<_> = s.seen().iter().map(|r| r.step).collect();
-        assert_eq!(steps, [None, Some(0), None, Some(1), Some(1)]);
+        assert_eq!(steps, [None, Some(0), None, Some(1), Some(0), Some(1)]);
         assert!(s.seen().iter().all(Seen::is_message));
     }
 }

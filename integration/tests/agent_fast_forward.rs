@@ -164,3 +164,53 @@ fn after_a_crash_claude_code_is_fast_forwarded_from_the_journal_and_finishes() {
         "{line}"
     );
 }
+
+#[test]
+fn a_rollback_from_outside_brings_claude_code_back_to_the_entry_by_fast_forward() {
+    let llm = Scripted::start(script());
+    llm.hold_step(6);
+    let g = claude::run(&llm, TASK, FAST_FORWARD);
+    assert!(
+        llm.wait_held(Duration::from_secs(180)),
+        "Claude Code never asked for step 6: {:#?}",
+        claude::requests(&llm)
+    );
+    // The entry of the turn that asked for step 3: the state after step 2's
+    // command, before the Write.
+    let asked: Vec<usize> = steps_seen(&llm);
+    assert_eq!(asked, [0, 1, 2, 3, 4, 5], "{:#?}", claude::requests(&llm));
+    // The held request's turn is recorded first (a rollback during it would
+    // be refused as busy).
+    assert!(
+        crab_integration::wait_until(Duration::from_secs(30), || kinds(&g).len() == 7),
+        "{:?}",
+        kinds(&g)
+    );
+    let history: Vec<Value> =
+        serde_json::from_str(&crabctl_ok(&["ls", &g.id, "--json"])).expect("crabctl ls --json");
+    let entry = history
+        .get(3)
+        .and_then(|e| e["seq"].as_u64())
+        .unwrap_or_else(|| panic!("no fourth entry: {history:?}"));
+    let out = crabctl_ok(&["rollback", &g.id, &entry.to_string()]);
+    eprintln!("{out}");
+    llm.let_go();
+    assert!(
+        !g.exec(&["test", "-e", "/root/notes.md"]).status.success()
+            || g.exec_ok(&["cat", "/root/notes.md"]) == NOTES,
+        "notes.md is neither absent nor whole"
+    );
+    let (code, out, err) = claude::finished(&g, &llm, Duration::from_secs(240));
+    assert_eq!(code, "0", "stdout: {out}\nstderr: {err}");
+    assert_eq!(g.exec_ok(&["cat", "/root/notes.md"]), NOTES);
+    // Steps 0-3 came from the journal after the rollback; step 4 on were asked
+    // again, live (the rollback went back before them).
+    let seen = steps_seen(&llm);
+    eprintln!("steps the server answered: {seen:?}");
+    assert_eq!(
+        seen,
+        [0, 1, 2, 3, 4, 5, 6, 4, 5, 6, 7, 8],
+        "{:#?}",
+        claude::requests(&llm)
+    );
+}
