@@ -12,7 +12,6 @@
 
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::fs::FileTypeExt;
 
 use super::procs;
 use crate::control::AgentConn;
@@ -46,19 +45,11 @@ pub fn holders(pids: &[i32], conn: AgentConn) -> Vec<i32> {
 }
 
 fn holds(pid: i32, conn: AgentConn) -> bool {
-    let Ok(entries) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
-        return false;
-    };
-    let Some(pidfd) = procs::pidfd_open(pid) else {
-        return false;
-    };
-    entries.flatten().any(|e| {
-        let is_socket = std::fs::metadata(e.path()).is_ok_and(|m| m.file_type().is_socket());
-        let fd = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok());
-        match (is_socket, fd) {
-            (true, Some(fd)) => procs::duplicate(&pidfd, fd).is_some_and(|s| is_conn(&s, conn)),
-            _ => false,
-        }
+    procs::streams(pid).is_some_and(|s| {
+        s.fds
+            .iter()
+            .filter(|(_, socket)| *socket)
+            .any(|&(fd, _)| procs::duplicate(&s.pidfd, fd).is_some_and(|dup| is_conn(&dup, conn)))
     })
 }
 

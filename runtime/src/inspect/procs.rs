@@ -106,25 +106,11 @@ pub fn processes(cgroup: &Path) -> Vec<i32> {
 pub fn queues(pids: &[i32]) -> Vec<Queue> {
     let mut out = Vec::new();
     for &pid in pids {
-        let Ok(entries) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        let Some(s) = streams(pid) else {
             continue;
         };
-        let Some(pidfd) = pidfd_open(pid) else {
-            continue;
-        };
-        for e in entries.flatten() {
-            // Pipes, sockets and FIFOs (a FIFO's link is its path, not "pipe:").
-            let Ok(md) = std::fs::metadata(e.path()) else {
-                continue;
-            };
-            let ft = md.file_type();
-            if !(ft.is_fifo() || ft.is_socket()) {
-                continue;
-            }
-            let Some(fd) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
-                continue;
-            };
-            if let Some(bytes) = queued(&pidfd, fd) {
+        for &(fd, _) in &s.fds {
+            if let Some(bytes) = queued(&s.pidfd, fd) {
                 if bytes > 0 {
                     out.push(Queue { pid, fd, bytes });
                 }
@@ -135,8 +121,35 @@ pub fn queues(pids: &[i32]) -> Vec<Queue> {
     out
 }
 
+/// The pipes, FIFOs and sockets one process holds, and a pidfd to duplicate
+/// them through ([`duplicate`]).
+pub(super) struct Streams {
+    pub(super) pidfd: OwnedFd,
+    /// (descriptor, whether it is a socket)
+    pub(super) fds: Vec<(i32, bool)>,
+}
+
+/// Process `pid`'s [`Streams`] (None once it is gone).
+pub(super) fn streams(pid: i32) -> Option<Streams> {
+    let entries = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?;
+    let pidfd = pidfd_open(pid)?;
+    let fds = entries
+        .flatten()
+        .filter_map(|e| {
+            // Pipes, sockets and FIFOs (a FIFO's link is its path, not "pipe:").
+            let ft = std::fs::metadata(e.path()).ok()?.file_type();
+            if !(ft.is_fifo() || ft.is_socket()) {
+                return None;
+            }
+            let fd = e.file_name().to_str()?.parse::<i32>().ok()?;
+            Some((fd, ft.is_socket()))
+        })
+        .collect();
+    Some(Streams { pidfd, fds })
+}
+
 /// A pidfd of `pid` (None once it is gone).
-pub(super) fn pidfd_open(pid: i32) -> Option<OwnedFd> {
+fn pidfd_open(pid: i32) -> Option<OwnedFd> {
     // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
     // SAFETY: a non-negative result is a descriptor this process now owns.
