@@ -280,9 +280,9 @@ pub fn start(config: &Config, l: &Launch) -> ShimResult<TurnProxy> {
         cmd.arg("--upstream-ca").arg(&config.proxy.upstream_ca);
     }
     if config.agent.fast_forward {
+        // The proxy makes the directory (root-only) when it opens the journal.
         let key = ContainerKey::new(l.namespace, l.id).map_err(|e| fail(e.to_string()))?;
-        let dir = journal::create(config, &key).map_err(|e| fail(e.to_string()))?;
-        cmd.arg("--journal").arg(dir);
+        cmd.arg("--journal").arg(journal::dir(config, &key));
     }
     let mut child = cmd
         .stdin(Stdio::from(life_r))

@@ -30,19 +30,6 @@ pub fn dir(config: &Config, key: &ContainerKey) -> PathBuf {
     history::dir(config, key).join("journal")
 }
 
-/// Makes the journal's directory (root-only) for a container whose agent is
-/// fast-forwarded, and answers it.
-pub fn create(config: &Config, key: &ContainerKey) -> Result<PathBuf> {
-    use std::os::unix::fs::DirBuilderExt;
-    let dir = dir(config, key);
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(&dir)
-        .map_err(Error::io(format!("create {}", dir.display())))?;
-    Ok(dir)
-}
-
 /// The replay plan's file name.
 pub const PLAN: &str = "replay.json";
 
