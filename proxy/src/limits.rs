@@ -123,21 +123,17 @@ enum Source {
 
 impl GuardedBody {
     pub(crate) fn new(inner: Incoming, limits: &Limits, cut: Cut) -> GuardedBody {
-        GuardedBody {
-            inner: Source::Live(inner),
-            timeout: limits.body_timeout,
-            left: limits.max_body,
-            max: limits.max_body,
-            sleep: None,
-            cut,
-            digest: None,
-        }
+        GuardedBody::from_source(Source::Live(inner), limits, cut)
     }
 
     /// A body already read whole (within the limits when it was read).
     pub(crate) fn whole(bytes: Bytes, limits: &Limits, cut: Cut) -> GuardedBody {
+        GuardedBody::from_source(Source::Whole(Some(bytes)), limits, cut)
+    }
+
+    fn from_source(inner: Source, limits: &Limits, cut: Cut) -> GuardedBody {
         GuardedBody {
-            inner: Source::Whole(Some(bytes)),
+            inner,
             timeout: limits.body_timeout,
             left: limits.max_body,
             max: limits.max_body,
