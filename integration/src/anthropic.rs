@@ -14,11 +14,12 @@
 //! 200; anything else a 404 in the API's error shape, and a line on stderr.
 //! Every request is recorded.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::sync::{Arc, Mutex};
 
 use serde_json::{json, Value};
+
+use crate::scripted;
 
 /// One answer of the script.
 #[derive(Clone, Debug)]
@@ -30,17 +31,7 @@ pub enum Step {
 }
 
 /// One request as the server saw it.
-#[derive(Clone, Debug)]
-pub struct Seen {
-    /// The method.
-    pub method: String,
-    /// The request target (path and query).
-    pub target: String,
-    /// The body, parsed (`Null` when it was empty or not JSON).
-    pub body: Value,
-    /// The index of the step it was answered with, for main-loop requests.
-    pub step: Option<usize>,
-}
+pub use crate::scripted::Seen;
 
 impl Seen {
     /// Whether it is a Messages API call (what the turn proxy counts as a turn).
@@ -106,18 +97,11 @@ impl Scripted {
     /// used up, a main-loop request gets the last step again.
     pub fn start(steps: Vec<Step>) -> Scripted {
         assert!(!steps.is_empty(), "a script needs at least one step");
-        let l = TcpListener::bind("127.0.0.1:0").expect("bind the scripted Anthropic server");
-        let port = l.local_addr().expect("its address").port();
         let seen = Arc::new(Mutex::new(Vec::new()));
         let hold = Arc::new(Hold::default());
-        let steps = Arc::new(steps);
         let (s, h) = (seen.clone(), hold.clone());
-        std::thread::spawn(move || {
-            for conn in l.incoming() {
-                let Ok(conn) = conn else { return };
-                let (seen, hold, steps) = (s.clone(), h.clone(), steps.clone());
-                std::thread::spawn(move || serve(conn, &steps, &hold, &seen));
-            }
+        let port = scripted::listen("scripted Anthropic server", move |conn| {
+            serve(conn, &steps, &h, &s)
         });
         Scripted { port, seen, hold }
     }
@@ -155,8 +139,8 @@ impl Scripted {
     }
 }
 
-fn serve(mut conn: TcpStream, steps: &[Step], hold: &Hold, seen: &Mutex<Vec<Seen>>) {
-    let Some((method, target, body)) = read_request(&conn) else {
+fn serve(conn: TcpStream, steps: &[Step], hold: &Hold, seen: &Mutex<Vec<Seen>>) {
+    let Some((method, target, body)) = scripted::read_request(&conn) else {
         return;
     };
     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
@@ -168,10 +152,7 @@ fn serve(mut conn: TcpStream, steps: &[Step], hold: &Hold, seen: &Mutex<Vec<Seen
                 .as_array()
                 .is_some_and(|t| t.iter().any(|t| t["name"] == "Bash"));
             let answer = if main_loop {
-                let answered = body["messages"]
-                    .as_array()
-                    .map_or(0, |m| m.iter().filter(|m| m["role"] == "assistant").count());
-                let i = answered.min(steps.len() - 1);
+                let i = scripted::step_at(&body, steps.len());
                 step = Some(i);
                 hold.wait_if_held(i);
                 (i, steps[i].clone())
@@ -202,23 +183,19 @@ fn serve(mut conn: TcpStream, steps: &[Step], hold: &Hold, seen: &Mutex<Vec<Seen
             (404, "application/json", e.to_string())
         }
     };
-    seen.lock().unwrap().push(Seen {
-        method: method.clone(),
+    let request = Seen {
+        method,
         target,
         body,
         step,
-    });
-    let reason = if status == 200 { "OK" } else { "Not Found" };
-    let head = format!(
-        "HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\n\
-         request-id: req_crab\r\nConnection: close\r\n\r\n",
-        payload.len()
-    );
-    let _ = conn.write_all(head.as_bytes());
-    if method != "HEAD" {
-        let _ = conn.write_all(payload.as_bytes());
-    }
-    let _ = conn.flush();
+    };
+    let answer = scripted::Answer {
+        status,
+        content_type: ctype,
+        payload,
+        request_id_header: "request-id",
+    };
+    scripted::reply(conn, seen, request, answer);
 }
 
 /// The content block of step `i`, complete.
@@ -310,50 +287,10 @@ fn sse(model: &str, i: usize, step: &Step) -> String {
         .collect()
 }
 
-/// Reads one HTTP/1 request: method, target and body (by Content-Length or
-/// chunked).
-pub(crate) fn read_request(conn: &TcpStream) -> Option<(String, String, Vec<u8>)> {
-    let mut r = BufReader::new(conn.try_clone().ok()?);
-    let mut line = String::new();
-    r.read_line(&mut line).ok()?;
-    let mut words = line.split_whitespace();
-    let (method, target) = (words.next()?.to_string(), words.next()?.to_string());
-    let (mut len, mut chunked) = (0usize, false);
-    loop {
-        let mut h = String::new();
-        if r.read_line(&mut h).ok()? == 0 || h == "\r\n" {
-            break;
-        }
-        let h = h.to_ascii_lowercase();
-        if let Some(v) = h.strip_prefix("content-length:") {
-            len = v.trim().parse().ok()?;
-        } else if h.starts_with("transfer-encoding:") && h.contains("chunked") {
-            chunked = true;
-        }
-    }
-    let mut body = Vec::new();
-    if chunked {
-        loop {
-            let mut size = String::new();
-            r.read_line(&mut size).ok()?;
-            let n = usize::from_str_radix(size.trim().split(';').next()?, 16).ok()?;
-            let mut chunk = vec![0; n + 2];
-            r.read_exact(&mut chunk).ok()?;
-            if n == 0 {
-                break;
-            }
-            body.extend_from_slice(&chunk[..n]);
-        }
-    } else {
-        body.resize(len, 0);
-        r.read_exact(&mut body).ok()?;
-    }
-    Some((method, target, body))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::{Read, Write};
 
     fn post(port: u16, body: &Value) -> String {
         let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();

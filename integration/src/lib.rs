@@ -23,6 +23,7 @@ pub mod llm;
 pub mod mini_swe_agent;
 pub mod openai;
 pub mod pty;
+pub mod scripted;
 pub mod ttrpc;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};

@@ -13,11 +13,12 @@
 //! `chat.completion` with `usage`. `HEAD`/`GET /` get an empty 200; anything else
 //! a 404 in the API's error shape, and a line on stderr. Every request is recorded.
 
-use std::io::Write;
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::sync::{Arc, Mutex};
 
 use serde_json::{json, Value};
+
+use crate::scripted;
 
 /// The info string of the fenced block holding a text answer's command: what
 /// mini-swe-agent's text-based models look for (`action_regex`).
@@ -46,7 +47,7 @@ impl Step {
 }
 
 /// One request as the server saw it (the same record as the Anthropic server's).
-pub use crate::anthropic::Seen;
+pub use crate::scripted::Seen;
 
 impl Seen {
     /// Whether it is a chat completions call (what the turn proxy counts as a turn).
@@ -114,17 +115,10 @@ impl Scripted {
     /// used up, a request gets the last step again.
     pub fn start(steps: Vec<Step>) -> Scripted {
         assert!(!steps.is_empty(), "a script needs at least one step");
-        let l = TcpListener::bind("127.0.0.1:0").expect("bind the scripted OpenAI server");
-        let port = l.local_addr().expect("its address").port();
         let seen = Arc::new(Mutex::new(Vec::new()));
-        let steps = Arc::new(steps);
         let s = seen.clone();
-        std::thread::spawn(move || {
-            for conn in l.incoming() {
-                let Ok(conn) = conn else { return };
-                let (seen, steps) = (s.clone(), steps.clone());
-                std::thread::spawn(move || serve(conn, &steps, &seen));
-            }
+        let port = scripted::listen("scripted OpenAI server", move |conn| {
+            serve(conn, &steps, &s)
         });
         Scripted { port, seen }
     }
@@ -140,8 +134,8 @@ impl Scripted {
     }
 }
 
-fn serve(mut conn: TcpStream, steps: &[Step], seen: &Mutex<Vec<Seen>>) {
-    let Some((method, target, body)) = crate::anthropic::read_request(&conn) else {
+fn serve(conn: TcpStream, steps: &[Step], seen: &Mutex<Vec<Seen>>) {
+    let Some((method, target, body)) = scripted::read_request(&conn) else {
         return;
     };
     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
@@ -149,10 +143,7 @@ fn serve(mut conn: TcpStream, steps: &[Step], seen: &Mutex<Vec<Seen>>) {
     let mut step = None;
     let (status, ctype, payload) = match (method.as_str(), path.as_str()) {
         ("POST", "/v1/chat/completions") => {
-            let answered = body["messages"]
-                .as_array()
-                .map_or(0, |m| m.iter().filter(|m| m["role"] == "assistant").count());
-            let i = answered.min(steps.len() - 1);
+            let i = scripted::step_at(&body, steps.len());
             step = Some(i);
             let model = body["model"].as_str().unwrap_or("scripted").to_string();
             let tool = offers_tool(&body);
@@ -173,23 +164,19 @@ fn serve(mut conn: TcpStream, steps: &[Step], seen: &Mutex<Vec<Seen>>) {
             (404, "application/json", e.to_string())
         }
     };
-    seen.lock().unwrap().push(Seen {
-        method: method.clone(),
+    let request = Seen {
+        method,
         target,
         body,
         step,
-    });
-    let reason = if status == 200 { "OK" } else { "Not Found" };
-    let head = format!(
-        "HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\n\
-         x-request-id: req_crab\r\nConnection: close\r\n\r\n",
-        payload.len()
-    );
-    let _ = conn.write_all(head.as_bytes());
-    if method != "HEAD" {
-        let _ = conn.write_all(payload.as_bytes());
-    }
-    let _ = conn.flush();
+    };
+    let answer = scripted::Answer {
+        status,
+        content_type: ctype,
+        payload,
+        request_id_header: "x-request-id",
+    };
+    scripted::reply(conn, seen, request, answer);
 }
 
 /// The answer's text: the thought, and with no tool, the command in its fence.
@@ -287,7 +274,7 @@ fn sse(model: &str, i: usize, step: &Step, tool: bool, with_usage: bool) -> Stri
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::Read;
+    use std::io::{Read, Write};
 
     fn send(port: u16, method: &str, path: &str, body: &Value) -> String {
         let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();

@@ -1,0 +1,124 @@
+//! What the scripted LLM servers ([`crate::anthropic`], [`crate::openai`])
+//! share: a thread per connection on a free port of 127.0.0.1, one HTTP/1
+//! request read per connection, the step at the conversation's place, the
+//! record of what was asked, and a whole answer written back.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::{Arc, Mutex};
+
+use serde_json::Value;
+
+/// One request as a scripted server saw it.
+#[derive(Clone, Debug)]
+pub struct Seen {
+    /// The method.
+    pub method: String,
+    /// The request target (path and query).
+    pub target: String,
+    /// The body, parsed (`Null` when it was empty or not JSON).
+    pub body: Value,
+    /// The index of the step it was answered with, for main-loop requests.
+    pub step: Option<usize>,
+}
+
+/// Serves each connection to a free port of 127.0.0.1 with `serve`, in a
+/// thread of its own, for as long as the test process lives; answers the port.
+/// `what` names the server in a failure.
+pub(crate) fn listen(what: &str, serve: impl Fn(TcpStream) + Send + Sync + 'static) -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("bind the {what}: {e}"));
+    let port = l.local_addr().expect("its address").port();
+    let serve = Arc::new(serve);
+    std::thread::spawn(move || {
+        for conn in l.incoming() {
+            let Ok(conn) = conn else { return };
+            let serve = serve.clone();
+            std::thread::spawn(move || serve(conn));
+        }
+    });
+    port
+}
+
+/// The step of a script of `steps` that answers the conversation in `body`:
+/// step `i` answers one holding `i` answers of the assistant (so a request sent
+/// again gets the same step); past the end, the last.
+pub(crate) fn step_at(body: &Value, steps: usize) -> usize {
+    let answered = body["messages"]
+        .as_array()
+        .map_or(0, |m| m.iter().filter(|m| m["role"] == "assistant").count());
+    answered.min(steps - 1)
+}
+
+/// A whole answer, written after the request is recorded in `seen`.
+pub(crate) struct Answer<'a> {
+    pub status: u16,
+    pub content_type: &'a str,
+    pub payload: String,
+    /// The header that carries the request id, as the API names it.
+    pub request_id_header: &'a str,
+}
+
+/// Records `request` in `seen`, then writes `answer` on `conn` (no body for a
+/// `HEAD`) and closes.
+pub(crate) fn reply(mut conn: TcpStream, seen: &Mutex<Vec<Seen>>, request: Seen, answer: Answer) {
+    let head_only = request.method == "HEAD";
+    seen.lock().unwrap().push(request);
+    let Answer {
+        status,
+        content_type,
+        payload,
+        request_id_header,
+    } = answer;
+    let reason = if status == 200 { "OK" } else { "Not Found" };
+    let head = format!(
+        "HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n\
+         {request_id_header}: req_crab\r\nConnection: close\r\n\r\n",
+        payload.len()
+    );
+    let _ = conn.write_all(head.as_bytes());
+    if !head_only {
+        let _ = conn.write_all(payload.as_bytes());
+    }
+    let _ = conn.flush();
+}
+
+/// Reads one HTTP/1 request: method, target and body (by Content-Length or
+/// chunked).
+pub(crate) fn read_request(conn: &TcpStream) -> Option<(String, String, Vec<u8>)> {
+    let mut r = BufReader::new(conn.try_clone().ok()?);
+    let mut line = String::new();
+    r.read_line(&mut line).ok()?;
+    let mut words = line.split_whitespace();
+    let (method, target) = (words.next()?.to_string(), words.next()?.to_string());
+    let (mut len, mut chunked) = (0usize, false);
+    loop {
+        let mut h = String::new();
+        if r.read_line(&mut h).ok()? == 0 || h == "\r\n" {
+            break;
+        }
+        let h = h.to_ascii_lowercase();
+        if let Some(v) = h.strip_prefix("content-length:") {
+            len = v.trim().parse().ok()?;
+        } else if h.starts_with("transfer-encoding:") && h.contains("chunked") {
+            chunked = true;
+        }
+    }
+    let mut body = Vec::new();
+    if chunked {
+        loop {
+            let mut size = String::new();
+            r.read_line(&mut size).ok()?;
+            let n = usize::from_str_radix(size.trim().split(';').next()?, 16).ok()?;
+            let mut chunk = vec![0; n + 2];
+            r.read_exact(&mut chunk).ok()?;
+            if n == 0 {
+                break;
+            }
+            body.extend_from_slice(&chunk[..n]);
+        }
+    } else {
+        body.resize(len, 0);
+        r.read_exact(&mut body).ok()?;
+    }
+    Some((method, target, body))
+}
