@@ -51,11 +51,14 @@ fn script() -> Vec<Step> {
     ]
 }
 
+/// The sandbox's history, as `crabctl ls --json` gives it.
+fn history(g: &Guard) -> Vec<Value> {
+    serde_json::from_str(&crabctl_ok(&["ls", &g.id, "--json"])).expect("crabctl ls --json")
+}
+
 /// The sandbox's history: (seq, kind) of each entry.
 fn kinds(g: &Guard) -> Vec<(u64, String)> {
-    let history: Vec<Value> =
-        serde_json::from_str(&crabctl_ok(&["ls", &g.id, "--json"])).expect("crabctl ls --json");
-    history
+    history(g)
         .iter()
         .map(|e| {
             (
@@ -64,6 +67,19 @@ fn kinds(g: &Guard) -> Vec<(u64, String)> {
             )
         })
         .collect()
+}
+
+/// Claude Code, fast-forwarded, started on `llm`'s script and run until it
+/// waits for the answer to `step`, which `llm` holds.
+fn run_until_held(llm: &Scripted, step: usize) -> Guard {
+    llm.hold_step(step);
+    let g = claude::run(llm, TASK, FAST_FORWARD);
+    assert!(
+        llm.wait_held(Duration::from_secs(180)),
+        "Claude Code never asked for step {step}: {:#?}",
+        claude::requests(llm)
+    );
+    g
 }
 
 /// Main-loop requests the server saw, by step.
@@ -102,13 +118,7 @@ fn after_a_crash_claude_code_is_fast_forwarded_from_the_journal_and_finishes() {
     let llm = Scripted::start(script());
     // The crash comes while the agent waits for step 5 (the Write): steps 1-4
     // were read-only turns, skipped.
-    llm.hold_step(5);
-    let g = claude::run(&llm, TASK, FAST_FORWARD);
-    assert!(
-        llm.wait_held(Duration::from_secs(180)),
-        "Claude Code never asked for step 5: {:#?}",
-        claude::requests(&llm)
-    );
+    let g = run_until_held(&llm, 5);
     let before = kinds(&g);
     eprintln!("history before the crash: {before:?}");
     kill_shim_and_init(&g);
@@ -122,8 +132,7 @@ fn after_a_crash_claude_code_is_fast_forwarded_from_the_journal_and_finishes() {
         .and_then(|rest| rest.split_whitespace().next())
         .and_then(|seq| seq.parse().ok())
         .unwrap_or_else(|| panic!("which checkpoint? {out}"));
-    let history: Vec<Value> =
-        serde_json::from_str(&crabctl_ok(&["ls", &g.id, "--json"])).expect("crabctl ls --json");
+    let history = history(&g);
     let image = history
         .iter()
         .find(|e| e["seq"] == restored)
@@ -168,13 +177,7 @@ fn after_a_crash_claude_code_is_fast_forwarded_from_the_journal_and_finishes() {
 #[test]
 fn a_rollback_from_outside_brings_claude_code_back_to_the_entry_by_fast_forward() {
     let llm = Scripted::start(script());
-    llm.hold_step(6);
-    let g = claude::run(&llm, TASK, FAST_FORWARD);
-    assert!(
-        llm.wait_held(Duration::from_secs(180)),
-        "Claude Code never asked for step 6: {:#?}",
-        claude::requests(&llm)
-    );
+    let g = run_until_held(&llm, 6);
     // The entry of the turn that asked for step 3: the state after step 2's
     // command, before the Write.
     let asked: Vec<usize> = steps_seen(&llm);
@@ -186,8 +189,7 @@ fn a_rollback_from_outside_brings_claude_code_back_to_the_entry_by_fast_forward(
         "{:?}",
         kinds(&g)
     );
-    let history: Vec<Value> =
-        serde_json::from_str(&crabctl_ok(&["ls", &g.id, "--json"])).expect("crabctl ls --json");
+    let history = history(&g);
     let entry = history
         .get(3)
         .and_then(|e| e["seq"].as_u64())
