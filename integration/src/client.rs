@@ -61,6 +61,25 @@ impl CheckpointOptions {
     }
 }
 
+/// Crab's task option that restores a new task from checkpoint `checkpoint` of
+/// container `id`'s history in `namespace` (what `crabctl restore` and `fork` send).
+pub fn restore_from_history(namespace: &str, id: &str, checkpoint: &str) -> prost_types::Any {
+    use crab_runtime::checkpoint::source::{RestoreOptions, Source, RESTORE_OPTIONS_TYPE};
+    let options = RestoreOptions {
+        source: Source::History {
+            namespace: namespace.into(),
+            id: id.into(),
+            checkpoint: checkpoint.into(),
+        },
+        config_path: None,
+        config_body: None,
+    };
+    prost_types::Any {
+        type_url: RESTORE_OPTIONS_TYPE.to_string(),
+        value: options.encode(),
+    }
+}
+
 fn any(type_url: &str, m: &impl prost::Message) -> prost_types::Any {
     prost_types::Any {
         type_url: type_url.to_string(),

@@ -37,6 +37,14 @@ pub enum Error {
     /// No container with this id.
     #[error("container {0} not found")]
     NotFound(String),
+    /// A restore of processes from a checkpoint of files alone.
+    #[error("checkpoint {checkpoint} of {container} holds no processes")]
+    NoProcessImage {
+        /// The container whose history holds it.
+        container: String,
+        /// The checkpoint's name.
+        checkpoint: String,
+    },
     /// The operation is not allowed in the container's current state.
     #[error("container {id} is {state}: cannot {operation}")]
     WrongState {
@@ -225,9 +233,10 @@ impl Error {
             | Error::SpecRefused(_) => ErrorKind::InvalidArgument,
             Error::AlreadyExists(_) | Error::SnapshotExists { .. } => ErrorKind::AlreadyExists,
             Error::NotFound(_) | Error::SnapshotNotFound { .. } => ErrorKind::NotFound,
-            Error::WrongState { .. } | Error::CriuMissing(_) | Error::NoTree(_) => {
-                ErrorKind::FailedPrecondition
-            }
+            Error::WrongState { .. }
+            | Error::NoProcessImage { .. }
+            | Error::CriuMissing(_)
+            | Error::NoTree(_) => ErrorKind::FailedPrecondition,
             Error::PoolFull { .. } => ErrorKind::Unavailable,
             Error::QuotaExceeded { .. } => ErrorKind::ResourceExhausted,
             Error::InHelper { failure, .. } => failure.kind,

@@ -7,9 +7,8 @@ use std::time::Instant;
 use containerd_shim::api::*;
 use containerd_shim::protos::events::task::*;
 use crab_runtime::checkpoint::engine::{apply_fs_delta, CheckpointOpts, Dumped};
-use crab_runtime::checkpoint::history::Entry;
-use crab_runtime::checkpoint::history_store::HistoryStore;
-use crab_runtime::checkpoint::ops::{self, HistoryOp};
+use crab_runtime::checkpoint::ops::HistoryOp;
+use crab_runtime::checkpoint::pin::{self, PinnedImage};
 use crab_runtime::checkpoint::source::{RestoreOptions, Source};
 use crab_runtime::checkpoint::{reuse, Manifest, CONTAINERD_UNPACKED_PREFIX};
 use crab_runtime::config::{Backend, Config};
@@ -56,7 +55,7 @@ enum Plan {
     /// A checkpoint directory.
     Dir(PathBuf, DirOwner),
     /// A checkpoint in a history on this host.
-    History(ContainerKey, Entry),
+    History(ContainerKey, PinnedImage),
 }
 
 impl TaskService {
@@ -182,23 +181,23 @@ impl TaskService {
                 checkpoint,
             }) => {
                 let src = ContainerKey::new(&namespace, &id)?;
-                let entry = {
-                    let (config, src, name) = (config.clone(), src.clone(), checkpoint.clone());
-                    blocking(move || Ok(HistoryStore::open(&config, &src)?.find(&name)?.clone()))
-                        .await?
+                // Pinned now: a retention before Start cannot take the images.
+                let pinned = {
+                    let (config, src, key) = (config.clone(), src.clone(), key.clone());
+                    blocking(move || pin::pin(&config, &src, &checkpoint, &key)).await?
                 };
-                if entry.process_image.is_none() {
-                    return Err(ShimError::FailedPrecondition(format!(
-                        "checkpoint {checkpoint} of {src} holds no processes"
-                    )));
-                }
-                Plan::History(src, entry)
+                Plan::History(src, pinned)
             }
         };
         let rootfs_mounted = match &plan {
-            Plan::History(src, entry) if *src != key => {
-                let snapshot = entry.fs_snapshot.clone().unwrap_or_default();
-                rootfs::prepare_clone(&config, src, &snapshot, &key, &req.rootfs, &target).await?
+            Plan::History(src, pinned) if *src != key => {
+                let snapshot = pinned.entry.fs_snapshot.clone().unwrap_or_default();
+                let cloned =
+                    rootfs::prepare_clone(&config, src, &snapshot, &key, &req.rootfs, &target)
+                        .await;
+                cloned.inspect_err(|_| {
+                    let _ = std::fs::remove_dir_all(&pinned.root);
+                })?
             }
             _ => rootfs::prepare(&config, &key, &req.rootfs, &target).await?,
         };
@@ -243,28 +242,31 @@ impl TaskService {
                             },
                         ))
                     }
-                    Plan::History(src, entry) => {
-                        let (images, dumped) =
-                            ops::process_image(&cfg, &src, &entry)?.expect("checked above");
-                        check_terminal(terminal, dumped.stdio.tty.is_some(), &images)?;
-                        let c = Container::for_restore(&cfg, opts)?;
+                    Plan::History(src, pinned) => {
+                        let unpin = |e| {
+                            let _ = std::fs::remove_dir_all(&pinned.root);
+                            e
+                        };
+                        check_terminal(terminal, pinned.dumped.stdio.tty.is_some(), &pinned.images)
+                            .map_err(unpin)?;
+                        let c = Container::for_restore(&cfg, opts).map_err(unpin)?;
                         if src == c.key()? {
                             // The same container after a crash: its tree goes back first.
-                            let snapshot = entry.fs_snapshot.clone().unwrap_or_default();
+                            let snapshot = pinned.entry.fs_snapshot.clone().unwrap_or_default();
                             if let Err(e) = c.history(&cfg, HistoryOp::RollbackFs(snapshot)) {
                                 let _ = c.delete();
-                                return Err(e);
+                                return Err(unpin(e));
                             }
                             // Its agent comes back as it was at the process image:
                             // its proxy, started after the restore, replays to here.
-                            crate::control::plan_replay(&cfg, &c, &entry);
+                            crate::control::plan_replay(&cfg, &c, &pinned.entry);
                         }
                         Ok((
                             c,
                             PendingRestore {
-                                images,
-                                dumped,
-                                cleanup: Vec::new(),
+                                images: pinned.images,
+                                dumped: pinned.dumped,
+                                cleanup: vec![pinned.root],
                             },
                         ))
                     }

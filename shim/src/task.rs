@@ -488,6 +488,13 @@ impl TaskService {
             let path = crab_runtime::control::socket_path(&inst.config, &self.namespace, &req.id);
             let _ = std::fs::remove_file(path);
         }
+        // A restore never started: what it would have removed once the
+        // processes were back (its pinned images, an unpacked checkpoint).
+        if let Some(pending) = inst.restore.take() {
+            for p in &pending.cleanup {
+                let _ = std::fs::remove_dir_all(p);
+            }
+        }
         let c = inst.container.clone();
         let deleted = blocking(move || c.delete()).await;
         if let Ok(key) = ContainerKey::new(&self.namespace, &req.id) {

@@ -5,9 +5,11 @@
 //! and writes the archive as `.<pid>.<n>.<name>.partial` next to the file asked for,
 //! renamed to that name only once it is whole, signed and on disk: a crash never
 //! leaves a file under the archive's name that is not a whole archive. An import
-//! unpacks under `<store>/.imports/<namespace>/<pid>.<n>.<id>`. Names carry the
-//! pid ([`work::tmp_name`]), so [`discard_dead`] and [`discard_dead_partials`] remove
-//! what a dead export or import left and leave live work alone.
+//! unpacks under `<store>/.imports/<namespace>/<pid>.<n>.<id>`, and a restore pins
+//! the images it reads under `<store>/.restores/<namespace>/<pid>.<n>.<id>`
+//! ([`super::pin`]). Names carry the pid ([`work::tmp_name`]), so [`discard_dead`]
+//! and [`discard_dead_partials`] remove what a dead export, import or restore left
+//! and leave live work alone.
 
 use std::path::{Path, PathBuf};
 
@@ -22,6 +24,14 @@ pub fn export_staging(config: &Config) -> PathBuf {
 /// A fresh directory name where this process unpacks an import of `key`.
 pub fn import_dir(config: &Config, key: &ContainerKey) -> PathBuf {
     imports(config)
+        .join(key.namespace())
+        .join(work::tmp_name(key.id()))
+}
+
+/// A fresh directory where this process pins the process image a restore of `key`
+/// reads ([`super::pin`]).
+pub fn restore_pin_dir(config: &Config, key: &ContainerKey) -> PathBuf {
+    restores(config)
         .join(key.namespace())
         .join(work::tmp_name(key.id()))
 }
@@ -43,12 +53,18 @@ fn imports(config: &Config) -> PathBuf {
     config.checkpoint.store.join(".imports")
 }
 
-/// Removes the staging and unpack directories of exports and imports whose process
-/// no longer runs; answers what it removed.
+fn restores(config: &Config) -> PathBuf {
+    config.checkpoint.store.join(".restores")
+}
+
+/// Removes the staging and unpack directories of exports and imports, and the
+/// pins of restores, whose process no longer runs; answers what it removed.
 pub fn discard_dead(config: &Config) -> Vec<PathBuf> {
     let mut dirs = vec![exports(config)];
-    if let Ok(namespaces) = std::fs::read_dir(imports(config)) {
-        dirs.extend(namespaces.flatten().map(|e| e.path()));
+    for by_namespace in [imports(config), restores(config)] {
+        if let Ok(namespaces) = std::fs::read_dir(by_namespace) {
+            dirs.extend(namespaces.flatten().map(|e| e.path()));
+        }
     }
     let mut removed = Vec::new();
     for dir in dirs {

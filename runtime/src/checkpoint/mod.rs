@@ -24,6 +24,7 @@ pub mod import_spec;
 pub mod journal;
 pub mod net_images;
 pub mod ops;
+pub mod pin;
 pub mod restore_helper;
 pub mod reuse;
 pub mod sched;
