@@ -11,10 +11,10 @@ use containerd_client::services::v1::Container;
 use crab_runtime::checkpoint::archive::{self, ContainerRecord};
 use crab_runtime::checkpoint::archive_sign::{ArchiveKey, Trust};
 use crab_runtime::checkpoint::archive_work;
-use crab_runtime::checkpoint::history_store::HistoryStore;
 use crab_runtime::checkpoint::import_spec::{self, Grant, Target};
 use crab_runtime::checkpoint::source::Source;
 use crab_runtime::config::Config;
+use crab_runtime::sandbox::Sandbox;
 use crab_runtime::storage::layers::MountSpec;
 use crab_runtime::storage::{fault, ContainerKey, ImageSource};
 
@@ -51,9 +51,6 @@ pub fn export(
         None => crate::ckpt::take_full(config, namespace, id)?,
     };
     fault::point("export.checkpointed");
-    // Held through the export: retention must not delete what it reads.
-    let history = HistoryStore::open(config, &key)?;
-    let entry = history.find(&name)?.clone();
     let rt = crate::containerd::runtime()?;
     let client = rt.block_on(Client::connect(address, namespace))?;
     let c = rt.block_on(client.container(id))?;
@@ -81,8 +78,7 @@ pub fn export(
     };
     let mut config = config.clone();
     config.storage.backend = backend_of(&config, &record)?;
-    let report = archive::export(&config, &key, &entry, &image, &record, out, &signer)?;
-    drop(history);
+    let (entry, report) = Sandbox::export(&config, &key, &name, &image, &record, out, &signer)?;
     println!(
         "{id}: checkpoint {} exported to {} ({} bytes, {} changed files) in {} ms",
         entry.name,

@@ -1,32 +1,34 @@
 //! Crab's container runtime: everything the shim needs to know about containers, with
 //! nothing about containerd or its wire protocol.
 //!
-//! - [`sandbox`]: the facade over one live container that Crab's operations go
-//!   through (checkpoint, turn, rollback of files and processes), with their
-//!   invariants (the host's slots, the inspector's taint, the history lock).
+//! - [`sandbox`]: the facade over one container that Crab's operations go through
+//!   (create, start, exec, checkpoint, turn, rollback of files and processes, a
+//!   restore from a directory or a history with its images pinned, export), with
+//!   their invariants (the host's slots, the inspector's taint, the history lock,
+//!   the fast-forward plan). Modules marked *internal* below are `pub(crate)`.
 //! - [`config`]: the runtime configuration (TOML) and how it is found.
 //! - [`container`]: one container driven through youki's `libcontainer`.
 //! - [`control`]: the control socket's requests and answers (the shim serves it).
 //! - [`error`]: the crate's errors, each of one [`error::ErrorKind`].
 //! - [`helper`]: the short-lived helper process in which `libcontainer` forks, so that
 //!   the multithreaded shim never forks without exec.
-//! - [`tracking`]: the per-container cgroup2 directory that identifies its tasks to eBPF.
-//! - [`cgroup_view`]: the cgroup file system a container sees (read-only, its own
+//! - `tracking` (internal): the per-container cgroup2 directory that identifies its tasks to eBPF.
+//! - `cgroup_view` (internal): the cgroup file system a container sees (read-only, its own
 //!   cgroups only, external to CRIU).
 //! - [`metrics`]: cgroup statistics of a container; [`oom`]: its OOM events.
-//! - [`netns`]: network namespaces (what a restore puts back in them).
+//! - `netns` (internal): network namespaces (what a restore puts back in them).
 //! - [`checkpoint`]: checkpoint directories (CRIU images, the file-system delta applied
 //!   beneath the tree, the manifest), a container's history
 //!   ([`checkpoint::history_store`]), the host's checkpoint queue, the spec's hooks at
 //!   a restore ([`checkpoint::hooks`]); [`criu`] runs CRIU.
 //! - [`api_token`]: the per-sandbox token of the agent API.
 //! - [`inspect`]: a turn's classification: what changed (observed) and
-//!   the pure decision ([`inspect::policy`]).
+//!   the pure decision (`inspect::policy`).
 //! - [`storage`]: snapshot-capable root file systems (btrfs, zfs, overlay), and the
 //!   adoption of a root a client mounted itself (Docker's, [`storage::adopt`]).
 
 pub mod api_token;
-pub mod cgroup_view;
+pub(crate) mod cgroup_view;
 pub mod checkpoint;
 pub mod config;
 pub mod container;
@@ -36,12 +38,12 @@ pub mod error;
 pub mod helper;
 pub mod inspect;
 pub mod metrics;
-pub mod netns;
+pub(crate) mod netns;
 pub mod oom;
 pub mod peer;
 pub mod sandbox;
 pub mod storage;
-pub mod tracking;
+pub(crate) mod tracking;
 
 pub use error::{Error, Result};
 /// Re-exported so that callers build specs with the same version this crate reads.

@@ -7,13 +7,12 @@ use std::time::Instant;
 use containerd_shim::api::*;
 use containerd_shim::protos::events::task::*;
 use crab_runtime::checkpoint::engine::{apply_fs_delta, CheckpointOpts, Dumped};
-use crab_runtime::checkpoint::ops::HistoryOp;
-use crab_runtime::checkpoint::pin::{self, PinnedImage};
 use crab_runtime::checkpoint::source::{RestoreOptions, Source};
 use crab_runtime::checkpoint::{reuse, Manifest, CONTAINERD_UNPACKED_PREFIX};
 use crab_runtime::config::{Backend, Config};
-use crab_runtime::container::{Container, CreateOpts};
+use crab_runtime::container::CreateOpts;
 use crab_runtime::helper::ChildStdio;
+use crab_runtime::sandbox::{PinnedImage, RestoreImages, Sandbox};
 use crab_runtime::storage::fault;
 use crab_runtime::storage::layers::MountSpec;
 use crab_runtime::storage::ContainerKey;
@@ -55,7 +54,7 @@ enum Plan {
     /// A checkpoint directory.
     Dir(PathBuf, DirOwner),
     /// A checkpoint in a history on this host.
-    History(ContainerKey, PinnedImage),
+    History(ContainerKey, Box<PinnedImage>),
 }
 
 impl TaskService {
@@ -86,17 +85,22 @@ impl TaskService {
             exit: opts.exit,
             rootfs: inst.bundle.join("rootfs"),
             image,
-            criu: crab_runtime::criu::Tool::from_config(&inst.config),
+            criu: crab_runtime::criu::Tool::from_config(inst.config()),
             durable: false,
             // The tree is the store's when containerd's image mounts were turned
             // into one (not with the passthrough backend).
-            store: (inst.config.storage.backend != Backend::Passthrough && !inst.image.is_empty())
-                .then(|| inst.config.clone()),
+            store: (inst.config().storage.backend != Backend::Passthrough
+                && !inst.image.is_empty())
+            .then(|| inst.config().clone()),
             // containerd's checkpoint restores as a new task: the spec's hooks
             // (Docker's network) run again then.
             network_by_hooks: true,
         };
-        let (c, config, sandbox) = (inst.container.clone(), inst.config.clone(), inst.sandbox());
+        let (c, config, sandbox) = (
+            inst.container().clone(),
+            inst.config().clone(),
+            inst.sandbox.clone(),
+        );
         // The claim keeps conflicting operations out; the container's lock is let
         // go while the checkpoint queues and dumps, so that its state, kill and
         // exits get through. A checkpoint that ends the task keeps it, so that the
@@ -184,9 +188,10 @@ impl TaskService {
                 // Pinned now: a retention before Start cannot take the images.
                 let pinned = {
                     let (config, src, key) = (config.clone(), src.clone(), key.clone());
-                    blocking(move || pin::pin(&config, &src, &checkpoint, &key)).await?
+                    blocking(move || Sandbox::pin_checkpoint(&config, &src, &checkpoint, &key))
+                        .await?
                 };
-                Plan::History(src, pinned)
+                Plan::History(src, Box::new(pinned))
             }
         };
         let rootfs_mounted = match &plan {
@@ -208,73 +213,62 @@ impl TaskService {
             console_socket: None,
         };
         let (cfg, terminal) = (config.clone(), req.terminal);
-        let prepared = blocking(
-            move || -> crab_runtime::Result<(Container, PendingRestore)> {
-                match plan {
-                    Plan::Dir(dir, owner) => {
-                        let manifest = Manifest::read(&dir)?;
-                        check_terminal(terminal, manifest.stdio.tty.is_some(), &dir)?;
-                        apply_fs_delta(&dir, &manifest, &target)?;
-                        let keep = owner == DirOwner::Client;
-                        let (c, images, manifest) =
-                            Container::prepare_restore(&cfg, opts, &dir, !keep)?;
-                        let dumped = Dumped::from(&manifest);
-                        // containerd never removes its unpacked checkpoint; an import's
-                        // unpacked archive is the shim's to remove too; a client's
-                        // images are the client's.
-                        let whole = owner == DirOwner::Import
-                            || dir.file_name().is_some_and(|n| {
-                                n.to_string_lossy().starts_with(CONTAINERD_UNPACKED_PREFIX)
-                            });
-                        let mut cleanup = Vec::new();
-                        if !keep {
-                            cleanup.push(images.clone());
-                        }
-                        if whole && !keep {
-                            cleanup.push(dir);
-                        }
-                        Ok((
-                            c,
-                            PendingRestore {
-                                images,
-                                dumped,
-                                cleanup,
-                            },
-                        ))
+        let prepared = blocking(move || -> crab_runtime::Result<(Sandbox, PendingRestore)> {
+            match plan {
+                Plan::Dir(dir, owner) => {
+                    let manifest = Manifest::read(&dir)?;
+                    check_terminal(terminal, manifest.stdio.tty.is_some(), &dir)?;
+                    apply_fs_delta(&dir, &manifest, &target)?;
+                    let keep = owner == DirOwner::Client;
+                    let (sandbox, RestoreImages { images, dumped }) =
+                        Sandbox::for_dir_restore(cfg, opts, &dir, !keep)?;
+                    // containerd never removes its unpacked checkpoint; an import's
+                    // unpacked archive is the shim's to remove too; a client's
+                    // images are the client's.
+                    let whole = owner == DirOwner::Import
+                        || dir.file_name().is_some_and(|n| {
+                            n.to_string_lossy().starts_with(CONTAINERD_UNPACKED_PREFIX)
+                        });
+                    let mut cleanup = Vec::new();
+                    if !keep {
+                        cleanup.push(images.clone());
                     }
-                    Plan::History(src, pinned) => {
-                        let unpin = |e| {
-                            let _ = std::fs::remove_dir_all(&pinned.root);
-                            e
-                        };
-                        check_terminal(terminal, pinned.dumped.stdio.tty.is_some(), &pinned.images)
-                            .map_err(unpin)?;
-                        let c = Container::for_restore(&cfg, opts).map_err(unpin)?;
-                        if src == c.key()? {
-                            // The same container after a crash: its tree goes back first.
-                            let snapshot = pinned.entry.fs_snapshot.clone().unwrap_or_default();
-                            if let Err(e) = c.history(&cfg, HistoryOp::RollbackFs(snapshot)) {
-                                let _ = c.delete();
-                                return Err(unpin(e));
-                            }
-                            // Its agent comes back as it was at the process image:
-                            // its proxy, started after the restore, replays to here.
-                            crate::control::plan_replay(&cfg, &c, &pinned.entry);
-                        }
-                        Ok((
-                            c,
-                            PendingRestore {
-                                images: pinned.images,
-                                dumped: pinned.dumped,
-                                cleanup: vec![pinned.root],
-                            },
-                        ))
+                    if whole && !keep {
+                        cleanup.push(dir);
                     }
+                    Ok((
+                        sandbox,
+                        PendingRestore {
+                            images,
+                            dumped,
+                            cleanup,
+                        },
+                    ))
                 }
-            },
-        )
+                Plan::History(src, pinned) => {
+                    let unpin = |e| {
+                        let _ = std::fs::remove_dir_all(&pinned.root);
+                        e
+                    };
+                    check_terminal(terminal, pinned.dumped.stdio.tty.is_some(), &pinned.images)
+                        .map_err(unpin)?;
+                    // The same container after a crash: its tree goes back,
+                    // and its agent, fast-forwarded, replays to the entry.
+                    let sandbox =
+                        Sandbox::for_history_restore(cfg, opts, &src, &pinned).map_err(unpin)?;
+                    Ok((
+                        sandbox,
+                        PendingRestore {
+                            images: pinned.images,
+                            dumped: pinned.dumped,
+                            cleanup: vec![pinned.root],
+                        },
+                    ))
+                }
+            }
+        })
         .await;
-        let (container, pending) = match prepared {
+        let (sandbox, pending) = match prepared {
             Ok(v) => v,
             Err(e) => {
                 rootfs::release(&config, &key, &bundle.join("rootfs"), rootfs_mounted).await;
@@ -294,8 +288,7 @@ impl TaskService {
         // The tree holds the checkpoint's files; Create has not answered yet.
         fault::shim_point("restore.prepared", config.fault_file.as_deref());
         Ok(Instance {
-            container,
-            config,
+            sandbox,
             bundle,
             rootfs_mounted,
             image: image_mounts(req),
@@ -312,15 +305,18 @@ impl TaskService {
     /// `Start` of a container created from a checkpoint.
     pub(crate) async fn start_restored(&self, inst: &mut Instance) -> ShimResult<i32> {
         let pending = inst.restore.take().expect("caller checked");
-        let sandbox = inst.sandbox();
+        let sandbox = inst.sandbox.clone();
         let (images, dumped) = (pending.images.clone(), pending.dumped.clone());
         let terminal = dumped.stdio.tty.is_some();
         let started = Instant::now();
-        let fault_file = inst.config.fault_file.clone();
+        let fault_file = inst.config().fault_file.clone();
         fault::shim_point("restore.starting", fault_file.as_deref());
-        let result = restore_process(&inst.config, &inst.init.stdio, terminal, move |_, child| {
-            sandbox.restore_processes(&images, &dumped, child)
-        })
+        let result = restore_process(
+            inst.config(),
+            &inst.init.stdio,
+            terminal,
+            move |_, child| sandbox.restore_processes(&images, &dumped, child),
+        )
         .await;
         let (pid, io) = match result {
             Ok(v) => v,
@@ -331,7 +327,7 @@ impl TaskService {
         };
         // CRIU restored the processes; Start has not answered yet.
         fault::shim_point("restore.restored", fault_file.as_deref());
-        tracing::info!(id = %inst.container.id(), pid, ms = started.elapsed().as_millis() as u64, "restored");
+        tracing::info!(id = %inst.container().id(), pid, ms = started.elapsed().as_millis() as u64, "restored");
         // Removing the images (hundreds of MB for a big process) costs about
         // 0.2 ms per MB here: off the path of Start, which waits for nothing
         // in them any more.
@@ -343,7 +339,7 @@ impl TaskService {
         });
         inst.init.pid = pid;
         inst.init.io = Some(io);
-        inst.oom = crate::oom::watch(&inst.container, self.events.clone());
+        inst.oom = crate::oom::watch(inst.container(), self.events.clone());
         Ok(pid)
     }
 }

@@ -169,12 +169,12 @@ impl TaskService {
         let slot = self.containers.get(id)?;
         let _claim = slot.begin(Operation::Checkpointing)?;
         let sandbox = if req.kind.dumps_processes() {
-            lock_dumpable(&slot, id).await?.sandbox()
+            lock_dumpable(&slot, id).await?.sandbox.clone()
         } else {
             // The files alone: running execs are frozen with the rest, not dumped.
             let inst = slot.lock().await?;
             check_checkpointable(&inst, id)?;
-            inst.sandbox()
+            inst.sandbox.clone()
         };
         let (entry, _) = blocking(move || sandbox.checkpoint(req, &Priority::high())).await?;
         tracing::info!(%id, seq = entry.seq, kind = ?entry.kind, total_ms = entry.timings.total_ms,
@@ -184,7 +184,7 @@ impl TaskService {
 
     /// `crabctl ls`.
     pub async fn crab_list(&self, id: &str) -> ShimResult<Vec<Entry>> {
-        let sandbox = self.containers.get(id)?.lock().await?.sandbox();
+        let sandbox = self.containers.get(id)?.lock().await?.sandbox.clone();
         // Waits for a checkpoint being recorded, off the async threads.
         blocking(move || sandbox.checkpoints()).await
     }
@@ -193,7 +193,7 @@ impl TaskService {
     pub async fn crab_remove(&self, id: &str, name: &str) -> ShimResult<Entry> {
         let slot = self.containers.get(id)?;
         let _claim = slot.begin(Operation::RemovingCheckpoint)?;
-        let sandbox = slot.lock().await?.sandbox();
+        let sandbox = slot.lock().await?.sandbox.clone();
         let name = name.to_string();
         blocking(move || sandbox.remove_checkpoint(&name)).await
     }
@@ -213,7 +213,7 @@ impl TaskService {
         let _claim = slot.begin(operation)?;
         // Held: the container is paused behind containerd's back meanwhile.
         let inst = slot.lock().await?;
-        let (sandbox, name) = (inst.sandbox(), name.to_string());
+        let (sandbox, name) = (inst.sandbox.clone(), name.to_string());
         blocking(move || {
             if rollback {
                 sandbox
@@ -250,7 +250,7 @@ impl TaskService {
                 status_name(inst.init.status)
             )));
         }
-        let sandbox = inst.sandbox();
+        let sandbox = inst.sandbox.clone();
         let (entry, image) = {
             let (sandbox, name) = (sandbox.clone(), name.to_string());
             blocking(move || sandbox.find(&name)).await?
@@ -258,7 +258,7 @@ impl TaskService {
         let snapshot = entry.fs_snapshot.clone().ok_or_else(|| {
             ShimError::FailedPrecondition(format!("checkpoint {name} has no file-system snapshot"))
         })?;
-        let c = inst.container.clone();
+        let c = inst.container().clone();
         // The state becomes checkpoint `name`'s, which need not be the latest:
         // the facade taints the inspector, so every turn takes everything until
         // the next full checkpoint.
@@ -324,9 +324,12 @@ impl TaskService {
             blocking(rollback_fs).await?;
             fs_done_ms = started.elapsed().as_millis() as u64;
             let terminal = dumped.stdio.tty.is_some();
-            restore_process(&inst.config, &inst.init.stdio, terminal, move |_, child| {
-                sandbox.restore_processes(&images, &dumped, child)
-            })
+            restore_process(
+                inst.config(),
+                &inst.init.stdio,
+                terminal,
+                move |_, child| sandbox.restore_processes(&images, &dumped, child),
+            )
             .await
         }
         .await;
@@ -354,7 +357,7 @@ impl TaskService {
                 // The agent inside came back as it was at the process image:
                 // the proxy answers its repeated requests from the journal up to
                 // this entry (read at the relisten, before the new listener).
-                plan_replay(&inst.config, &inst.container, &entry);
+                inst.sandbox.plan_replay(&entry);
                 if let Some(p) = &inst.proxy {
                     p.relisten();
                 }
@@ -396,7 +399,7 @@ const STDIN_HANDOVER: Duration = Duration::from_secs(5);
 /// Kills every process of the container and waits until none is left; the init's exit
 /// is then not reported (its pid is forgotten before the reaper sees it).
 async fn stop_processes(inst: &mut Instance) -> ShimResult<()> {
-    let c = inst.container.clone();
+    let c = inst.container().clone();
     let paused = inst.init.status == Status::PAUSED;
     inst.init.pid = 0;
     blocking(move || {
@@ -423,19 +426,4 @@ async fn stop_processes(inst: &mut Instance) -> ShimResult<()> {
         io.finish(Duration::from_millis(200)).await;
     }
     Ok(())
-}
-
-/// Leaves the proxy the replay plan of a restore of `entry` (a fast-forwarded
-/// agent's journal); without it the agent only asks its LLM again.
-pub(crate) fn plan_replay(
-    config: &crab_runtime::config::Config,
-    c: &crab_runtime::container::Container,
-    entry: &crab_runtime::checkpoint::history::Entry,
-) {
-    let planned = c
-        .key()
-        .and_then(|key| crab_runtime::checkpoint::journal::plan_replay(config, &key, entry));
-    if let Err(e) = planned {
-        tracing::warn!(id = %c.id(), error = %e, "no fast-forward plan: the agent asks its LLM again");
-    }
 }

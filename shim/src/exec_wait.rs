@@ -78,14 +78,14 @@ pub(crate) async fn lock_dumpable<'a>(slot: &'a Slot, id: &str) -> ShimResult<In
         if running.is_empty() {
             break Ok(inst);
         }
-        let bound = inst.config.checkpoint.exec_wait();
+        let bound = inst.config().checkpoint.exec_wait();
         let names: Vec<String> = running.iter().map(|(n, _)| n.clone()).collect();
         if started.elapsed() >= bound {
             break Err(still_running(id, &names, bound));
         }
         if inst.init.status == Status::PAUSED && thawed.is_none() {
             // Frozen, the execs could never exit.
-            let c = inst.container.clone();
+            let c = inst.container().clone();
             let thaw = c.clone();
             if let Err(e) = blocking(move || thaw.resume()).await {
                 break Err(e);

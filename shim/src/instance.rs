@@ -18,10 +18,9 @@ use crate::process::Process;
 /// A container and its processes.
 #[derive(Debug)]
 pub struct Instance {
-    /// The runtime's handle.
-    pub container: Container,
-    /// The configuration it was created with.
-    pub config: Config,
+    /// The runtime's facade over the container (and the configuration it was
+    /// created with): every operation of Crab's goes through it.
+    pub sandbox: Sandbox,
     /// Bundle directory.
     pub bundle: PathBuf,
     /// Whether the shim mounted `bundle/rootfs` (and so must unmount it).
@@ -53,7 +52,7 @@ impl Instance {
         self.execs.get(exec_id).ok_or_else(|| {
             ShimError::NotFound(format!(
                 "exec {exec_id} not found in container {}",
-                self.container.id()
+                self.container().id()
             ))
         })
     }
@@ -63,7 +62,7 @@ impl Instance {
         if exec_id.is_empty() {
             return Ok(&mut self.init);
         }
-        let id = self.container.id().to_string();
+        let id = self.container().id().to_string();
         self.execs.get_mut(exec_id).ok_or_else(|| {
             ShimError::NotFound(format!("exec {exec_id} not found in container {id}"))
         })
@@ -85,8 +84,8 @@ impl Instance {
         if own {
             return;
         }
-        if let Err(e) = self.container.tracking().kill_all() {
-            tracing::warn!(id = %self.container.id(), error = %e, "kill what the init left");
+        if let Err(e) = self.container().tracking().kill_all() {
+            tracing::warn!(id = %self.container().id(), error = %e, "kill what the init left");
         }
     }
 
@@ -97,20 +96,25 @@ impl Instance {
         } else {
             Err(ShimError::FailedPrecondition(format!(
                 "cannot {operation}: container {} is {}",
-                self.container.id(),
+                self.container().id(),
                 status_name(self.init.status)
             )))
         }
     }
 
-    /// The runtime's facade over this container, for Crab's own operations.
-    pub fn sandbox(&self) -> Sandbox {
-        Sandbox::new(self.container.clone(), self.config.clone())
+    /// The runtime's handle (for the task API's process operations).
+    pub fn container(&self) -> &Container {
+        self.sandbox.container()
+    }
+
+    /// The configuration the container was created with.
+    pub fn config(&self) -> &Config {
+        self.sandbox.config()
     }
 
     /// Where exec process specs and console sockets go.
     pub fn scratch_dir(&self) -> PathBuf {
-        self.config.state_dir.join("scratch")
+        self.config().state_dir.join("scratch")
     }
 }
 

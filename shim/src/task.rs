@@ -18,7 +18,8 @@ use containerd_shim::protos::events::task::*;
 use containerd_shim::protos::protobuf::MessageField;
 use containerd_shim::ExitSignal;
 use crab_runtime::config::Config;
-use crab_runtime::container::{Container, CreateOpts};
+use crab_runtime::container::CreateOpts;
+use crab_runtime::sandbox::Sandbox;
 use crab_runtime::storage::ContainerKey;
 use nix::sys::signal::Signal;
 
@@ -142,10 +143,10 @@ impl TaskService {
             console_socket: None,
         };
         let created = start_process(&config, &stdio, opts, |cfg, opts, child| {
-            Container::create(cfg, opts, child)
+            Sandbox::create(cfg.clone(), opts, child)
         })
         .await;
-        let ((container, pid), io) = match created {
+        let ((sandbox, pid), io) = match created {
             Ok(v) => v,
             Err(e) => {
                 rootfs::release(&config, &key, &bundle.join("rootfs"), rootfs_mounted).await;
@@ -158,7 +159,7 @@ impl TaskService {
         {
             Ok(p) => p,
             Err(e) => {
-                let c = container.clone();
+                let c = sandbox.container().clone();
                 let _ = blocking(move || {
                     let _ = c.kill(Signal::SIGKILL, true);
                     c.delete()
@@ -171,12 +172,11 @@ impl TaskService {
         let mut init = Process::new("", stdio);
         init.pid = pid;
         init.io = Some(io);
-        let oom = oom::watch(&container, self.events.clone());
+        let oom = oom::watch(sandbox.container(), self.events.clone());
         rootfs::collect(&config, &req.rootfs);
         let control = self.serve_control(&config, &req.id).ok();
         let _held = creating.fill(Instance {
-            container,
-            config,
+            sandbox,
             bundle,
             rootfs_mounted,
             init,
@@ -262,11 +262,11 @@ impl TaskService {
             }
             if inst.restore.is_some() {
                 self.start_restored(inst).await?;
-                inst.api_token = crate::proxy::token_for_restored(&inst.config, inst.init.pid)?;
+                inst.api_token = crate::proxy::token_for_restored(inst.config(), inst.init.pid)?;
                 // The restored processes are in a new network namespace.
                 match self
                     .start_proxy(
-                        &inst.config,
+                        inst.config(),
                         &inst.bundle,
                         &req.id,
                         inst.api_token.as_deref(),
@@ -277,8 +277,8 @@ impl TaskService {
                     Err(e) => tracing::error!(id = %req.id, error = %e, "no turn proxy"),
                 }
             } else {
-                let c = inst.container.clone();
-                blocking(move || c.start()).await?;
+                let sandbox = inst.sandbox.clone();
+                blocking(move || sandbox.start()).await?;
             }
             inst.init.status = Status::RUNNING;
             let pid = inst.init.pid;
@@ -295,8 +295,8 @@ impl TaskService {
             });
         }
         inst.require_running("start an exec process")?;
-        let config = inst.config.clone();
-        let container = inst.container.clone();
+        let config = inst.config().clone();
+        let sandbox = inst.sandbox.clone();
         let scratch = inst.scratch_dir();
         let proc = inst.process_mut(&req.exec_id)?;
         if proc.status != Status::CREATED {
@@ -315,7 +315,7 @@ impl TaskService {
         };
         let spec_path = spec_file.clone();
         let result = start_process(&config, &proc.stdio, opts, move |_, opts, child| {
-            container.exec(&spec_path, opts.console_socket, child)
+            sandbox.exec(&spec_path, opts.console_socket, child)
         })
         .await;
         let _ = std::fs::remove_file(&spec_file);
@@ -371,7 +371,7 @@ impl TaskService {
         // platforms act through exec.
         let mut vars = vec![("PATH".into(), crate::spec_env::DEFAULT_PATH.into())];
         vars.extend(crate::proxy::env_vars(
-            &inst.config,
+            inst.config(),
             inst.api_token.as_deref(),
         ));
         crate::spec_env::add_to_process(&mut json, &vars).map_err(invalid)?;
@@ -431,7 +431,7 @@ impl TaskService {
             return Err(ShimError::NotFound("process already finished".into()));
         }
         if req.exec_id.is_empty() {
-            let c = inst.container.clone();
+            let c = inst.container().clone();
             let all = req.all;
             return blocking(move || c.kill(signal, all)).await;
         }
@@ -481,11 +481,11 @@ impl TaskService {
         }
         if let Some(p) = inst.proxy.take() {
             let _ = tokio::task::spawn_blocking(move || p.stop()).await;
-            crate::proxy::remove_logs(&inst.config, &self.namespace, &req.id);
+            crate::proxy::remove_logs(inst.config(), &self.namespace, &req.id);
         }
         if let Some(t) = inst.control.take() {
             t.abort();
-            let path = crab_runtime::control::socket_path(&inst.config, &self.namespace, &req.id);
+            let path = crab_runtime::control::socket_path(inst.config(), &self.namespace, &req.id);
             let _ = std::fs::remove_file(path);
         }
         // A restore never started: what it would have removed once the
@@ -495,11 +495,11 @@ impl TaskService {
                 let _ = std::fs::remove_dir_all(p);
             }
         }
-        let c = inst.container.clone();
+        let c = inst.container().clone();
         let deleted = blocking(move || c.delete()).await;
         if let Ok(key) = ContainerKey::new(&self.namespace, &req.id) {
             let target = inst.bundle.join("rootfs");
-            rootfs::release(&inst.config, &key, &target, inst.rootfs_mounted).await;
+            rootfs::release(inst.config(), &key, &target, inst.rootfs_mounted).await;
         }
         deleted?;
         let exit = inst.init.exit();
@@ -524,7 +524,7 @@ impl TaskService {
     pub async fn pids(&self, req: PidsRequest) -> ShimResult<PidsResponse> {
         let slot = self.containers.get(&req.id)?;
         let inst = slot.lock().await?;
-        let pids = inst.container.tracking().pids()?;
+        let pids = inst.container().tracking().pids()?;
         Ok(PidsResponse {
             processes: pids
                 .into_iter()
@@ -543,7 +543,7 @@ impl TaskService {
         slot.require_idle()?;
         let mut inst = slot.lock().await?;
         inst.require_running("pause")?;
-        let c = inst.container.clone();
+        let c = inst.container().clone();
         blocking(move || c.pause()).await?;
         inst.init.status = Status::PAUSED;
         self.events
@@ -567,7 +567,7 @@ impl TaskService {
                 status_name(inst.init.status)
             )));
         }
-        let c = inst.container.clone();
+        let c = inst.container().clone();
         blocking(move || c.resume()).await?;
         inst.init.status = Status::RUNNING;
         self.events
@@ -616,7 +616,7 @@ impl TaskService {
             .ok_or_else(|| ShimError::InvalidArgument("update without resources".into()))?;
         let resources: oci_spec::runtime::LinuxResources = serde_json::from_slice(&data)
             .map_err(|e| ShimError::InvalidArgument(format!("invalid resources: {e}")))?;
-        let c = inst.container.clone();
+        let c = inst.container().clone();
         blocking(move || c.update(&resources)).await
     }
 
@@ -624,7 +624,7 @@ impl TaskService {
     pub async fn stats(&self, req: StatsRequest) -> ShimResult<StatsResponse> {
         let slot = self.containers.get(&req.id)?;
         let inst = slot.lock().await?;
-        let c = inst.container.clone();
+        let c = inst.container().clone();
         let stats = blocking(move || c.stats()).await?;
         let any = metrics::to_any(&stats.into()).map_err(ShimError::Other)?;
         Ok(StatsResponse {
@@ -727,7 +727,7 @@ impl TaskService {
         if exec_id.is_empty() {
             inst.kill_orphans_of_init();
         }
-        let policy = &inst.config.policy;
+        let policy = &inst.config().policy;
         if !exec_id.is_empty() && policy.turn_on_exec && policy.mode == PolicyMode::Adaptive {
             // An orchestrator's tool call ended: close the turn once the
             // container's lock is free (after this exit is recorded).

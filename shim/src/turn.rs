@@ -118,7 +118,7 @@ impl TaskService {
         let (sandbox, execs) = {
             let inst = slot.lock().await?;
             check_checkpointable(&inst, id)?;
-            (inst.sandbox(), execs_run(&inst))
+            (inst.sandbox.clone(), execs_run(&inst))
         };
         if !execs {
             return blocking(move || sandbox.turn(dry_run, &priority, agent)).await;

@@ -15,12 +15,12 @@
 //! After a checkpoint, [`captured`] forgets what it holds (while the container
 //! is still frozen) and writes the new process [`Baseline`].
 
-pub mod agent;
-pub mod mounts;
+pub(crate) mod agent;
+pub(crate) mod mounts;
 mod observe;
-pub mod policy;
-pub mod procs;
-pub mod softdirty;
+pub(crate) mod policy;
+pub(crate) mod procs;
+pub(crate) mod softdirty;
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;

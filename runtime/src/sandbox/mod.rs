@@ -11,6 +11,12 @@
 //! What only the shim knows (which exec processes run, whether another operation
 //! holds the container) stays in the shim.
 
+mod export;
+mod lifecycle;
+
+pub use crate::checkpoint::pin::PinnedImage;
+pub use lifecycle::RestoreImages;
+
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -39,13 +45,18 @@ pub type Taken = (Entry, Duration);
 
 impl Sandbox {
     /// The facade over `container`, created with `config`.
-    pub fn new(container: Container, config: Config) -> Sandbox {
+    pub(crate) fn new(container: Container, config: Config) -> Sandbox {
         Sandbox { container, config }
     }
 
     /// The container.
     pub fn container(&self) -> &Container {
         &self.container
+    }
+
+    /// The configuration it was created with.
+    pub fn config(&self) -> &Config {
+        &self.config
     }
 
     /// Takes a checkpoint of `req.kind`, in the host's queue at `priority` (a skip
