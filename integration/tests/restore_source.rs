@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use containerd_client::tonic::Code;
+use containerd_client::tonic::{Code, Status};
 use crab_integration::client::{restore_from_history, Client};
 use crab_integration::*;
 
@@ -33,29 +33,27 @@ fn checkpointed_then_gone(g: &Guard) -> u64 {
     at
 }
 
+/// Creates (not starts) a task of `g` restored from its checkpoint `name`.
+fn create_from(client: &Client, g: &Guard, name: &str) -> Result<u32, Box<Status>> {
+    let rootfs = client.mounts(&g.id).expect("the container's snapshot");
+    client.create_task(
+        &g.id,
+        rootfs,
+        Some(restore_from_history(&namespace(), &g.id, name)),
+    )
+}
+
 #[test]
 fn a_restore_from_a_missing_checkpoint_answers_not_found_through_containerd() {
     let client = Client::connect();
     let g = Guard::sh(COUNTER);
     let at = checkpointed_then_gone(&g);
-    let rootfs = client.mounts(&g.id).expect("the container's snapshot");
-    let err = client
-        .create_task(
-            &g.id,
-            rootfs.clone(),
-            Some(restore_from_history(&namespace(), &g.id, "missing")),
-        )
+    let err = create_from(&client, &g, "missing")
         .expect_err("a task from a checkpoint that does not exist");
     assert_eq!(err.code(), Code::NotFound, "{err:?}");
     assert!(err.message().contains("missing"), "{}", err.message());
     // Nothing was lost: the real checkpoint still restores.
-    client
-        .create_task(
-            &g.id,
-            rootfs,
-            Some(restore_from_history(&namespace(), &g.id, "safe")),
-        )
-        .expect("create a task from checkpoint safe");
+    create_from(&client, &g, "safe").expect("create a task from checkpoint safe");
     client.start_task(&g.id).expect("start it");
     let now = g.number("/tmp/count");
     assert!(
@@ -69,14 +67,7 @@ fn a_restore_created_before_its_checkpoint_is_removed_still_starts() {
     let client = Client::connect();
     let g = Guard::sh(COUNTER);
     let at = checkpointed_then_gone(&g);
-    let rootfs = client.mounts(&g.id).expect("the container's snapshot");
-    client
-        .create_task(
-            &g.id,
-            rootfs,
-            Some(restore_from_history(&namespace(), &g.id, "safe")),
-        )
-        .expect("create a task from checkpoint safe");
+    create_from(&client, &g, "safe").expect("create a task from checkpoint safe");
     // Between Create and Start, the checkpoint goes (a retention would do the
     // same): its entry and its process image are deleted.
     crabctl_ok(&["rm", &g.id, "safe"]);
