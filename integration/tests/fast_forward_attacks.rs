@@ -5,8 +5,8 @@
 //! checkpoints (docs/security.md): a process that holds the connection, then
 //! changes a file through a shared mapping (no write syscall), and leaves the
 //! connection to a new child. Each turn that changed something must be full;
-//! the last, where only the holder ran, is a skip (so the agent was found and
-//! the test can tell).
+//! the last, where only the holder ran (the mapping gone), is a skip (so the
+//! agent was found and the test can tell).
 
 // Needs root and the private containerd: built only with the `host-tests` feature (hack/test.sh enables it).
 #![cfg(feature = "host-tests")]
@@ -21,22 +21,33 @@ use serde_json::Value;
 /// through a shared mapping, then forks a child that keeps the connection.
 const HOLDER: &str = r#"
 import http.client, json, mmap, os, time
-open('/root/victim', 'wb').write(b'clean\n')
-conn = http.client.HTTPConnection('127.0.0.1', 8787, timeout=120)
-def ask(n):
-    body = json.dumps({'model': 'm', 'messages': [{'role': 'user', 'content': str(n)}]})
-    conn.request('POST', '/v1/chat/completions', body, {'Content-Type': 'application/json'})
-    conn.getresponse().read()
-ask(1)
-f = open('/root/victim', 'r+b')
-m = mmap.mmap(f.fileno(), 0, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-m[0:5] = b'EVIL!'
-ask(2)
-if os.fork() == 0:
-    time.sleep(100000)
-ask(3)
-ask(4)
-open('/dev/shm/done', 'w').write('done')
+def main():
+    open('/root/victim', 'wb').write(b'clean\n')
+    conn = http.client.HTTPConnection('127.0.0.1', 8787, timeout=120)
+    def ask(n):
+        body = json.dumps({'model': 'm', 'messages': [{'role': 'user', 'content': str(n)}]})
+        conn.request('POST', '/v1/chat/completions', body, {'Content-Type': 'application/json'})
+        conn.getresponse().read()
+    ask(1)
+    f = open('/root/victim', 'r+b')
+    m = mmap.mmap(f.fileno(), 0, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    m[0:5] = b'EVIL!'
+    ask(2)
+    # Unmapped: a holder that keeps a shared writable mapping makes every turn
+    # it runs in full (it could store again at any time).
+    m.close()
+    f.close()
+    if os.fork() == 0:
+        time.sleep(100000)
+    ask(3)
+    ask(4)
+    open('/dev/shm/done', 'w').write('done')
+# Rolled back, it wakes up waiting on a connection that is gone: it stays,
+# so that the test can look inside.
+try:
+    main()
+except Exception:
+    pass
 time.sleep(100000)
 "#;
 
@@ -81,8 +92,9 @@ fn a_process_holding_the_proxy_connection_cannot_hide_a_file_or_a_child() {
     assert_eq!(g.exec_ok(&["cat", "/root/victim"]), "EVIL!\n");
 
     // The journal (on by default) holds the turns' answers, and goes with the
-    // container's history when the container is removed (collected at the
-    // next container's create).
+    // container's history when the container is removed: a create collects
+    // the histories of containers whose snapshots containerd removed (its
+    // garbage collection may come after the removal, so creates are repeated).
     let journal = journal_dir(&g.id);
     assert!(
         journal.join("1.exchange").is_file(),
@@ -90,11 +102,13 @@ fn a_process_holding_the_proxy_connection_cannot_hide_a_file_or_a_child() {
         journal.display()
     );
     g.remove();
-    let next = Guard::sh("true");
+    let gone = wait_until(Duration::from_secs(120), || {
+        drop(Guard::sh("true"));
+        !journal.exists()
+    });
     assert!(
-        wait_until(Duration::from_secs(30), || !journal.exists()),
+        gone,
         "{} kept after the container was removed",
         journal.display()
     );
-    drop(next);
 }
