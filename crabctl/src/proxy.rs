@@ -443,6 +443,7 @@ mod tests {
         let ctx = TurnContext {
             peer: Some("127.0.0.1:40000".parse().unwrap()),
             local: Some("127.0.0.1:8787".parse().unwrap()),
+            outside: false,
         };
         let conn = agent_conn(true, &ctx).unwrap();
         assert_eq!(

@@ -70,6 +70,20 @@ pub fn state_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("/run/crab"))
 }
 
+/// The LLM journal of container `id` (`<checkpoint.store>/<ns>/<id>/journal`),
+/// from the configuration the shims use.
+pub fn journal_dir(id: &str) -> PathBuf {
+    let path = std::env::var("CRAB_CONFIG").unwrap_or_else(|_| "/etc/crab/config.toml".into());
+    let text = std::fs::read_to_string(&path).unwrap_or_default();
+    let config = crab_runtime::config::Config::parse(&text, &path).expect("the shims' config");
+    config
+        .checkpoint
+        .store
+        .join(namespace())
+        .join(id)
+        .join("journal")
+}
+
 /// A unique container id for this test process.
 pub fn unique_id(prefix: &str) -> String {
     static N: AtomicU32 = AtomicU32::new(0);

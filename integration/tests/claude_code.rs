@@ -8,6 +8,10 @@
 //! shim injects; telemetry, error reporting, auto-updates and other
 //! non-essential traffic are turned off through its environment variables, and
 //! its API key is a dummy the scripted server ignores. See docs/agents.md.
+//!
+//! Nothing turns fast-forward on or off here: this is the default path, where
+//! the proxy journals each answer and Claude Code's own turns may be skipped
+//! (`agent_fast_forward.rs` tests the skips and the recovery).
 
 // Needs root and the private containerd: built only with the `host-tests` feature (hack/test.sh enables it).
 #![cfg(feature = "host-tests")]
@@ -15,7 +19,7 @@
 use std::time::Duration;
 
 use crab_integration::anthropic::{tool_use_id, Scripted, Step};
-use crab_integration::{claude, crabctl_ok, interfaces};
+use crab_integration::{claude, crabctl_ok, interfaces, journal_dir};
 use serde_json::{json, Value};
 
 /// What Claude Code is asked to do; the script below does it.
@@ -106,7 +110,8 @@ fn claude_code_runs_a_scripted_task_through_the_proxy_one_checkpoint_per_request
     assert_eq!(last["subtype"], "success", "{last}");
     assert_eq!(last["result"], "Done: hello.txt and notes.md are written.");
 
-    // One checkpoint per Messages request, side requests included.
+    // One checkpoint per Messages request, side requests included (a skipped
+    // turn records a skip entry).
     let messages = seen.iter().filter(|s| s.is_message()).count();
     let history: Vec<Value> = serde_json::from_str(&crabctl_ok(&["ls", &g.id, "--json"]))
         .expect("crabctl ls --json is JSON");
@@ -115,5 +120,28 @@ fn claude_code_runs_a_scripted_task_through_the_proxy_one_checkpoint_per_request
         history.len(),
         messages,
         "requests: {log:#?}\nhistory: {history:?}"
+    );
+    // Fast-forward is on by default: the agent goes with every checkpoint, so a
+    // turn is a skip or full, never one half.
+    let kinds: Vec<&str> = history.iter().filter_map(|e| e["kind"].as_str()).collect();
+    eprintln!("kinds: {kinds:?}");
+    assert!(
+        kinds.iter().all(|k| *k == "skip" || *k == "full"),
+        "{kinds:?}"
+    );
+    // And each answer Claude Code got is in the journal under its turn's seq.
+    let journal = journal_dir(&g.id);
+    let mut bytes = 0;
+    for e in &history {
+        let file = journal.join(format!("{}.exchange", e["seq"]));
+        let len = std::fs::metadata(&file)
+            .unwrap_or_else(|err| panic!("{}: {err}", file.display()))
+            .len();
+        bytes += len;
+    }
+    eprintln!(
+        "journal: {} exchanges, {bytes} bytes ({} per turn)",
+        history.len(),
+        bytes / history.len() as u64
     );
 }

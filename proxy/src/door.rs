@@ -37,6 +37,7 @@ impl Door for TcpListener {
         let ctx = TurnContext {
             peer: Some(peer),
             local: stream.local_addr().ok(),
+            outside: false,
         };
         Ok((stream, ctx))
     }
@@ -51,7 +52,11 @@ impl Door for UnixListener {
 
     async fn accept(&self) -> std::io::Result<(UnixStream, TurnContext)> {
         // A host-side caller is no agent socket in the sandbox: no addresses.
-        Ok((UnixListener::accept(self).await?.0, TurnContext::default()))
+        let ctx = TurnContext {
+            outside: true,
+            ..TurnContext::default()
+        };
+        Ok((UnixListener::accept(self).await?.0, ctx))
     }
 
     fn answer(conn: &UnixStream, answer: &[u8]) {

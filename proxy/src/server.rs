@@ -303,9 +303,13 @@ impl Proxy {
         let journal = self.journal.as_ref().filter(|_| turn);
         let mut digest = None;
         if let Some(j) = journal {
-            match journal::prepare(j, req, &path, &cut, &self.limits).await {
-                Prepared::Answer(answer) => return answer,
-                Prepared::Live(r, d) => (req, digest) = (r, Some(d)),
+            // An agent outside is never restored: its requests are not the
+            // restored agent's to replay, nor to journal.
+            if !ctx.outside {
+                match journal::prepare(j, req, &path, &cut, &self.limits).await {
+                    Prepared::Answer(answer) => return answer,
+                    Prepared::Live(r, d) => (req, digest) = (r, Some(d)),
+                }
             }
             j.barrier().await;
         }

@@ -22,6 +22,10 @@ pub struct TurnContext {
     pub peer: Option<SocketAddr>,
     /// The listener's address the client connected to.
     pub local: Option<SocketAddr>,
+    /// It came through the host-side door: from an agent outside the
+    /// sandbox, which no restore brings back. Its exchanges are neither
+    /// journaled nor answered from the journal.
+    pub outside: bool,
 }
 
 /// Resolves when what a turn boundary started is durable (or failed, with why),

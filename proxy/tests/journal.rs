@@ -347,3 +347,50 @@ async fn other_paths_pass_unjournaled_during_a_replay() {
     assert_eq!(boundary.turns(), 0);
     assert_eq!(names(jdir), ["41.exchange"]);
 }
+
+/// Sends `body` to `path` through the host-side door at `sock` and reads the
+/// whole answer (the connection closes after it).
+async fn through_the_door(sock: &Path, path: &str, body: &str) -> String {
+    let mut c = tokio::net::UnixStream::connect(sock).await.unwrap();
+    let req = format!(
+        "POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    c.write_all(req.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    c.read_to_end(&mut out).await.unwrap();
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[tokio::test]
+async fn an_agent_outside_is_neither_journaled_nor_replayed() {
+    // Journaled from inside: seq 41.
+    let Journaled { jdir, proxy, .. } = &journaled().await;
+    let (jdir, proxy) = (jdir.as_path(), *proxy);
+    send(proxy, "POST", "/v1/chat/completions", REQUEST).await;
+    exchange(jdir, 41).await;
+
+    // Restored: the plan expects 41 again. The same request through the
+    // door is the agent outside, which no restore brought back: it goes live,
+    // and its exchange is not kept.
+    std::fs::write(jdir.join(REPLAY_PLAN), r#"{"from": 41, "to": 41}"#).unwrap();
+    let (up, seen) = start_stub().await;
+    let journal = Arc::new(Journal::open(jdir).unwrap());
+    let boundary = SeqBoundary::new(42, jdir);
+    let upstream = Upstream::parse(&format!("http://{up}")).unwrap();
+    let p = Arc::new(Proxy::new(upstream, boundary.clone(), true).with_journal(journal.clone()));
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("door.sock");
+    let listener = tokio::net::UnixListener::bind(&sock).unwrap();
+    tokio::spawn(p.serve_unix(listener, |_| Ok(())));
+
+    let got = through_the_door(&sock, "/v1/chat/completions", REQUEST).await;
+    assert!(got.starts_with("HTTP/1.1 200"), "{got}");
+    assert!(got.ends_with(ANSWER), "{got}");
+    assert_eq!(boundary.turns(), 1, "a live turn");
+    assert_eq!(seen.lock().unwrap().len(), 1, "the LLM was asked");
+    assert_eq!((journal.replayed(), journal.diverged()), (0, 0));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(names(jdir), ["41.exchange"], "seq 42 is not journaled");
+}

@@ -224,8 +224,15 @@ pub struct Agent {
     /// repeated requests from the journal until it is where the restored
     /// checkpoint was. With it, the agent's own processes (those holding the
     /// proxy connection) and `state_paths` no longer make a turn a checkpoint
-    /// by themselves: a turn that changed nothing else is skipped.
+    /// by themselves: a turn that changed nothing else is skipped. On by
+    /// default; a container turns it off with `io.crab.agent.fast-forward=false`.
     pub fast_forward: bool,
+    /// The most turns a restore replays from the journal: a turn that would
+    /// make the run of turns since the agent's last process image longer is
+    /// full, however little changed. This bounds the journal (retention keeps
+    /// the exchanges from the oldest image a kept checkpoint uses) and the
+    /// time a restore takes to bring the agent back. At least 1.
+    pub max_replay_turns: u32,
     /// Absolute paths in the container (and everything under them) that only
     /// the agent's bookkeeping writes (its transcript, its settings): replay
     /// writes them again, so they alone do not make a checkpoint.
@@ -284,7 +291,8 @@ fn check_state_path(p: &str) -> std::result::Result<(), String> {
 impl Default for Agent {
     fn default() -> Self {
         Agent {
-            fast_forward: false,
+            fast_forward: true,
+            max_replay_turns: 32,
             // Claude Code's transcript, settings and shell snapshots (root's
             // home, and $HOME when it is /home/<user>), its task output.
             state_paths: vec!["/root/.claude".into(), "/tmp/claude-0".into()],
@@ -673,6 +681,9 @@ impl Config {
         self.agent
             .check()
             .map_err(|m| bad("agent.state_paths", m))?;
+        if self.agent.max_replay_turns == 0 {
+            return Err(bad("agent.max_replay_turns", "must be at least 1".into()));
+        }
         let key_file = &self.archive.key_file;
         if !key_file.as_os_str().is_empty() && !key_file.is_absolute() {
             return Err(bad(
@@ -767,6 +778,15 @@ mod tests {
     }
 
     #[test]
+    fn test_fast_forward_is_on_by_default_and_can_be_turned_off() {
+        let c = Config::parse("", "t").unwrap();
+        assert!(c.agent.fast_forward);
+        assert_eq!(c.agent.max_replay_turns, 32);
+        let off = Config::parse("[agent]\nfast_forward = false", "t").unwrap();
+        assert!(!off.agent.fast_forward);
+    }
+
+    #[test]
     fn test_full_config_parses() {
         let c = Config::parse(
             r#"
@@ -823,6 +843,7 @@ fail_closed = false
         for (text, key) in [
             ("state_dir = \"relative\"", "state_dir"),
             ("[checkpoint]\nkeep_last = 0", "checkpoint.keep_last"),
+            ("[agent]\nmax_replay_turns = 0", "agent.max_replay_turns"),
             ("[storage]\npool_size = \"12Q\"", "storage.pool_size"),
             (
                 "[quota]\nsandbox_pool_bytes = \"lots\"",

@@ -20,7 +20,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::history::{self, Entry};
+use super::history::{self, Entry, History};
+use super::Kind;
 use crate::config::Config;
 use crate::storage::ContainerKey;
 use crate::{Error, Result};
@@ -53,6 +54,21 @@ pub fn plan_replay(config: &Config, key: &ContainerKey, entry: &Entry) -> Result
     if !config.agent.fast_forward || !dir.is_dir() {
         return Ok(());
     }
+    // Running a turn's tools again is right only if that turn changed nothing
+    // but the agent's own state (a skip). A turn between that took the files
+    // without the processes (its requester was not found as the agent, so it
+    // was not made full) would have its tools run twice on files that have
+    // their effect: no replay then, the agent asks its LLM again.
+    let hist = History::load(&history::dir(config, key), key)?;
+    if let Some(e) = hist
+        .entries
+        .iter()
+        .find(|e| e.seq > from && e.seq <= entry.seq && e.kind != Kind::Skip)
+    {
+        tracing::warn!(%key, from, to = entry.seq, seq = e.seq, kind = ?e.kind,
+            "no agent fast-forward: a turn to replay was no skip");
+        return Ok(());
+    }
     let plan = Plan {
         from,
         to: entry.seq,
@@ -75,20 +91,25 @@ fn exchange_seq(name: &str) -> Option<u64> {
         .flatten()
 }
 
-/// Deletes the exchanges no restore can replay: those of turns before the
-/// oldest process image still in `entries`. Runs after retention dropped
-/// entries; a crash before it leaves files the next pruning removes.
+/// Deletes the exchanges no restore can replay: a restore of entry `p` whose
+/// image is entry `j`'s replays `j..=p`, so only the seqs in such a range of
+/// an entry still in `entries` are kept (an old marked checkpoint keeps its
+/// own range, not every turn after it). Runs after retention dropped entries;
+/// a crash before it leaves files the next pruning removes.
 pub fn prune(dir: &Path, entries: &[Entry]) {
     let Ok(files) = std::fs::read_dir(dir) else {
         return;
     };
-    let oldest = entries.iter().filter_map(|e| e.process_image).min();
+    let ranges: Vec<(u64, u64)> = entries
+        .iter()
+        .filter_map(|e| e.process_image.map(|j| (j, e.seq)))
+        .collect();
     for f in files.flatten() {
         let name = f.file_name();
         let Some(seq) = name.to_str().and_then(exchange_seq) else {
             continue;
         };
-        if oldest.is_none_or(|o| seq < o) {
+        if !ranges.iter().any(|&(j, p)| j <= seq && seq <= p) {
             let _ = std::fs::remove_file(f.path());
         }
     }
@@ -97,7 +118,6 @@ pub fn prune(dir: &Path, entries: &[Entry]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checkpoint::Kind;
 
     fn entry(seq: u64, image: Option<u64>) -> Entry {
         Entry {
@@ -112,6 +132,41 @@ mod tests {
             timings: Default::default(),
             marked: false,
         }
+    }
+
+    #[test]
+    fn a_plan_is_left_only_over_skipped_turns() {
+        let d = tempfile::tempdir().unwrap();
+        let mut config = Config::default();
+        config.checkpoint.store = d.path().to_path_buf();
+        let key = ContainerKey::new("ns", "c").unwrap();
+        std::fs::create_dir_all(dir(&config, &key)).unwrap();
+        let full = Entry {
+            kind: Kind::Full,
+            ..entry(4, Some(4))
+        };
+        let mut h = History::load(&history::dir(&config, &key), &key).unwrap();
+        h.entries = vec![full, entry(5, Some(4)), entry(6, Some(4))];
+        h.next_seq = 7;
+        h.save(&history::dir(&config, &key)).unwrap();
+        let plan = dir(&config, &key).join(PLAN);
+
+        plan_replay(&config, &key, &entry(6, Some(4))).unwrap();
+        let got: Plan = serde_json::from_slice(&std::fs::read(&plan).unwrap()).unwrap();
+        assert_eq!(got, Plan { from: 4, to: 6 });
+        std::fs::remove_file(&plan).unwrap();
+
+        // Turn 5 took the files alone: its tools must not run again.
+        h.entries[1].kind = Kind::FsOnly;
+        h.save(&history::dir(&config, &key)).unwrap();
+        plan_replay(&config, &key, &entry(6, Some(4))).unwrap();
+        assert!(!plan.exists());
+        // Without fast-forward, never.
+        h.entries[1].kind = Kind::Skip;
+        h.save(&history::dir(&config, &key)).unwrap();
+        config.agent.fast_forward = false;
+        plan_replay(&config, &key, &entry(6, Some(4))).unwrap();
+        assert!(!plan.exists());
     }
 
     #[test]
@@ -139,5 +194,33 @@ mod tests {
             .collect();
         left.sort();
         assert_eq!(left, [".5.partial", "4.exchange", "6.exchange", PLAN]);
+    }
+
+    #[test]
+    fn an_old_marked_checkpoint_keeps_its_own_replay_not_every_turn_after_it() {
+        let d = tempfile::tempdir().unwrap();
+        for seq in 2..=11 {
+            std::fs::write(d.path().join(format!("{seq}.exchange")), b"x").unwrap();
+        }
+        // Entry 3 (marked, image 2) and the newest two (image 9).
+        prune(
+            d.path(),
+            &[entry(3, Some(2)), entry(10, Some(9)), entry(11, Some(9))],
+        );
+        let mut left: Vec<String> = std::fs::read_dir(d.path())
+            .unwrap()
+            .map(|f| f.unwrap().file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        assert_eq!(
+            left,
+            [
+                "10.exchange",
+                "11.exchange",
+                "2.exchange",
+                "3.exchange",
+                "9.exchange"
+            ]
+        );
     }
 }

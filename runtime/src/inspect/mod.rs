@@ -196,7 +196,7 @@ pub fn classify(
     let hist = HistoryStore::open(config, &c.key()?)?.history().clone();
     let agent = agent
         .filter(|_| config.agent.fast_forward)
-        .map(|conn| (conn, &config.agent.state_paths[..]));
+        .map(|conn| (conn, &config.agent));
     classify_against(c, insp, Some(&hist), agent)
 }
 
@@ -210,7 +210,7 @@ fn classify_against(
     c: &Container,
     insp: &Inspector,
     hist: Option<&History>,
-    agent: Option<(AgentConn, &[String])>,
+    agent: Option<(AgentConn, &crate::config::Agent)>,
 ) -> Result<Classification> {
     let started = Instant::now();
     if !insp.is_watched(c.state.cgroup_id)? {

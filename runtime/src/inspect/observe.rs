@@ -4,7 +4,7 @@
 use crab_bpf::{FsFlags, Inspector};
 
 use super::agent::{self, AgentView};
-use super::policy::{compare, Change, Observation, Taken};
+use super::policy::{compare, Change, Observation, ReplayRun, Taken};
 use super::{mount_map, procs, softdirty, Baseline, DETAIL_LIMIT};
 use crate::checkpoint::history::History;
 use crate::container::Container;
@@ -21,7 +21,7 @@ pub(super) fn observe(
     insp: &Inspector,
     hist: Option<&History>,
     base: Option<&Baseline>,
-    agent: Option<(AgentConn, &[String])>,
+    agent: Option<(AgentConn, &crate::config::Agent)>,
 ) -> Result<Observation> {
     let cgid = c.state.cgroup_id;
     let counters = insp.counters(cgid)?.ok_or_else(|| Error::WrongState {
@@ -48,11 +48,12 @@ pub(super) fn observe(
     let queues = procs::queues(&processes);
     // An agent whose connection no process of the container holds is outside
     // (it came through the host's door): nothing of the sandbox is left out.
-    let agent = agent.and_then(|(conn, state_paths)| {
+    let replay = agent.and_then(|(_, a)| replay_run(hist?, a));
+    let agent = agent.and_then(|(conn, a)| {
         let pids = agent::holders(&processes, conn);
         (!pids.is_empty()).then(|| AgentView {
             pids,
-            state_paths: state_paths.to_vec(),
+            state_paths: a.state_paths.clone(),
         })
     });
 
@@ -83,5 +84,16 @@ pub(super) fn observe(
         shared_writable,
         dirty_pages,
         agent,
+        replay,
+    })
+}
+
+/// How many turns a restore of the coming turn's checkpoint would replay if it
+/// were a skip: from the newest process image to it (none before the first).
+fn replay_run(hist: &History, agent: &crate::config::Agent) -> Option<ReplayRun> {
+    let image = hist.entries.last()?.process_image?;
+    Some(ReplayRun {
+        turns: hist.next_seq.saturating_sub(image),
+        max: u64::from(agent.max_replay_turns),
     })
 }

@@ -53,6 +53,20 @@ pub struct Observation {
     /// queued input and state paths alone make no checkpoint, and a turn that
     /// takes anything takes it too (full).
     pub agent: Option<AgentView>,
+    /// With the agent's journal on: how long a restore of this turn's
+    /// checkpoint would replay if it were a skip.
+    pub replay: Option<ReplayRun>,
+}
+
+/// The turns since the newest process image, which a restore of a skip
+/// replays from the journal, and the most it may replay
+/// (`[agent] max_replay_turns`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplayRun {
+    /// This turn's seq less the newest process image's.
+    pub turns: u64,
+    /// The bound: at this many, the turn is full.
+    pub max: u64,
 }
 
 /// How a task alive now differs from the baseline.
@@ -164,11 +178,30 @@ pub fn decide(obs: &Observation, base: Option<&Baseline>) -> Classification {
         ));
         proc = true;
     }
-    // The agent's own threads are made again by fast-forward.
-    let of_agent = |t: &Task| obs.agent.as_ref().is_some_and(|a| a.pids.contains(&t.tgid));
-    let agent_ran = changed.iter().any(|(t, _)| of_agent(t)) || died.iter().any(|t| of_agent(t));
-    let changed: Vec<_> = changed.into_iter().filter(|(t, _)| !of_agent(t)).collect();
-    let died: Vec<_> = died.into_iter().filter(|t| !of_agent(t)).collect();
+    // The agent's own threads are made again by fast-forward. A process that
+    // holds the agent's connection but was born in this turn (a child the
+    // socket was left to) is in no image the journal could replay from: it
+    // counts like any other process.
+    let of_agent = |t: &Task, c: Change| {
+        obs.agent.as_ref().is_some_and(|a| a.pids.contains(&t.tgid))
+            && !(c == Change::Born && t.tid == t.tgid)
+    };
+    let agent_ran = changed.iter().any(|&(t, c)| of_agent(t, c))
+        || died.iter().any(|t| of_agent(t, Change::Ran));
+    // A task that ran with a file mapped shared and writable may have changed
+    // that file with plain stores, which no syscall shows: the agent's own
+    // tasks too, since what such a store changes is a file, not its state.
+    let maps_shared = changed
+        .iter()
+        .any(|(t, c)| *c == Change::Ran && obs.shared_writable.contains(&t.tid));
+    let changed: Vec<_> = changed
+        .into_iter()
+        .filter(|&(t, c)| !of_agent(t, c))
+        .collect();
+    let died: Vec<_> = died
+        .into_iter()
+        .filter(|t| !of_agent(t, Change::Ran))
+        .collect();
     if !changed.is_empty() || !died.is_empty() {
         proc = true;
         out.reasons.push(format!(
@@ -188,13 +221,7 @@ pub fn decide(obs: &Observation, base: Option<&Baseline>) -> Classification {
         out.reasons
             .push("input queued on pipes or sockets changed".into());
     }
-    // A task that ran with a file mapped shared and writable may have changed
-    // that file with plain stores, which no syscall shows.
-    if !fs
-        && changed
-            .iter()
-            .any(|(t, c)| *c == Change::Ran && obs.shared_writable.contains(&t.tid))
-    {
+    if !fs && maps_shared {
         fs = true;
         out.reasons
             .push("a task that ran maps a file shared and writable".into());
@@ -235,6 +262,18 @@ pub fn decide(obs: &Observation, base: Option<&Baseline>) -> Classification {
             out.reasons.push(format!(
                 "only the agent ran (pids {:?}): fast-forward makes it again",
                 a.pids
+            ));
+        }
+    }
+    // Every skip lengthens the replay of a restore and the journal kept for
+    // it: past the bound, the turn takes a new image.
+    if let Some(r) = obs.replay.filter(|r| r.turns >= r.max) {
+        if !(fs && proc) {
+            (fs, proc) = (true, true);
+            out.reasons.push(format!(
+                "{} turns since the last process image: a restore replays at most {} \
+                 (agent.max_replay_turns)",
+                r.turns, r.max
             ));
         }
     }
@@ -362,6 +401,7 @@ mod tests {
             shared_writable: Vec::new(),
             dirty_pages: Vec::new(),
             agent: None,
+            replay: None,
         };
         (obs, Some(base))
     }

@@ -118,3 +118,56 @@ fn another_process_ran_beside_the_agent_is_still_seen() {
         got.tasks
     );
 }
+
+#[test]
+fn a_new_process_holding_the_agents_connection_counts() {
+    // A child the agent left its socket to is also a holder of the
+    // connection, but no image has it: it is no agent the journal replays.
+    let (mut obs, base) = with_agent();
+    agent_ran(&mut obs);
+    obs.tasks.push(task(90, 500, 10, "worker"));
+    obs.agent.as_mut().unwrap().pids.push(90);
+    let got = decide(&obs, base.as_ref());
+    assert_eq!(got.kind, Full, "{:?}", got.reasons);
+    assert!(got.tasks.iter().any(|t| t.tid == 90), "{:?}", got.tasks);
+}
+
+#[test]
+fn an_agent_that_stores_into_a_shared_file_mapping_takes_the_files() {
+    // A store through a shared writable mapping changes a file with no
+    // syscall: the agent's own stores too.
+    let (mut obs, base) = with_agent();
+    agent_ran(&mut obs);
+    obs.shared_writable.push(41);
+    let got = decide(&obs, base.as_ref());
+    assert_eq!(got.kind, Full, "{:?}", got.reasons);
+    assert!(
+        got.reasons
+            .iter()
+            .any(|r| r.contains("shared and writable")),
+        "{:?}",
+        got.reasons
+    );
+}
+
+#[test]
+fn a_long_run_of_skips_ends_in_a_full_turn() {
+    let (mut obs, base) = with_agent();
+    agent_ran(&mut obs);
+    obs.replay = Some(ReplayRun { turns: 31, max: 32 });
+    assert_eq!(decide(&obs, base.as_ref()).kind, Skip);
+    obs.replay = Some(ReplayRun { turns: 32, max: 32 });
+    let got = decide(&obs, base.as_ref());
+    assert_eq!(got.kind, Full, "{:?}", got.reasons);
+    assert!(
+        got.reasons.iter().any(|r| r.contains("max_replay_turns")),
+        "{:?}",
+        got.reasons
+    );
+    // Without the agent found (its request came from a process not seen), a
+    // turn that would keep the old image is full too.
+    let (mut quiet, base) = quiet();
+    assert_eq!(decide(&quiet, base.as_ref()).kind, Skip);
+    quiet.replay = Some(ReplayRun { turns: 40, max: 32 });
+    assert_eq!(decide(&quiet, base.as_ref()).kind, Full);
+}
