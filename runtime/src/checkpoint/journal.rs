@@ -20,7 +20,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::history::{self, Entry, History};
+use super::history::{self, Entry};
+use super::history_store::HistoryStore;
 use super::Kind;
 use crate::config::Config;
 use crate::storage::ContainerKey;
@@ -59,8 +60,9 @@ pub fn plan_replay(config: &Config, key: &ContainerKey, entry: &Entry) -> Result
     // without the processes (its requester was not found as the agent, so it
     // was not made full) would have its tools run twice on files that have
     // their effect: no replay then, the agent asks its LLM again.
-    let hist = History::load(&history::dir(config, key), key)?;
-    if let Some(e) = hist
+    let locked = HistoryStore::open(config, key)?;
+    if let Some(e) = locked
+        .history()
         .entries
         .iter()
         .find(|e| e.seq > from && e.seq <= entry.seq && e.kind != Kind::Skip)
@@ -118,6 +120,7 @@ pub fn prune(dir: &Path, entries: &[Entry]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::checkpoint::history::History;
 
     fn entry(seq: u64, image: Option<u64>) -> Entry {
         Entry {
