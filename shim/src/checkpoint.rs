@@ -6,8 +6,8 @@ use std::time::Instant;
 
 use containerd_shim::api::*;
 use containerd_shim::protos::events::task::*;
+use crab_runtime::checkpoint::calls::RollbackFs;
 use crab_runtime::checkpoint::engine::{apply_fs_delta, CheckpointOpts, Dumped};
-use crab_runtime::checkpoint::ops::HistoryOp;
 use crab_runtime::checkpoint::pin::{self, PinnedImage};
 use crab_runtime::checkpoint::source::{RestoreOptions, Source};
 use crab_runtime::checkpoint::{reuse, Manifest, CONTAINERD_UNPACKED_PREFIX};
@@ -253,7 +253,7 @@ impl TaskService {
                         if src == c.key()? {
                             // The same container after a crash: its tree goes back first.
                             let snapshot = pinned.entry.fs_snapshot.clone().unwrap_or_default();
-                            if let Err(e) = c.history(&cfg, HistoryOp::RollbackFs(snapshot)) {
+                            if let Err(e) = c.history(&cfg, RollbackFs(snapshot)) {
                                 let _ = c.delete();
                                 return Err(unpin(e));
                             }

@@ -15,6 +15,7 @@ pub mod archive_sign;
 pub mod archive_work;
 pub mod beneath;
 pub mod byte_quota;
+pub mod calls;
 pub mod engine;
 pub mod fs_diff;
 pub mod history;

@@ -6,22 +6,38 @@
 //! single-threaded helper for each call that forks (create, exec). The helper moves
 //! itself into the container's tracking cgroup, builds the container with
 //! `as_sibling(true)` so that the container's process becomes a child of the shim (which
-//! reaps it and reports its exit), prints the pid as JSON and exits.
+//! reaps it and reports its exit), prints the pid as JSON and exits. Calls that exec
+//! tools whose exit status the shim's reaper would steal (CRIU, the stores' tools) run
+//! there too.
 //!
 //! Protocol: `<shim binary> __crab_helper '<Request as JSON>'`; the stdio fds named in the
-//! request are inherited; stdout carries one [`Reply`] line, stderr the error text.
+//! request are inherited; stdout carries one answer line, `{"reply": ...}` or
+//! `{"failure": ...}` ([`wire`]), stderr the error text. Each request is a [`Call`],
+//! which names the type of its reply:
+//!
+//! | call | served in | reply |
+//! |---|---|---|
+//! | [`Create`], [`Exec`] | [`spawn`] | the new process's pid |
+//! | [`Restore`](crate::checkpoint::restore_helper::Restore) | [`crate::checkpoint::restore_helper`] | the init's pid and the restore's phases |
+//! | [`Checkpoint`](crate::checkpoint::calls::Checkpoint), [`ApplyFsDelta`](crate::checkpoint::calls::ApplyFsDelta) | [`crate::checkpoint::calls`] | the manifest; nothing |
+//! | [`OnHistory`](crate::checkpoint::calls::OnHistory) of one [`HistoryCall`](crate::checkpoint::calls::HistoryCall) | [`crate::checkpoint::calls`] | that operation's |
+//! | [`OnStore`](crate::storage::in_helper::OnStore) of one [`StoreCall`](crate::storage::in_helper::StoreCall) | [`crate::storage::in_helper`] | that operation's |
 
 use std::io::Read;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
 use std::process::{Command, Stdio as ProcessStdio};
 
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::error::Failure;
-use crate::tracking::TrackingCgroup;
 use crate::{Error, Result};
+
+pub mod spawn;
+pub mod wire;
+
+pub use spawn::{Create, Exec};
+pub use wire::Request;
 
 /// First argument that turns the shim binary into the helper.
 pub const HELPER_ARG: &str = "__crab_helper";
@@ -38,128 +54,20 @@ pub struct StdioFds {
     pub stderr: Option<RawFd>,
 }
 
-/// What the helper is asked to do.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub enum Request {
-    /// Create (not start) a container from an OCI bundle.
-    Create {
-        /// Container id.
-        id: String,
-        /// libcontainer's state root.
-        root: PathBuf,
-        /// The OCI bundle.
-        bundle: PathBuf,
-        /// Stdio for the container's init.
-        stdio: StdioFds,
-        /// Where to send the pty master, for terminal containers.
-        console_socket: Option<PathBuf>,
-        /// The tracking cgroup to join first.
-        tracking: PathBuf,
-    },
-    /// Start an additional process in a running container.
-    Exec {
-        /// Container id.
-        id: String,
-        /// libcontainer's state root.
-        root: PathBuf,
-        /// A file holding the OCI `process` JSON.
-        process: PathBuf,
-        /// Stdio for the new process.
-        stdio: StdioFds,
-        /// Where to send the pty master, for terminal processes.
-        console_socket: Option<PathBuf>,
-        /// The tracking cgroup to join first.
-        tracking: PathBuf,
-    },
-    /// Checkpoint a container (CRIU dump and file-system delta).
-    Checkpoint {
-        /// libcontainer's state root.
-        root: PathBuf,
-        /// Crab's state of the container.
-        state: crate::container::CrabState,
-        /// What to write where.
-        opts: crate::checkpoint::engine::CheckpointOpts,
-    },
-    /// An operation on the container's checkpoint history.
-    History {
-        /// The container's configuration (its store, the checkpoint store).
-        config: crate::config::Config,
-        /// libcontainer's state root.
-        root: PathBuf,
-        /// Crab's state of the container.
-        state: crate::container::CrabState,
-        /// What to do.
-        op: crate::checkpoint::ops::HistoryOp,
-    },
-    /// A store operation (the stores exec tools).
-    Store {
-        /// The configuration (which store).
-        config: crate::config::Config,
-        /// What to do.
-        op: crate::storage::in_helper::StoreOp,
-    },
-    /// Apply a checkpoint's file-system delta to a rootfs.
-    ApplyFsDelta {
-        /// The checkpoint directory.
-        dir: PathBuf,
-        /// The rootfs (a fresh tree of the image).
-        rootfs: PathBuf,
-    },
-    /// Restore a container's processes from CRIU images (see [`crate::checkpoint`]).
-    Restore {
-        /// Container id.
-        id: String,
-        /// libcontainer's state root.
-        root: PathBuf,
-        /// The OCI bundle, its rootfs already holding the checkpointed files.
-        bundle: PathBuf,
-        /// The CRIU images.
-        images: PathBuf,
-        /// CRIU.
-        criu: crate::criu::Tool,
-        /// New stdio for the restored init.
-        stdio: StdioFds,
-        /// What the restore needs to know about the dumped container.
-        dumped: crate::checkpoint::engine::Dumped,
-        /// The tracking cgroup to join first.
-        tracking: PathBuf,
-    },
-}
-
-impl Request {
-    fn operation(&self) -> &'static str {
-        match self {
-            Request::Create { .. } => "create container",
-            Request::Exec { .. } => "exec process",
-            Request::Restore { .. } => "restore container",
-            Request::Checkpoint { .. } => "checkpoint container",
-            Request::History { .. } => "change the checkpoint history",
-            Request::Store { .. } => "operate the store",
-            Request::ApplyFsDelta { .. } => "apply a file-system delta",
-        }
-    }
-
+/// One kind of request to the helper, and what it answers: the request travels as
+/// a [`Request`] (one JSON argument), its [`Call::Reply`] as `{"reply": ...}` on the
+/// helper's stdout ([`wire`]).
+pub trait Call: Into<Request> {
+    /// What the helper answers when the call succeeds.
+    type Reply: Serialize + DeserializeOwned;
+    /// What the helper is asked to do, for errors ("helper process failed to ...").
+    const OPERATION: &'static str;
+    /// The stdio fds the helper inherits for the call (none by default).
     fn stdio(&self) -> StdioFds {
-        match self {
-            Request::Create { stdio, .. }
-            | Request::Exec { stdio, .. }
-            | Request::Restore { stdio, .. } => *stdio,
-            Request::Checkpoint { .. }
-            | Request::ApplyFsDelta { .. }
-            | Request::History { .. }
-            | Request::Store { .. } => StdioFds::default(),
-        }
+        StdioFds::default()
     }
-}
-
-/// The helper's answer.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Reply {
-    /// Pid of the container's init, or of the exec'd process (0 for other requests).
-    pub pid: i32,
-    /// The result of other requests (a checkpoint's manifest, ...).
-    #[serde(default)]
-    pub data: serde_json::Value,
+    /// The call itself, in the helper.
+    fn serve(self) -> Result<Self::Reply>;
 }
 
 /// The container-side ends of a process's stdio, handed to the helper.
@@ -183,26 +91,23 @@ impl ChildStdio {
     }
 }
 
-/// Builds a [`Request`] whose stdio fields are filled in by [`run`].
-pub type RequestFn = dyn FnOnce(StdioFds) -> Request;
-
-/// Runs the helper (blocking) and returns the new process's pid. `stdio` is closed in
-/// this process afterwards: the container holds the only copies.
-pub fn run(make: Box<RequestFn>, stdio: ChildStdio) -> Result<i32> {
-    run_reply(make, stdio).map(|r| r.pid)
-}
-
-/// [`run`], returning the whole reply.
-pub fn run_reply(make: Box<RequestFn>, stdio: ChildStdio) -> Result<Reply> {
-    let request = make(stdio.fds());
-    let operation = request.operation();
+/// Runs the helper (blocking) on the call `make` builds with the stdio fds it
+/// inherits, and returns its reply. `stdio` is closed in this process afterwards:
+/// the container holds the only copies.
+pub(crate) fn run<C: Call>(
+    make: impl FnOnce(StdioFds) -> C,
+    stdio: ChildStdio,
+) -> Result<C::Reply> {
+    let call = make(stdio.fds());
+    let operation = C::OPERATION;
     let fds: Vec<RawFd> = {
-        let s = request.stdio();
+        let s = call.stdio();
         [s.stdin, s.stdout, s.stderr]
             .into_iter()
             .flatten()
             .collect()
     };
+    let request: Request = call.into();
     // /proc/self/exe, not the path: a shim keeps working after its binary is
     // upgraded (the path then names another file, or none).
     let exe = std::path::PathBuf::from("/proc/self/exe");
@@ -249,28 +154,13 @@ pub fn run_reply(make: Box<RequestFn>, stdio: ChildStdio) -> Result<Reply> {
     // The shim's reaper may have collected the helper already (ECHILD): the reply on
     // stdout is what counts, not the exit status.
     let _ = child.wait();
-    for line in out.lines() {
-        if let Ok(reply) = serde_json::from_str::<Reply>(line) {
-            return Ok(reply);
-        }
-        if let Ok(failed) = serde_json::from_str::<Failed>(line) {
-            return Err(Error::InHelper {
-                operation,
-                failure: failed.failure,
-            });
-        }
+    match out.lines().find_map(|line| wire::decode(operation, line)) {
+        Some(answer) => answer,
+        None => Err(Error::Helper {
+            operation,
+            message: last_error_line(&err),
+        }),
     }
-    Err(Error::Helper {
-        operation,
-        message: last_error_line(&err),
-    })
-}
-
-/// The helper's answer when its request failed: the error's kind and text, so
-/// that the caller answers its own client with the same kind.
-#[derive(Debug, Serialize, Deserialize)]
-struct Failed {
-    failure: Failure,
 }
 
 /// Makes the process `cmd` starts die (SIGKILL) when the thread that started it
@@ -309,20 +199,11 @@ fn last_error_line(stderr: &str) -> String {
 /// The helper's `main`: never returns.
 pub fn main(args: &[String]) -> ! {
     let code = match args.first().map(|a| serde_json::from_str::<Request>(a)) {
-        Some(Ok(request)) => match serve(request) {
-            Ok(reply) => {
-                println!("{}", serde_json::to_string(&reply).expect("reply"));
-                0
-            }
-            Err(e) => {
-                let failed = Failed {
-                    failure: Failure::new(e.kind(), error_chain(&e)),
-                };
-                println!("{}", serde_json::to_string(&failed).expect("failure"));
-                eprintln!("{}", error_chain(&e));
-                1
-            }
-        },
+        Some(Ok(request)) => {
+            let (answer, code) = wire::serve(request);
+            println!("{answer}");
+            code
+        }
         Some(Err(e)) => {
             eprintln!("bad helper request: {e}");
             2
@@ -362,168 +243,6 @@ pub(crate) fn inherited_or_null(fd: Option<RawFd>) -> Result<OwnedFd> {
             .map(OwnedFd::from)
             .map_err(Error::io("open /dev/null")),
     }
-}
-
-fn serve(request: Request) -> Result<Reply> {
-    let pid = |pid| Reply {
-        pid,
-        data: serde_json::Value::Null,
-    };
-    let data = |value: serde_json::Value| Reply {
-        pid: 0,
-        data: value,
-    };
-    if let Request::History { config, .. } | Request::Store { config, .. } = &request {
-        crate::storage::fault::choose_from(config.fault_file.as_deref());
-    }
-    match request {
-        Request::Restore { .. } => {
-            crate::checkpoint::restore_helper::serve(request).map(|(pid, phases)| Reply {
-                pid,
-                data: json(&phases),
-            })
-        }
-        Request::Checkpoint { root, state, opts } => {
-            let c = crate::container::Container { root, state };
-            Ok(data(json(&c.checkpoint_here(&opts)?)))
-        }
-        Request::Store { config, op } => crate::storage::in_helper::serve(&config, op).map(data),
-        Request::History {
-            config,
-            root,
-            state,
-            op,
-        } => {
-            let c = crate::container::Container { root, state };
-            c.history_here(&config, op).map(data)
-        }
-        Request::ApplyFsDelta { dir, rootfs } => {
-            crate::checkpoint::engine::apply_fs_delta_here(&dir, &rootfs).map(|()| pid(0))
-        }
-        Request::Create { .. } | Request::Exec { .. } => serve_libcontainer(request).map(pid),
-    }
-}
-
-fn json<T: Serialize>(value: &T) -> serde_json::Value {
-    serde_json::to_value(value).expect("reply serializes")
-}
-
-fn serve_libcontainer(request: Request) -> Result<i32> {
-    use libcontainer::container::builder::ContainerBuilder;
-    use libcontainer::syscall::syscall::SyscallType;
-
-    let stdio = request.stdio();
-    let (id, root, console_socket, tracking) = match &request {
-        Request::Create {
-            id,
-            root,
-            console_socket,
-            tracking,
-            ..
-        }
-        | Request::Exec {
-            id,
-            root,
-            console_socket,
-            tracking,
-            ..
-        } => (
-            id.clone(),
-            root.clone(),
-            console_socket.clone(),
-            tracking.clone(),
-        ),
-        _ => unreachable!("served by serve()"),
-    };
-    TrackingCgroup::at(tracking).add(std::process::id() as i32)?;
-    let (root_of_exec, id_of_exec) = (root.clone(), id.clone());
-
-    let mut builder = ContainerBuilder::new(id, SyscallType::Linux)
-        .with_root_path(root)
-        .map_err(Error::libcontainer("set root path"))?
-        .with_console_socket(console_socket.clone());
-    if console_socket.is_none() {
-        // Without a terminal the process gets exactly these fds; anything not given is
-        // /dev/null, never the helper's own stdout (the reply pipe).
-        builder = builder
-            .with_stdin(inherited_or_null(stdio.stdin)?)
-            .with_stdout(inherited_or_null(stdio.stdout)?)
-            .with_stderr(inherited_or_null(stdio.stderr)?);
-    }
-    match request {
-        Request::Create { bundle, .. } => {
-            let spec = crate::container::load_spec(&bundle)?;
-            let cgroup_path = libcontainer::config::YoukiConfig::from_spec(&spec, &id_of_exec)
-                .map_err(|e| Error::InvalidSpec {
-                    bundle: bundle.clone(),
-                    message: e.to_string(),
-                })?
-                .cgroup_path;
-            crate::cgroup_view::join_systemd(&cgroup_path)?;
-            let container = builder
-                .as_init(bundle)
-                .with_systemd(false)
-                .with_detach(true)
-                .as_sibling(true)
-                .build()
-                .map_err(Error::libcontainer("create"))?;
-            let pid = container
-                .pid()
-                .map(|p| p.as_raw())
-                .ok_or_else(|| Error::Helper {
-                    operation: "create container",
-                    message: "libcontainer returned a container without a pid".into(),
-                })?;
-            if crate::netns::owns_network_namespace(&spec) {
-                crate::netns::loopback_up(pid)?;
-            }
-            // Last: the helper stays in the container's mount namespace.
-            crate::cgroup_view::seal(pid, &spec)?;
-            Ok(pid)
-        }
-        Request::Exec { process, .. } => {
-            let init = libcontainer::container::Container::load(root_of_exec.join(&id_of_exec))
-                .map_err(Error::libcontainer("load container for exec"))?;
-            if let Some(pid) = init.pid() {
-                join_time_namespace_of(pid.as_raw())?;
-            }
-            let config = init
-                .spec()
-                .map_err(Error::libcontainer("load config for exec"))?;
-            crate::cgroup_view::join_systemd(&config.cgroup_path)?;
-            let pid = builder
-                .as_tenant()
-                .with_process(Some(process))
-                .with_detach(true)
-                .as_sibling(true)
-                .build()
-                .map_err(Error::libcontainer("exec"))?;
-            Ok(pid.as_raw())
-        }
-        _ => unreachable!("served by serve()"),
-    }
-}
-
-/// A restored container's tasks live in a time namespace CRIU made (it carries
-/// the clocks' offsets); libcontainer joins only the namespaces the spec lists,
-/// so an exec'd process would stay in the host's. CRIU cannot restore a tree
-/// that spans two time namespaces: the helper joins the init's first (its
-/// children, the exec'd process among them, are born there).
-fn join_time_namespace_of(pid: i32) -> Result<()> {
-    let theirs = format!("/proc/{pid}/ns/time");
-    let same = std::fs::read_link(&theirs).ok() == std::fs::read_link("/proc/self/ns/time").ok();
-    if same {
-        return Ok(());
-    }
-    let ns = std::fs::File::open(&theirs).map_err(Error::io(format!("open {theirs}")))?;
-    // SAFETY: setns takes a namespace descriptor, valid for the call, and a type.
-    let r = unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&ns), libc::CLONE_NEWTIME) };
-    if r != 0 {
-        return Err(Error::io(format!("join the time namespace of pid {pid}"))(
-            std::io::Error::last_os_error(),
-        ));
-    }
-    Ok(())
 }
 
 #[cfg(test)]
