@@ -55,7 +55,7 @@ enum Plan {
     /// A checkpoint directory.
     Dir(PathBuf, DirOwner),
     /// A checkpoint in a history on this host.
-    History(ContainerKey, PinnedImage),
+    History(ContainerKey, Box<PinnedImage>),
 }
 
 impl TaskService {
@@ -186,7 +186,7 @@ impl TaskService {
                     let (config, src, key) = (config.clone(), src.clone(), key.clone());
                     blocking(move || pin::pin(&config, &src, &checkpoint, &key)).await?
                 };
-                Plan::History(src, pinned)
+                Plan::History(src, Box::new(pinned))
             }
         };
         let rootfs_mounted = match &plan {
