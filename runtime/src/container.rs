@@ -13,7 +13,7 @@ use oci_spec::runtime::{LinuxResources, Spec};
 use serde::{Deserialize, Serialize};
 
 use crate::config::Config;
-use crate::helper::{self, ChildStdio, Request};
+use crate::helper::{self, ChildStdio, Create, Exec};
 use crate::tracking::TrackingCgroup;
 use crate::{Error, Result};
 
@@ -84,24 +84,15 @@ impl Container {
             });
         }
         let (container, tracking) = Container::new_unsaved(config, &opts)?;
-        let request = {
-            let (id, root, bundle, console_socket, tracking) = (
-                opts.id.clone(),
-                container.root.clone(),
-                opts.bundle.clone(),
-                opts.console_socket.clone(),
-                tracking.path().to_path_buf(),
-            );
-            Box::new(move |stdio| Request::Create {
-                id,
-                root,
-                bundle,
-                stdio,
-                console_socket,
-                tracking,
-            })
+        let make = |stdio| Create {
+            id: opts.id.clone(),
+            root: container.root.clone(),
+            bundle: opts.bundle.clone(),
+            stdio,
+            console_socket: opts.console_socket.clone(),
+            tracking: tracking.path().to_path_buf(),
         };
-        let pid = match helper::run(request, stdio).and_then(|pid| {
+        let pid = match helper::run(make, stdio).and_then(|pid| {
             container.save_state()?;
             Ok(pid)
         }) {
@@ -319,23 +310,15 @@ impl Container {
         console_socket: Option<PathBuf>,
         stdio: ChildStdio,
     ) -> Result<i32> {
-        let request = {
-            let (id, root, process, tracking) = (
-                self.state.id.clone(),
-                self.root.clone(),
-                process.to_path_buf(),
-                self.state.tracking_cgroup.clone(),
-            );
-            Box::new(move |stdio| Request::Exec {
-                id,
-                root,
-                process,
-                stdio,
-                console_socket,
-                tracking,
-            })
+        let make = |stdio| Exec {
+            id: self.state.id.clone(),
+            root: self.root.clone(),
+            process: process.to_path_buf(),
+            stdio,
+            console_socket,
+            tracking: self.state.tracking_cgroup.clone(),
         };
-        helper::run(request, stdio)
+        helper::run(make, stdio)
     }
 
     fn cgroup_manager(&self) -> Result<libcgroups::common::AnyCgroupManager> {

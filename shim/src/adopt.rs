@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use containerd_shim::protos::api::Mount;
 use crab_runtime::config::Config;
 use crab_runtime::storage::adopt::{self, Adopted, MountInfo};
-use crab_runtime::storage::in_helper::StoreOp;
+use crab_runtime::storage::in_helper::Prepare;
 use crab_runtime::storage::layers::MountSpec;
 use crab_runtime::storage::{ContainerKey, ImageSource};
 use nix::mount::{umount2, MntFlags};
@@ -75,7 +75,7 @@ pub async fn prepare(
     let record = format!("{}\n{}\n", root.display(), adopted.mount_id);
     std::fs::write(bundle.join(RECORD), record)
         .map_err(|e| ShimError::Other(format!("write {RECORD}: {e}")))?;
-    let op = StoreOp::Prepare {
+    let op = Prepare {
         key: key.clone(),
         image,
         target: root.clone(),

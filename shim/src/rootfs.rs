@@ -7,7 +7,9 @@ use std::path::Path;
 
 use containerd_shim::protos::api::Mount;
 use crab_runtime::config::{Backend, Config};
-use crab_runtime::storage::in_helper::{self, StoreOp};
+use crab_runtime::storage::in_helper::{
+    self, CloneSnapshot, Collect, Prepare, Reconcile, Release, StoreCall,
+};
 use crab_runtime::storage::layers::MountSpec;
 use crab_runtime::storage::{self, ContainerKey, ImageSource};
 
@@ -68,7 +70,7 @@ pub async fn prepare(
         });
     }
     let image = ImageSource::from_mounts(&mount_specs(mounts))?;
-    let op = StoreOp::Prepare {
+    let op = Prepare {
         key: key.clone(),
         image,
         target: target.to_path_buf(),
@@ -78,7 +80,11 @@ pub async fn prepare(
 }
 
 /// Runs a store operation in the helper process.
-pub(crate) async fn store_op(config: &Config, op: StoreOp) -> ShimResult<serde_json::Value> {
+pub(crate) async fn store_op<O>(config: &Config, op: O) -> ShimResult<O::Reply>
+where
+    O: StoreCall + Send + 'static,
+    O::Reply: Send + 'static,
+{
     let config = config.clone();
     tokio::task::spawn_blocking(move || in_helper::run(&config, op))
         .await
@@ -97,7 +103,7 @@ pub async fn release(config: &Config, key: &ContainerKey, target: &Path, mounted
     if config.storage.backend == Backend::Passthrough {
         return;
     }
-    if let Err(e) = store_op(config, StoreOp::Release { key: key.clone() }).await {
+    if let Err(e) = store_op(config, Release { key: key.clone() }).await {
         tracing::warn!(error = %e, "release the container's tree");
     }
 }
@@ -118,8 +124,9 @@ pub fn collect(config: &Config, mounts: &[Mount]) {
     };
     let config = config.clone();
     tokio::spawn(async move {
-        match store_op(&config, StoreOp::Collect { scope }).await {
-            Ok(serde_json::Value::Array(keys)) if !keys.is_empty() => {
+        match store_op(&config, Collect { scope }).await {
+            Ok(keys) if !keys.is_empty() => {
+                let keys: Vec<String> = keys.iter().map(ToString::to_string).collect();
                 tracing::info!(
                     ?keys,
                     "removed the trees and checkpoints of removed containers"
@@ -140,11 +147,14 @@ fn reconcile(config: &Config) {
     }
     let config = config.clone();
     tokio::spawn(async move {
-        match store_op(&config, StoreOp::Reconcile).await {
+        match store_op(&config, Reconcile).await {
             Ok(report) => {
-                let empty = |k: &str| report[k].as_array().is_none_or(|a| a.is_empty());
-                if !empty("removed") || !empty("completed") {
-                    tracing::warn!(%report, "reconciled what crashes left in the store");
+                if !report.removed.is_empty() || !report.completed.is_empty() {
+                    tracing::warn!(
+                        removed = ?report.removed,
+                        completed = ?report.completed,
+                        "reconciled what crashes left in the store"
+                    );
                 }
             }
             Err(e) => tracing::warn!(error = %e, "reconcile the store"),
@@ -213,7 +223,7 @@ pub async fn prepare_clone(
         ));
     }
     let image = ImageSource::from_mounts(&mount_specs(mounts))?;
-    let op = StoreOp::Clone {
+    let op = CloneSnapshot {
         src: src.clone(),
         snapshot: snapshot.to_string(),
         key: key.clone(),

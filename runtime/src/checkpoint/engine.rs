@@ -17,13 +17,14 @@ use std::time::Instant;
 use libcontainer::container::ContainerStatus;
 use oci_spec::runtime::Spec;
 
-use super::restore_helper::RestorePhases;
+use super::calls::{ApplyFsDelta, Checkpoint};
+use super::restore_helper::Restore;
 use super::{dir_bytes, fs_diff, FsPart, Kind, Manifest, Stdio, Timings, CRIU_DIR, FS_DIFF};
 use crate::config::Config;
 use crate::container::{load_spec, Container, CreateOpts};
-use crate::helper::{self, ChildStdio, Request};
+use crate::helper::{self, ChildStdio};
 use crate::inspect::{self, Freeze};
-use crate::storage::in_helper::{self, StoreOp};
+use crate::storage::in_helper::{self, ChangedSinceImage};
 use crate::storage::ImageSource;
 use crate::{criu, Error, Result};
 
@@ -243,17 +244,12 @@ impl Container {
     /// in a helper process: CRIU and tar are children there, out of reach of the
     /// shim's reaper (which would collect them before their exit status is read).
     pub fn checkpoint(&self, opts: &CheckpointOpts) -> Result<Manifest> {
-        let (root, state, opts) = (self.root.clone(), self.state.clone(), opts.clone());
-        let reply = self.thawed_if_it_fails(|| {
-            helper::run_reply(
-                Box::new(move |_| Request::Checkpoint { root, state, opts }),
-                ChildStdio::default(),
-            )
-        })?;
-        serde_json::from_value(reply.data).map_err(|e| Error::Helper {
-            operation: "checkpoint container",
-            message: format!("the helper answered without a manifest: {e}"),
-        })
+        let call = Checkpoint {
+            root: self.root.clone(),
+            state: self.state.clone(),
+            opts: opts.clone(),
+        };
+        self.thawed_if_it_fails(|| helper::run(|_| call, ChildStdio::default()))
     }
 
     /// The checkpoint itself (in the helper).
@@ -409,29 +405,18 @@ impl Container {
         criu: &criu::Tool,
         stdio: ChildStdio,
     ) -> Result<i32> {
-        let request = {
-            let (id, root, bundle, images, criu, dumped, tracking) = (
-                self.state.id.clone(),
-                self.root.clone(),
-                self.state.bundle.clone(),
-                images.to_path_buf(),
-                criu.clone(),
-                from.clone(),
-                self.state.tracking_cgroup.clone(),
-            );
-            Box::new(move |stdio| Request::Restore {
-                id,
-                root,
-                bundle,
-                images,
-                criu,
-                stdio,
-                dumped,
-                tracking,
-            })
+        let make = |stdio| Restore {
+            id: self.state.id.clone(),
+            root: self.root.clone(),
+            bundle: self.state.bundle.clone(),
+            images: images.to_path_buf(),
+            criu: criu.clone(),
+            stdio,
+            dumped: from.clone(),
+            tracking: self.state.tracking_cgroup.clone(),
         };
-        match helper::run_reply(request, stdio).and_then(|reply| {
-            let p: RestorePhases = serde_json::from_value(reply.data).unwrap_or_default();
+        match helper::run(make, stdio).and_then(|restored| {
+            let p = restored.phases;
             tracing::info!(
                 id = %self.state.id,
                 prepare_ms = p.prepare_ms,
@@ -440,7 +425,7 @@ impl Container {
                 "restore phases"
             );
             self.save_state()?;
-            Ok(reply.pid)
+            Ok(restored.pid)
         }) {
             Ok(pid) => Ok(pid),
             Err(e) => {
@@ -492,12 +477,12 @@ fn changed_since_image(
     c: &Container,
     image: &ImageSource,
 ) -> Option<std::collections::BTreeSet<String>> {
-    let op = StoreOp::ChangedSinceImage {
+    let op = ChangedSinceImage {
         key: c.key().ok()?,
         image: image.clone(),
     };
     match in_helper::run(config, op) {
-        Ok(v) => serde_json::from_value(v).ok(),
+        Ok(paths) => paths,
         Err(e) => {
             tracing::warn!(id = %c.id(), error = %e, "changed names from the store: walking the trees");
             None
@@ -511,12 +496,11 @@ pub fn apply_fs_delta(dir: &Path, manifest: &Manifest, rootfs: &Path) -> Result<
     if manifest.fs.is_none() {
         return Ok(());
     }
-    let (dir, rootfs) = (dir.to_path_buf(), rootfs.to_path_buf());
-    helper::run_reply(
-        Box::new(move |_| Request::ApplyFsDelta { dir, rootfs }),
-        ChildStdio::default(),
-    )
-    .map(|_| ())
+    let call = ApplyFsDelta {
+        dir: dir.to_path_buf(),
+        rootfs: rootfs.to_path_buf(),
+    };
+    helper::run(|_| call, ChildStdio::default())
 }
 
 /// [`apply_fs_delta`] itself (in the helper).

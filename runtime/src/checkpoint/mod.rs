@@ -15,6 +15,7 @@ pub mod archive_sign;
 pub mod archive_work;
 pub(crate) mod beneath;
 pub(crate) mod byte_quota;
+pub(crate) mod calls;
 pub mod engine;
 pub mod fs_diff;
 pub mod history;

@@ -19,7 +19,6 @@ use super::history_store::HistoryStore;
 use super::{dir_bytes, sync_path, sync_tree, Kind, Timings, CRIU_DIR};
 use crate::config::Config;
 use crate::container::{load_spec, Container};
-use crate::helper::{self, ChildStdio, Request};
 use crate::inspect::{self, Freeze};
 use crate::storage::{self, fault, names, ContainerKey, Store};
 use crate::{criu, Error, Result};
@@ -38,96 +37,19 @@ pub struct CheckpointRequest {
     pub mark: bool,
 }
 
-/// An operation on a container's history, run in the helper.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub enum HistoryOp {
-    /// Take a checkpoint; answers its [`Entry`].
-    Checkpoint(CheckpointRequest),
-    /// Delete a checkpoint; answers the removed [`Entry`].
-    Remove(String),
-    /// Roll the container's files back to a snapshot (the caller has frozen or
-    /// stopped its processes).
-    RollbackFs(String),
-    /// Take a snapshot of the container's files (the caller has frozen its
-    /// processes); answers its name.
-    SnapshotFs(String),
-}
-
 impl Container {
-    fn open_store(config: &Config) -> Result<Box<dyn Store>> {
+    pub(super) fn open_store(config: &Config) -> Result<Box<dyn Store>> {
         storage::open(config, config.storage.backend)?.ok_or_else(|| Error::Storage {
             operation: "checkpoint",
             message: "the passthrough backend keeps no snapshots: use btrfs, zfs or overlay".into(),
         })
     }
 
-    /// Runs `op` in a helper process (CRIU and the storage tools are its children,
-    /// out of reach of the shim's reaper); answers what the op answers.
-    pub fn history(&self, config: &Config, op: HistoryOp) -> Result<serde_json::Value> {
-        let (config, root, state) = (config.clone(), self.root.clone(), self.state.clone());
-        let reply = self.thawed_if_it_fails(|| {
-            helper::run_reply(
-                Box::new(move |_| Request::History {
-                    config,
-                    root,
-                    state,
-                    op,
-                }),
-                ChildStdio::default(),
-            )
-        })?;
-        Ok(reply.data)
-    }
-
-    /// Runs `op`, a helper that may freeze the container. A helper that dies (killed,
-    /// out of memory) cannot thaw what it froze: if the container ran before and is
-    /// frozen after a failure, it is thawed here, and the inspector tainted (the dead
-    /// helper may have reset it for a checkpoint it never recorded).
-    pub(crate) fn thawed_if_it_fails<T>(&self, op: impl FnOnce() -> Result<T>) -> Result<T> {
-        let was_running = self.is_running();
-        let result = op();
-        if result.is_err() && was_running {
-            if matches!(self.status(), Ok(ContainerStatus::Paused)) {
-                tracing::warn!(id = %self.state.id, "a failed helper left the container frozen: thawing it");
-                if let Err(e) = self.resume() {
-                    tracing::error!(id = %self.state.id, error = %e, "thaw after a failed helper");
-                }
-            }
-            inspect::taint(self);
-        }
-        result
-    }
-
-    /// Takes a checkpoint (through [`Container::history`]).
-    pub fn take_checkpoint(&self, config: &Config, req: CheckpointRequest) -> Result<Entry> {
-        let value = self.history(config, HistoryOp::Checkpoint(req))?;
-        serde_json::from_value(value).map_err(|e| Error::Helper {
-            operation: "checkpoint container",
-            message: format!("unexpected answer: {e}"),
-        })
-    }
-
-    /// [`HistoryOp`] itself, in the helper.
-    pub(crate) fn history_here(&self, config: &Config, op: HistoryOp) -> Result<serde_json::Value> {
-        let json = |e: &Entry| serde_json::to_value(e).expect("entry serializes");
-        match op {
-            HistoryOp::Checkpoint(req) => {
-                self.checkpoint_into_history(config, &req).map(|e| json(&e))
-            }
-            HistoryOp::Remove(name) => self.remove_checkpoint(config, &name).map(|e| json(&e)),
-            HistoryOp::RollbackFs(snapshot) => {
-                Container::open_store(config)?.rollback(&self.key()?, &snapshot)?;
-                Ok(serde_json::Value::Null)
-            }
-            HistoryOp::SnapshotFs(name) => {
-                history::check_hand_snapshot_name(&name)?;
-                let info = Container::open_store(config)?.snapshot(&self.key()?, &name)?;
-                Ok(serde_json::Value::String(info.name))
-            }
-        }
-    }
-
-    fn checkpoint_into_history(&self, config: &Config, req: &CheckpointRequest) -> Result<Entry> {
+    pub(super) fn checkpoint_into_history(
+        &self,
+        config: &Config,
+        req: &CheckpointRequest,
+    ) -> Result<Entry> {
         let key = self.key()?;
         let store = Container::open_store(config)?;
         // Held until the entry is recorded and retention has run.
@@ -307,7 +229,7 @@ impl Container {
         Ok(entry)
     }
 
-    fn remove_checkpoint(&self, config: &Config, name: &str) -> Result<Entry> {
+    pub(super) fn remove_checkpoint(&self, config: &Config, name: &str) -> Result<Entry> {
         let key = self.key()?;
         let store = Container::open_store(config)?;
         let mut locked = HistoryStore::open(config, &key)?;

@@ -14,16 +14,17 @@ use libcgroups::common::{CgroupConfig, CgroupManager};
 use libcontainer::config::YoukiConfig;
 use libcontainer::container::{Container as LcContainer, ContainerStatus};
 use oci_spec::runtime::LinuxResources;
+use serde::{Deserialize, Serialize};
 
 use super::engine::bind_mounts;
 use crate::container::load_spec;
-use crate::helper::{inherited_or_null, Request};
+use crate::helper::{inherited_or_null, Call, Request, StdioFds};
 use crate::tracking::TrackingCgroup;
 use crate::{criu, netns, Error, Result};
 
 /// Where a restore's time went, in ms (logged by the shim: a restore's cost
 /// is mostly CRIU's, and the rest must stay small).
-#[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
 pub struct RestorePhases {
     /// Cgroups joined, images checked, stdio and mounts prepared.
     pub prepare_ms: u64,
@@ -33,12 +34,61 @@ pub struct RestorePhases {
     pub finish_ms: u64,
 }
 
-/// Restores the container the request names; returns the restored init's host
-/// pid and where the time went.
-pub fn serve(request: Request) -> Result<(i32, RestorePhases)> {
+/// Restore a container's processes from CRIU images (see [`crate::checkpoint`]);
+/// answers the restored init's pid and where the time went.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Restore {
+    /// Container id.
+    pub id: String,
+    /// libcontainer's state root.
+    pub root: PathBuf,
+    /// The OCI bundle, its rootfs already holding the checkpointed files.
+    pub bundle: PathBuf,
+    /// The CRIU images.
+    pub images: PathBuf,
+    /// CRIU.
+    pub criu: criu::Tool,
+    /// New stdio for the restored init.
+    pub stdio: StdioFds,
+    /// What the restore needs to know about the dumped container.
+    pub dumped: super::engine::Dumped,
+    /// The tracking cgroup to join first.
+    pub tracking: PathBuf,
+}
+
+/// What a [`Restore`] answers.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct Restored {
+    /// The restored init's host pid.
+    pub pid: i32,
+    /// Where the time went.
+    pub phases: RestorePhases,
+}
+
+impl From<Restore> for Request {
+    fn from(call: Restore) -> Request {
+        Request::Restore(call)
+    }
+}
+
+impl Call for Restore {
+    type Reply = Restored;
+    const OPERATION: &'static str = "restore container";
+
+    fn stdio(&self) -> StdioFds {
+        self.stdio
+    }
+
+    fn serve(self) -> Result<Restored> {
+        serve(self)
+    }
+}
+
+/// Restores the container `call` names.
+fn serve(call: Restore) -> Result<Restored> {
     let started = std::time::Instant::now();
     let ms = |t: std::time::Instant| t.elapsed().as_millis() as u64;
-    let Request::Restore {
+    let Restore {
         id,
         root,
         bundle,
@@ -47,10 +97,7 @@ pub fn serve(request: Request) -> Result<(i32, RestorePhases)> {
         stdio,
         dumped,
         tracking,
-    } = request
-    else {
-        unreachable!("only restore requests come here");
-    };
+    } = call;
     TrackingCgroup::at(tracking).add(std::process::id() as i32)?;
     let spec = load_spec(&bundle)?;
     let mut youki = YoukiConfig::from_spec(&spec, &id).map_err(|e| Error::InvalidSpec {
@@ -106,7 +153,7 @@ pub fn serve(request: Request) -> Result<(i32, RestorePhases)> {
             .map_err(Error::io("find the new terminal's path"))?;
         if !path.starts_with("/dev/pts/") {
             return Err(Error::Helper {
-                operation: "restore container",
+                operation: Restore::OPERATION,
                 message: format!(
                     "the checkpoint has a terminal, but stdin is {} and not a pty",
                     path.display()
@@ -157,14 +204,14 @@ pub fn serve(request: Request) -> Result<(i32, RestorePhases)> {
     }
     // Last: the helper stays in the container's mount namespace.
     crate::cgroup_view::seal(pid, &spec)?;
-    Ok((
+    Ok(Restored {
         pid,
-        RestorePhases {
+        phases: RestorePhases {
             prepare_ms,
             criu_ms,
             finish_ms: ms(finish_started),
         },
-    ))
+    })
 }
 
 fn join_cgroups(id: &str, path: &Path, spec: &oci_spec::runtime::Spec) -> Result<()> {

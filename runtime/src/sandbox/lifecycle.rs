@@ -5,9 +5,9 @@
 use std::path::{Path, PathBuf};
 
 use super::Sandbox;
+use crate::checkpoint::calls::RollbackFs;
 use crate::checkpoint::engine::Dumped;
 use crate::checkpoint::history::Entry;
-use crate::checkpoint::ops::HistoryOp;
 use crate::checkpoint::pin::{self, PinnedImage};
 use crate::config::Config;
 use crate::container::{Container, CreateOpts};
@@ -93,7 +93,7 @@ impl Sandbox {
             let snapshot = pinned.entry.fs_snapshot.clone().unwrap_or_default();
             let rolled_back = sandbox
                 .container
-                .history(&sandbox.config, HistoryOp::RollbackFs(snapshot));
+                .history(&sandbox.config, RollbackFs(snapshot));
             if let Err(e) = rolled_back {
                 let _ = sandbox.container.delete();
                 return Err(e);

@@ -20,10 +20,11 @@ pub use lifecycle::RestoreImages;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::checkpoint::calls::{RemoveCheckpoint, RollbackFs, SnapshotFs};
 use crate::checkpoint::engine::{CheckpointOpts, Dumped};
 use crate::checkpoint::history::Entry;
 use crate::checkpoint::history_store::HistoryStore;
-use crate::checkpoint::ops::{self, CheckpointRequest, HistoryOp};
+use crate::checkpoint::ops::{self, CheckpointRequest};
 use crate::checkpoint::sched::Priority;
 use crate::checkpoint::{bounded, bounded_at, Kind, Manifest};
 use crate::config::{Config, PolicyMode};
@@ -31,7 +32,7 @@ use crate::container::Container;
 use crate::control::AgentConn;
 use crate::helper::ChildStdio;
 use crate::inspect::{self, Classification};
-use crate::{criu, Error, Result};
+use crate::{criu, Result};
 
 /// A container and the configuration it was created with.
 #[derive(Debug, Clone)]
@@ -140,19 +141,14 @@ impl Sandbox {
 
     /// Removes the checkpoint `name`; answers its entry.
     pub fn remove_checkpoint(&self, name: &str) -> Result<Entry> {
-        let value = self
-            .container
-            .history(&self.config, HistoryOp::Remove(name.to_string()))?;
-        serde_json::from_value(value).map_err(|e| Error::Helper {
-            operation: "remove a checkpoint",
-            message: format!("unexpected answer: {e}"),
-        })
+        self.container
+            .history(&self.config, RemoveCheckpoint(name.to_string()))
     }
 
     /// Takes a snapshot `name` of the files (the caller has frozen the processes).
     pub fn snapshot_files(&self, name: &str) -> Result<()> {
         self.container
-            .history(&self.config, HistoryOp::SnapshotFs(name.to_string()))
+            .history(&self.config, SnapshotFs(name.to_string()))
             .map(|_| ())
     }
 
@@ -162,8 +158,7 @@ impl Sandbox {
     pub fn rollback_files(&self, snapshot: &str) -> Result<()> {
         inspect::taint(&self.container);
         self.container
-            .history(&self.config, HistoryOp::RollbackFs(snapshot.to_string()))
-            .map(|_| ())
+            .history(&self.config, RollbackFs(snapshot.to_string()))
     }
 
     /// Restores the processes of a process image into the container (its old

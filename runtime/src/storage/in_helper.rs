@@ -5,71 +5,181 @@
 //! helper is single-threaded and no reaper, so the shim sends it the whole operation,
 //! the bind mount of the tree included (the helper shares the shim's mount namespace).
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use nix::mount::{mount, MsFlags};
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use super::work::Existing;
-use super::{ContainerKey, ImageSource, Store};
+use super::{ContainerKey, ImageSource, ReconcileReport, Store};
 use crate::checkpoint::history_store::HistoryStore;
 use crate::config::Config;
-use crate::helper::{self, ChildStdio, Request};
+use crate::helper::{self, Call, ChildStdio, Request};
 use crate::{Error, Result};
 
-/// What to do.
+/// A store operation, run in the helper, and what it answers.
+pub trait StoreCall: Into<StoreOp> {
+    /// What the operation answers.
+    type Reply: Serialize + DeserializeOwned;
+    /// The operation itself, in the helper, on the configured store.
+    fn serve(self, config: &Config, store: &dyn Store) -> Result<Self::Reply>;
+}
+
+/// The store operations, as the helper receives them.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum StoreOp {
-    /// Make (or reuse) the container's tree from `image` and bind it on `target`.
-    Prepare {
-        /// The container.
-        key: ContainerKey,
-        /// Its image.
-        image: ImageSource,
-        /// Where to bind it.
-        target: PathBuf,
-        /// Layers of this container alone (top first) applied onto a new tree over
-        /// `image`: an adopted rootfs's ([`super::adopt`]).
-        #[serde(default)]
-        top: Vec<PathBuf>,
-    },
-    /// Make the container's tree a clone of `snapshot` of `src` (a fork), owned by the
-    /// image's containerd layer, and bind it on `target`.
-    Clone {
-        /// The forked container.
-        src: ContainerKey,
-        /// Its snapshot.
-        snapshot: String,
-        /// The new container.
-        key: ContainerKey,
-        /// The new container's image (for its owner).
-        image: ImageSource,
-        /// Where to bind it.
-        target: PathBuf,
-    },
-    /// Undo what prepare set up beside the bind mount (the caller unmounts).
-    Release {
-        /// The container.
-        key: ContainerKey,
-    },
-    /// Destroy the trees of removed containers of one snapshotter (the caller's
-    /// containerd's, [`super::work::collectable`]); answers their keys.
-    Collect {
-        /// That snapshotter's snapshots directory.
-        scope: PathBuf,
-    },
-    /// The names that may differ from the image ([`super::Store::changed_since_image`]);
-    /// answers a list, or null when the store cannot tell.
-    ChangedSinceImage {
-        /// The container.
-        key: ContainerKey,
-        /// Its image.
-        image: ImageSource,
-    },
-    /// Finish or undo what crashes interrupted anywhere in the store
-    /// ([`super::Store::reconcile`]: work of dead processes, rollbacks whose process
-    /// died); answers what it removed and completed.
-    Reconcile,
+    /// See [`Prepare`].
+    Prepare(Prepare),
+    /// See [`CloneSnapshot`].
+    Clone(CloneSnapshot),
+    /// See [`Release`].
+    Release(Release),
+    /// See [`Collect`].
+    Collect(Collect),
+    /// See [`ChangedSinceImage`].
+    ChangedSinceImage(ChangedSinceImage),
+    /// See [`Reconcile`].
+    Reconcile(Reconcile),
+}
+
+/// Make (or reuse) the container's tree from `image` and bind it on `target`;
+/// answers nothing.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Prepare {
+    /// The container.
+    pub key: ContainerKey,
+    /// Its image.
+    pub image: ImageSource,
+    /// Where to bind it.
+    pub target: PathBuf,
+    /// Layers of this container alone (top first) applied onto a new tree over
+    /// `image`: an adopted rootfs's ([`super::adopt`]).
+    #[serde(default)]
+    pub top: Vec<PathBuf>,
+}
+
+/// Make the container's tree a clone of `snapshot` of `src` (a fork), owned by the
+/// image's containerd layer, and bind it on `target`; answers nothing.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CloneSnapshot {
+    /// The forked container.
+    pub src: ContainerKey,
+    /// Its snapshot.
+    pub snapshot: String,
+    /// The new container.
+    pub key: ContainerKey,
+    /// The new container's image (for its owner).
+    pub image: ImageSource,
+    /// Where to bind it.
+    pub target: PathBuf,
+}
+
+/// Undo what prepare set up beside the bind mount (the caller unmounts); answers
+/// nothing.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Release {
+    /// The container.
+    pub key: ContainerKey,
+}
+
+/// Destroy the trees of removed containers of one snapshotter (the caller's
+/// containerd's, [`super::work::collectable`]); answers their keys.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Collect {
+    /// That snapshotter's snapshots directory.
+    pub scope: PathBuf,
+}
+
+/// The names that may differ from the image ([`super::Store::changed_since_image`]);
+/// answers them, or `None` when the store cannot tell.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ChangedSinceImage {
+    /// The container.
+    pub key: ContainerKey,
+    /// Its image.
+    pub image: ImageSource,
+}
+
+/// Finish or undo what crashes interrupted anywhere in the store
+/// ([`super::Store::reconcile`]: work of dead processes, rollbacks whose process
+/// died); answers what it removed and completed.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Reconcile;
+
+macro_rules! into_store_op {
+    ($($call:ident => $variant:ident),*) => {$(
+        impl From<$call> for StoreOp {
+            fn from(call: $call) -> StoreOp {
+                StoreOp::$variant(call)
+            }
+        }
+    )*};
+}
+
+into_store_op!(
+    Prepare => Prepare,
+    CloneSnapshot => Clone,
+    Release => Release,
+    Collect => Collect,
+    ChangedSinceImage => ChangedSinceImage,
+    Reconcile => Reconcile
+);
+
+/// A store operation `op`, on the store `config` names.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct OnStore<O> {
+    /// The configuration (which store).
+    pub config: Config,
+    /// What to do.
+    pub op: O,
+}
+
+impl<O> OnStore<O> {
+    /// The configuration, and the operation apart.
+    pub(crate) fn split(self) -> (OnStore<()>, O) {
+        (
+            OnStore {
+                config: self.config,
+                op: (),
+            },
+            self.op,
+        )
+    }
+}
+
+impl OnStore<()> {
+    /// Operation `op` on this store.
+    pub(crate) fn with<P>(self, op: P) -> OnStore<P> {
+        OnStore {
+            config: self.config,
+            op,
+        }
+    }
+}
+
+impl<O: Into<StoreOp>> From<OnStore<O>> for Request {
+    fn from(call: OnStore<O>) -> Request {
+        let (at, op) = call.split();
+        Request::Store(at.with(op.into()))
+    }
+}
+
+impl<O: StoreCall> Call for OnStore<O> {
+    type Reply = O::Reply;
+    const OPERATION: &'static str = "operate the store";
+
+    fn serve(self) -> Result<O::Reply> {
+        crate::storage::fault::choose_from(self.config.fault_file.as_deref());
+        let store = super::open(&self.config, self.config.storage.backend)?.ok_or_else(|| {
+            Error::Storage {
+                operation: "open",
+                message: "the passthrough backend has no store".into(),
+            }
+        })?;
+        self.op.serve(&self.config, store.as_ref())
+    }
 }
 
 /// How often shims reconcile the store on their own (at most; a new state dir, as
@@ -95,118 +205,124 @@ pub fn reconcile_due(config: &Config) -> bool {
 }
 
 /// Runs `op` on the configured store in a helper process; answers what it answers.
-pub fn run(config: &Config, op: StoreOp) -> Result<serde_json::Value> {
-    let config = config.clone();
-    let reply = helper::run_reply(
-        Box::new(move |_| Request::Store { config, op }),
-        ChildStdio::default(),
-    )?;
-    Ok(reply.data)
+pub fn run<O: StoreCall>(config: &Config, op: O) -> Result<O::Reply> {
+    let call = OnStore {
+        config: config.clone(),
+        op,
+    };
+    helper::run(|_| call, ChildStdio::default())
 }
 
-/// [`run`] itself, in the helper.
-pub(crate) fn serve(config: &Config, op: StoreOp) -> Result<serde_json::Value> {
-    let store = super::open(config, config.storage.backend)?.ok_or_else(|| Error::Storage {
-        operation: "open",
-        message: "the passthrough backend has no store".into(),
-    })?;
-    let null = serde_json::Value::Null;
-    match op {
-        StoreOp::Prepare {
+impl StoreCall for Prepare {
+    type Reply = ();
+    fn serve(self, config: &Config, store: &dyn Store) -> Result<()> {
+        let Prepare {
             key,
             image,
             target,
             top,
-        } => {
-            // A new tree is a new container (perhaps under the id of a removed
-            // one): its history starts afresh. Removed first, so that a crash in
-            // between leaves no history beside a tree it does not describe.
-            let new = match store.existing(&key, &image)? {
-                None | Some(Existing::Replace) => {
-                    forget_history(config, &key)?;
-                    true
-                }
-                // The same container's tree; or another's, which prepare refuses.
-                Some(Existing::Reuse | Existing::Conflict) => false,
-            };
-            let live = store.prepare(&key, &image)?;
-            if new && !top.is_empty() {
-                let view = std::env::temp_dir().join(super::work::tmp_name("adopt-view"));
-                std::fs::create_dir_all(&view)
-                    .map_err(Error::io(format!("create {}", view.display())))?;
-                let applied = super::adopt::apply_top(&live, &image, &top, &view);
-                let _ = std::fs::remove_dir(&view);
-                if let Err(e) = applied {
-                    let _ = store.destroy(&key);
-                    return Err(e);
-                }
+        } = self;
+        // A new tree is a new container (perhaps under the id of a removed
+        // one): its history starts afresh. Removed first, so that a crash in
+        // between leaves no history beside a tree it does not describe.
+        let new = match store.existing(&key, &image)? {
+            None | Some(Existing::Replace) => {
+                forget_history(config, &key)?;
+                true
             }
-            bind_at(&live, &target).map(|()| null)
+            // The same container's tree; or another's, which prepare refuses.
+            Some(Existing::Reuse | Existing::Conflict) => false,
+        };
+        let live = store.prepare(&key, &image)?;
+        if new && !top.is_empty() {
+            let view = std::env::temp_dir().join(super::work::tmp_name("adopt-view"));
+            std::fs::create_dir_all(&view)
+                .map_err(Error::io(format!("create {}", view.display())))?;
+            let applied = super::adopt::apply_top(&live, &image, &top, &view);
+            let _ = std::fs::remove_dir(&view);
+            if let Err(e) = applied {
+                let _ = store.destroy(&key);
+                return Err(e);
+            }
         }
-        StoreOp::Clone {
+        bind_at(&live, &target)
+    }
+}
+
+impl StoreCall for CloneSnapshot {
+    type Reply = ();
+    fn serve(self, config: &Config, store: &dyn Store) -> Result<()> {
+        let CloneSnapshot {
             src,
             snapshot,
             key,
             image,
             target,
-        } => {
+        } = self;
+        forget_history(config, &key)?;
+        // A tree of this id that containerd's snapshot no longer owns (a fork or
+        // import discarded after a crash, whose snapshot containerd has not
+        // collected yet), or that an earlier try of this same task cloned: a
+        // clone's tree holds nothing yet, so it starts again.
+        if matches!(
+            store.existing(&key, &image)?,
+            Some(Existing::Replace | Existing::Reuse)
+        ) {
+            store.destroy(&key)?;
+        }
+        let live = match store.clone_snapshot(&src, &snapshot, &key) {
+            // A tree left by a removed container of the same id: collect, retry.
+            Err(Error::AlreadyExists(_)) if image.snapshotter().is_some() => {
+                let scope = image.snapshotter().expect("checked");
+                collect(config, store, &scope)?;
+                store.clone_snapshot(&src, &snapshot, &key)?
+            }
+            other => other?,
+        };
+        if let Some(owner) = &image.owner {
+            store.set_owner(&key, owner)?;
+        }
+        bind_at(&live, &target)
+    }
+}
+
+impl StoreCall for Release {
+    type Reply = ();
+    fn serve(self, config: &Config, store: &dyn Store) -> Result<()> {
+        let key = self.key;
+        store.release(&key)?;
+        // A tree without an owner (a read-only view's) cannot be found again
+        // by the collect: it goes with its task. Nothing in it was written.
+        if store
+            .existing(&key, &ImageSource::from_layers(Vec::new()))?
+            .is_some()
+            && store.owner(&key)?.is_none()
+        {
+            store.destroy(&key)?;
             forget_history(config, &key)?;
-            // A tree of this id that containerd's snapshot no longer owns (a fork or
-            // import discarded after a crash, whose snapshot containerd has not
-            // collected yet), or that an earlier try of this same task cloned: a
-            // clone's tree holds nothing yet, so it starts again.
-            if matches!(
-                store.existing(&key, &image)?,
-                Some(Existing::Replace | Existing::Reuse)
-            ) {
-                store.destroy(&key)?;
-            }
-            let live = match store.clone_snapshot(&src, &snapshot, &key) {
-                // A tree left by a removed container of the same id: collect, retry.
-                Err(Error::AlreadyExists(_)) if image.snapshotter().is_some() => {
-                    let scope = image.snapshotter().expect("checked");
-                    collect(config, store.as_ref(), &scope)?;
-                    store.clone_snapshot(&src, &snapshot, &key)?
-                }
-                other => other?,
-            };
-            if let Some(owner) = &image.owner {
-                store.set_owner(&key, owner)?;
-            }
-            bind_at(&live, &target).map(|()| null)
         }
-        StoreOp::Release { key } => {
-            store.release(&key)?;
-            // A tree without an owner (a read-only view's) cannot be found again
-            // by the collect: it goes with its task. Nothing in it was written.
-            if store
-                .existing(&key, &ImageSource::from_layers(Vec::new()))?
-                .is_some()
-                && store.owner(&key)?.is_none()
-            {
-                store.destroy(&key)?;
-                forget_history(config, &key)?;
-            }
-            Ok(null)
-        }
-        StoreOp::ChangedSinceImage { key, image } => Ok(store
-            .changed_since_image(&key, &image)?
-            .map(|paths| serde_json::to_value(paths).expect("paths serialize"))
-            .unwrap_or(null)),
-        StoreOp::Reconcile => {
-            let report = store.reconcile()?;
-            Ok(serde_json::json!({
-                "removed": report.removed,
-                "completed": report.completed,
-            }))
-        }
-        StoreOp::Collect { scope } => {
-            let keys = collect(config, store.as_ref(), &scope)?;
-            Ok(
-                serde_json::to_value(keys.iter().map(|k| k.to_string()).collect::<Vec<_>>())
-                    .expect("keys serialize"),
-            )
-        }
+        Ok(())
+    }
+}
+
+impl StoreCall for Collect {
+    type Reply = Vec<ContainerKey>;
+    fn serve(self, config: &Config, store: &dyn Store) -> Result<Vec<ContainerKey>> {
+        collect(config, store, &self.scope)
+    }
+}
+
+impl StoreCall for ChangedSinceImage {
+    type Reply = Option<BTreeSet<String>>;
+    fn serve(self, _: &Config, store: &dyn Store) -> Result<Option<BTreeSet<String>>> {
+        store.changed_since_image(&self.key, &self.image)
+    }
+}
+
+impl StoreCall for Reconcile {
+    type Reply = ReconcileReport;
+    fn serve(self, _: &Config, store: &dyn Store) -> Result<ReconcileReport> {
+        store.reconcile()
     }
 }
 

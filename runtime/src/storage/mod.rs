@@ -66,7 +66,7 @@ pub struct QuotaUsage {
 }
 
 /// What a reconciliation found and fixed.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ReconcileReport {
     /// Leftovers of interrupted operations that were removed.
     pub removed: Vec<String>,
