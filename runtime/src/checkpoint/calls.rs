@@ -32,12 +32,6 @@ pub struct Checkpoint {
     pub opts: CheckpointOpts,
 }
 
-impl From<Checkpoint> for Request {
-    fn from(call: Checkpoint) -> Request {
-        Request::Checkpoint(call)
-    }
-}
-
 impl Call for Checkpoint {
     type Reply = Manifest;
     const OPERATION: &'static str = "checkpoint container";
@@ -58,12 +52,6 @@ pub struct ApplyFsDelta {
     pub dir: PathBuf,
     /// The rootfs (a fresh tree of the image).
     pub rootfs: PathBuf,
-}
-
-impl From<ApplyFsDelta> for Request {
-    fn from(call: ApplyFsDelta) -> Request {
-        Request::ApplyFsDelta(call)
-    }
 }
 
 impl Call for ApplyFsDelta {
@@ -141,17 +129,10 @@ impl HistoryCall for SnapshotFs {
     }
 }
 
-macro_rules! into_history_op {
-    ($($call:ident => $variant:ident),*) => {$(
-        impl From<$call> for HistoryOp {
-            fn from(call: $call) -> HistoryOp {
-                HistoryOp::$variant(call)
-            }
-        }
-    )*};
-}
+helper::travels_as!(Request: Checkpoint => Checkpoint, ApplyFsDelta => ApplyFsDelta);
 
-into_history_op!(
+helper::travels_as!(
+    HistoryOp:
     CheckpointRequest => Checkpoint,
     RemoveCheckpoint => Remove,
     RollbackFs => RollbackFs,

@@ -65,11 +65,7 @@ pub struct Restored {
     pub phases: RestorePhases,
 }
 
-impl From<Restore> for Request {
-    fn from(call: Restore) -> Request {
-        Request::Restore(call)
-    }
-}
+crate::helper::travels_as!(Request: Restore => Restore);
 
 impl Call for Restore {
     type Reply = Restored;

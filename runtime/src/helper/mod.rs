@@ -39,6 +39,19 @@ pub(crate) mod wire;
 pub use spawn::{Create, Exec};
 pub use wire::Request;
 
+/// `From<Call> for Enum` for each call that travels as `Enum::Variant(call)`: the
+/// helper's [`Request`], and the operations of the history and of the store.
+macro_rules! travels_as {
+    ($enum:ident: $($call:ident => $variant:ident),* $(,)?) => {$(
+        impl From<$call> for $enum {
+            fn from(call: $call) -> $enum {
+                $enum::$variant(call)
+            }
+        }
+    )*};
+}
+pub(crate) use travels_as;
+
 /// First argument that turns the shim binary into the helper.
 pub const HELPER_ARG: &str = "__crab_helper";
 

@@ -47,17 +47,7 @@ pub struct Exec {
     pub tracking: PathBuf,
 }
 
-impl From<Create> for Request {
-    fn from(call: Create) -> Request {
-        Request::Create(call)
-    }
-}
-
-impl From<Exec> for Request {
-    fn from(call: Exec) -> Request {
-        Request::Exec(call)
-    }
-}
+super::travels_as!(Request: Create => Create, Exec => Exec);
 
 impl Call for Create {
     type Reply = i32;

@@ -108,17 +108,8 @@ pub struct ChangedSinceImage {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Reconcile;
 
-macro_rules! into_store_op {
-    ($($call:ident => $variant:ident),*) => {$(
-        impl From<$call> for StoreOp {
-            fn from(call: $call) -> StoreOp {
-                StoreOp::$variant(call)
-            }
-        }
-    )*};
-}
-
-into_store_op!(
+helper::travels_as!(
+    StoreOp:
     Prepare => Prepare,
     CloneSnapshot => Clone,
     Release => Release,
