@@ -197,12 +197,7 @@ impl TaskService {
         let rootfs_mounted = match &plan {
             Plan::History(src, pinned) if *src != key => {
                 let snapshot = pinned.entry.fs_snapshot.clone().unwrap_or_default();
-                let cloned =
-                    rootfs::prepare_clone(&config, src, &snapshot, &key, &req.rootfs, &target)
-                        .await;
-                cloned.inspect_err(|_| {
-                    let _ = std::fs::remove_dir_all(&pinned.root);
-                })?
+                rootfs::prepare_clone(&config, src, &snapshot, &key, &req.rootfs, &target).await?
             }
             _ => rootfs::prepare(&config, &key, &req.rootfs, &target).await?,
         };
@@ -246,22 +241,18 @@ impl TaskService {
                     ))
                 }
                 Plan::History(src, pinned) => {
-                    let unpin = |e| {
-                        let _ = std::fs::remove_dir_all(&pinned.root);
-                        e
-                    };
-                    check_terminal(terminal, pinned.dumped.stdio.tty.is_some(), &pinned.images)
-                        .map_err(unpin)?;
+                    // A failure drops the pin, and its links with it.
+                    check_terminal(terminal, pinned.dumped.stdio.tty.is_some(), &pinned.images)?;
                     // The same container after a crash: its tree goes back,
                     // and its agent, fast-forwarded, replays to the entry.
-                    let sandbox =
-                        Sandbox::for_history_restore(cfg, opts, &src, &pinned).map_err(unpin)?;
+                    let sandbox = Sandbox::for_history_restore(cfg, opts, &src, &pinned)?;
+                    let (images, dumped, pin) = pinned.keep();
                     Ok((
                         sandbox,
                         PendingRestore {
-                            images: pinned.images,
-                            dumped: pinned.dumped,
-                            cleanup: vec![pinned.root],
+                            images,
+                            dumped,
+                            cleanup: vec![pin],
                         },
                     ))
                 }

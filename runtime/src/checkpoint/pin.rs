@@ -8,7 +8,9 @@
 //! named with the pid of the restoring process like the other work directories,
 //! [`super::archive_work`]). A link keeps the data whatever the history deletes; it
 //! costs one `link` per image file and no copy. The pin is removed once the
-//! processes are back, and a dead shim's pin by the next restore.
+//! processes are back (its holder [`PinnedImage::keep`]s it until then), with the
+//! value if the restore fails before that, and a dead shim's pin by the next
+//! restore.
 
 use std::path::{Path, PathBuf};
 
@@ -20,7 +22,8 @@ use crate::config::Config;
 use crate::storage::ContainerKey;
 use crate::{Error, Result};
 
-/// A checkpoint's process image, linked where no retention deletes it.
+/// A checkpoint's process image, linked where no retention deletes it; the links
+/// go when the value is dropped, unless [`PinnedImage::keep`] handed them over.
 #[derive(Debug)]
 pub struct PinnedImage {
     /// The history entry it belongs to.
@@ -29,8 +32,28 @@ pub struct PinnedImage {
     pub images: PathBuf,
     /// What the restore needs to know about the dumped container.
     pub dumped: Dumped,
-    /// The pin's directory: removed once the processes are back.
-    pub root: PathBuf,
+    /// The pin's directory (empty once kept).
+    root: PathBuf,
+}
+
+impl PinnedImage {
+    /// Hands the pin over to whoever restores from it: the images, what was
+    /// dumped, and the directory to remove once the processes are back.
+    pub fn keep(mut self) -> (PathBuf, Dumped, PathBuf) {
+        (
+            std::mem::take(&mut self.images),
+            std::mem::take(&mut self.dumped),
+            std::mem::take(&mut self.root),
+        )
+    }
+}
+
+impl Drop for PinnedImage {
+    fn drop(&mut self) {
+        if !self.root.as_os_str().is_empty() {
+            let _ = std::fs::remove_dir_all(&self.root);
+        }
+    }
 }
 
 /// Pins the process image of checkpoint `name` of `src`'s history for a restore
@@ -51,18 +74,16 @@ pub fn pin(
             checkpoint: entry.name.clone(),
         })?;
     let root = archive_work::restore_pin_dir(config, restoring);
-    let linked = root.join(CRIU_DIR);
-    if let Err(e) = link_tree(&images, &linked) {
-        let _ = std::fs::remove_dir_all(&root);
-        return Err(e);
-    }
-    drop(history);
-    Ok(PinnedImage {
+    // Made before the links: a failure part of the way removes them with it.
+    let pinned = PinnedImage {
         entry,
-        images: linked,
+        images: root.join(CRIU_DIR),
         dumped,
         root,
-    })
+    };
+    link_tree(&images, &pinned.images)?;
+    drop(history);
+    Ok(pinned)
 }
 
 /// Makes `to` a tree of hard links to the files of `from` (directories made anew,
@@ -111,6 +132,37 @@ mod tests {
         std::fs::remove_dir_all(&from).unwrap();
         assert_eq!(std::fs::read(to.join("pages-1.img")).unwrap(), b"pages");
         assert_eq!(std::fs::read(to.join("sub/inner.img")).unwrap(), b"inner");
+        std::fs::remove_dir_all(&tmp).unwrap();
+    }
+
+    #[test]
+    fn test_a_dropped_pin_removes_its_links_and_a_kept_one_hands_them_over() {
+        let tmp = std::env::temp_dir().join(format!("crab-pin-keep-{}", std::process::id()));
+        let pin = |root: &Path| {
+            std::fs::create_dir_all(root.join(CRIU_DIR)).unwrap();
+            PinnedImage {
+                entry: Entry {
+                    seq: 1,
+                    name: "1".into(),
+                    parent: None,
+                    kind: crate::checkpoint::Kind::Full,
+                    fs_snapshot: None,
+                    process_image: Some(1),
+                    created_ms: 0,
+                    process_bytes: 0,
+                    timings: Default::default(),
+                    marked: false,
+                },
+                images: root.join(CRIU_DIR),
+                dumped: Dumped::default(),
+                root: root.to_path_buf(),
+            }
+        };
+        drop(pin(&tmp.join("dropped")));
+        assert!(!tmp.join("dropped").exists());
+        let (images, _, root) = pin(&tmp.join("kept")).keep();
+        assert!(images.is_dir(), "{}", images.display());
+        assert_eq!(root, tmp.join("kept"));
         std::fs::remove_dir_all(&tmp).unwrap();
     }
 
