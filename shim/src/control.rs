@@ -357,7 +357,13 @@ impl TaskService {
                 // The agent inside came back as it was at the process image:
                 // the proxy answers its repeated requests from the journal up to
                 // this entry (read at the relisten, before the new listener).
-                inst.sandbox.plan_replay(&entry);
+                // Off the async threads: it reads the history under its lock.
+                let (sandbox, planned) = (inst.sandbox.clone(), entry.clone());
+                let _ = blocking(move || {
+                    sandbox.plan_replay(&planned);
+                    Ok(())
+                })
+                .await;
                 if let Some(p) = &inst.proxy {
                     p.relisten();
                 }
