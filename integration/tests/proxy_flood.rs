@@ -36,8 +36,14 @@ const KILL_LIVENESS: Duration = Duration::from_secs(10);
 /// Prints `started <CLOCK_MONOTONIC>` once all are open, then one JSON line:
 /// for each connection, when (seconds after it was opened) the proxy answered 503
 /// or closed it, or null if still open after argv[2] seconds.
+///
+/// An answer is timed by the kernel's receive timestamp (`SO_TIMESTAMPNS`), so
+/// the time is the proxy's, not the flooding script's: on a loaded machine the
+/// script itself may read an answer that came at once a second or two later. A
+/// bare close carries no timestamp and is timed when it is read.
 const FLOOD: &str = r#"
-import json, selectors, socket, sys, time
+import json, selectors, socket, struct, sys, time
+SO_TIMESTAMPNS = 35
 n, hold = int(sys.argv[1]), float(sys.argv[2])
 start = time.monotonic()
 sel = selectors.DefaultSelector()
@@ -48,20 +54,26 @@ def answered(key):
     # all of them takes seconds, and a refusal must not look late for that.
     global refused
     i = key.data
+    arrived = None
     try:
-        data = key.fileobj.recv(4096)
+        data, ancillary, _, _ = key.fileobj.recvmsg(4096, socket.CMSG_SPACE(16))
+        for level, kind, value in ancillary:
+            if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
+                sec, nsec = struct.unpack('qq', value[:16])
+                arrived = sec + nsec / 1e9
     except OSError:
         data = b''
     if data.startswith(b'HTTP/1.1 503'):
         refused += 1
     if not data or data.startswith(b'HTTP/'):
-        ended[i] = time.monotonic() - opened[i]
+        ended[i] = (arrived if arrived is not None else time.time()) - opened[i]
         sel.unregister(key.fileobj)
 
 for i in range(n):
     s = socket.socket()
     s.settimeout(5)
-    opened[i] = time.monotonic()
+    s.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    opened[i] = time.time()
     try:
         s.connect(('127.0.0.1', 8787))
         s.sendall(b'GET /v1/mo')
