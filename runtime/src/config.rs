@@ -143,9 +143,31 @@ pub struct Checkpoint {
     /// they are not descendants of the init, so CRIU cannot dump them. New execs
     /// wait for the checkpoint meanwhile.
     pub exec_wait_ms: u64,
+    /// Whether a checkpoint through containerd's API that carries no checkpoint
+    /// options stops the container. Docker (`docker checkpoint create`, with or
+    /// without `--leave-running`), the CRI plugin and `ctr task checkpoint` (with
+    /// or without `--exit`) send runc's options only to runc's runtimes, so Crab
+    /// cannot tell what such a client meant; the annotation
+    /// `io.crab.checkpoint.exit` chooses per container. Options that are sent
+    /// always win.
+    pub exit_when_unspecified: bool,
 }
 
+/// The annotation by which a container chooses [`Checkpoint::exit_when_unspecified`]
+/// (`docker run --annotation io.crab.checkpoint.exit=true`).
+pub const CHECKPOINT_EXIT_ANNOTATION: &str = "io.crab.checkpoint.exit";
+
 impl Checkpoint {
+    /// Applies a container's [`CHECKPOINT_EXIT_ANNOTATION`] (`true` or `false`).
+    pub fn choose_exit(&mut self, value: &str) -> Result<(), String> {
+        self.exit_when_unspecified = match value {
+            "true" => true,
+            "false" => false,
+            other => return Err(format!("{other:?} is neither true nor false")),
+        };
+        Ok(())
+    }
+
     /// [`Checkpoint::exec_wait_ms`] as a duration.
     pub fn exec_wait(&self) -> Duration {
         Duration::from_millis(self.exec_wait_ms)
@@ -537,6 +559,8 @@ impl Default for Checkpoint {
             // monitoring exec is shorter: 5 s covers them with room for a loaded
             // host, and is as long as a turn's answer may be held for one.
             exec_wait_ms: 5000,
+            // As containerd's checkpoint API without options means for runc.
+            exit_when_unspecified: false,
         }
     }
 }
@@ -772,6 +796,17 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_containers_exit_annotation_is_true_or_false_and_nothing_else() {
+        let mut c = Checkpoint::default();
+        c.choose_exit("true").unwrap();
+        assert!(c.exit_when_unspecified);
+        c.choose_exit("false").unwrap();
+        assert!(!c.exit_when_unspecified);
+        assert!(c.choose_exit("yes").unwrap_err().contains("\"yes\""));
+        assert!(!c.exit_when_unspecified, "a refused value changes nothing");
+    }
+
+    #[test]
     fn test_empty_text_gives_defaults() {
         let c = Config::parse("", "t").unwrap();
         assert_eq!(c, Config::default());
@@ -800,6 +835,7 @@ pool_size = "2G"
 store = "/var/x"
 keep_last = 3
 exec_wait_ms = 250
+exit_when_unspecified = true
 [policy]
 mode = "full"
 fail_closed = false
@@ -814,6 +850,8 @@ fail_closed = false
             std::time::Duration::from_millis(250)
         );
         assert_eq!(Config::default().checkpoint.exec_wait_ms, 5000);
+        assert!(c.checkpoint.exit_when_unspecified);
+        assert!(!Config::default().checkpoint.exit_when_unspecified);
         assert_eq!(c.policy.mode, PolicyMode::Full);
         assert_eq!(c.log_level, LogLevel::Debug);
     }

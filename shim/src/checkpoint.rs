@@ -9,7 +9,7 @@ use containerd_shim::protos::events::task::*;
 use crab_runtime::checkpoint::engine::{apply_fs_delta, CheckpointOpts, Dumped};
 use crab_runtime::checkpoint::source::{RestoreOptions, Source};
 use crab_runtime::checkpoint::{reuse, Manifest, CONTAINERD_UNPACKED_PREFIX};
-use crab_runtime::config::{Backend, Config};
+use crab_runtime::config::{Backend, Config, CHECKPOINT_EXIT_ANNOTATION};
 use crab_runtime::container::CreateOpts;
 use crab_runtime::helper::ChildStdio;
 use crab_runtime::sandbox::{PinnedImage, RestoreImages, Sandbox};
@@ -25,6 +25,18 @@ use crate::io::{PipeIo, ProcessIo, StdioPaths};
 use crate::options::CheckpointOptions;
 use crate::rootfs;
 use crate::task::{blocking, TaskService};
+
+/// Applies the container's `io.crab.checkpoint.exit` annotation to `config`.
+pub fn configure_exit(config: &mut Config, spec: &oci_spec::runtime::Spec) -> ShimResult<()> {
+    let annotations = spec.annotations().as_ref();
+    match annotations.and_then(|a| a.get(CHECKPOINT_EXIT_ANNOTATION)) {
+        None => Ok(()),
+        Some(v) => config
+            .checkpoint
+            .choose_exit(v)
+            .map_err(|m| ShimError::InvalidArgument(format!("{CHECKPOINT_EXIT_ANNOTATION}: {m}"))),
+    }
+}
 
 /// A checkpoint waiting for `Start`.
 #[derive(Debug)]
@@ -77,12 +89,15 @@ impl TaskService {
         } else {
             Some(ImageSource::from_mounts(&inst.image)?)
         };
+        let exit = opts
+            .exit
+            .unwrap_or(inst.config().checkpoint.exit_when_unspecified);
         let dir = PathBuf::from(opts.image_path.as_deref().unwrap_or(&req.path));
         std::fs::create_dir_all(&dir)
             .map_err(|e| ShimError::Other(format!("create {}: {e}", dir.display())))?;
         let copts = CheckpointOpts {
             dir,
-            exit: opts.exit,
+            exit,
             rootfs: inst.bundle.join("rootfs"),
             image,
             criu: crab_runtime::criu::Tool::from_config(inst.config()),
@@ -105,7 +120,7 @@ impl TaskService {
         // go while the checkpoint queues and dumps, so that its state, kill and
         // exits get through. A checkpoint that ends the task keeps it, so that the
         // task's exit is reported after the checkpoint.
-        let _held = if opts.exit {
+        let _held = if exit {
             Some(inst)
         } else {
             drop(inst);
@@ -114,7 +129,7 @@ impl TaskService {
         let started = Instant::now();
         // Through the turn policy: nothing changed since the last checkpoint
         // that containerd asked for, so that one is the answer.
-        if !opts.exit {
+        if !exit {
             let (c, config, dir) = (c.clone(), config.clone(), copts.dir.clone());
             if blocking(move || reuse::reuse(&config, &c, &dir)).await? {
                 tracing::info!(id = %req.id, ms = started.elapsed().as_millis() as u64,
@@ -123,7 +138,7 @@ impl TaskService {
                 return Ok(());
             }
         }
-        let (dir, exit) = (copts.dir.clone(), opts.exit);
+        let dir = copts.dir.clone();
         let (c2, config2) = (c.clone(), config.clone());
         let m = blocking(move || sandbox.checkpoint_to(&copts)).await?;
         if !exit {
@@ -135,7 +150,7 @@ impl TaskService {
         }
         tracing::info!(
             id = %req.id,
-            exit = opts.exit,
+            exit,
             ms = started.elapsed().as_millis() as u64,
             process_bytes = m.process_bytes,
             fs_bytes = m.fs.as_ref().map(|f| f.bytes).unwrap_or(0),

@@ -53,14 +53,16 @@ pub fn restore_options(
     }
 }
 
-/// What Crab takes from runc's `CheckpointOptions` (`ctr container checkpoint` always
-/// sends them; `ctr task checkpoint` sends none to a non-runc runtime; Docker sends
-/// containerd's older `containerd.linux.runc.CheckpointOptions`, whose fields have
-/// the same numbers, to every runtime that is not runc's).
+/// What Crab takes from runc's `CheckpointOptions` (containerd's Go client's
+/// `WithCheckpointTaskExit` and `ctr container checkpoint` send them to every
+/// runtime; `ctr task checkpoint`, Docker and the CRI plugin send them to runc's
+/// runtimes only, and nothing to Crab), or from containerd's older
+/// `containerd.linux.runc.CheckpointOptions`, whose fields have the same numbers.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct CheckpointOptions {
-    /// Stop the container after the checkpoint (default: leave it running).
-    pub exit: bool,
+    /// Stop the container after the checkpoint, when the client said (`None`: it
+    /// sent no options; `[checkpoint] exit_when_unspecified` decides).
+    pub exit: Option<bool>,
     /// Where to write the checkpoint (`WithCheckpointImagePath`): containerd 1.7
     /// gives the path itself only to runc's runtimes, and its own temporary
     /// directory to the others.
@@ -85,9 +87,11 @@ impl CheckpointOptions {
         let Some(any) = any.filter(known) else {
             return Ok(out);
         };
+        // proto3 leaves a false `exit` out: options that were sent say "no".
+        out.exit = Some(false);
         for_each_field(&any.value, "checkpoint options", |field, value| {
             match (field, value) {
-                (1, Field::Varint(v)) => out.exit = v != 0,
+                (1, Field::Varint(v)) => out.exit = Some(v != 0),
                 (8, Field::Bytes(b)) if !b.is_empty() => out.image_path = Some(string(b)),
                 _ => {}
             }
@@ -254,7 +258,7 @@ mod tests {
             out.write_string(8, "/img").unwrap();
             out.flush().unwrap();
         }
-        // ctr's type, and the older name Docker sends to runtimes other than runc's.
+        // runc's type, and containerd's older name for the same message.
         for type_url in [
             "containerd.runc.v1.CheckpointOptions",
             "type.googleapis.com/containerd.linux.runc.CheckpointOptions",
@@ -265,16 +269,29 @@ mod tests {
                 ..Default::default()
             };
             let o = CheckpointOptions::from_any(Some(&any)).unwrap();
-            assert!(o.exit, "{type_url}");
+            assert_eq!(o.exit, Some(true), "{type_url}");
             assert_eq!(o.image_path.as_deref(), Some("/img"), "{type_url}");
         }
-        assert!(!CheckpointOptions::from_any(None).unwrap().exit);
+        // No options, or another type: the client did not say.
+        assert_eq!(CheckpointOptions::from_any(None).unwrap().exit, None);
         let other = Any {
             type_url: "runtimeoptions.v1.Options".into(),
             value,
             ..Default::default()
         };
-        assert!(!CheckpointOptions::from_any(Some(&other)).unwrap().exit);
+        assert_eq!(
+            CheckpointOptions::from_any(Some(&other)).unwrap().exit,
+            None
+        );
+        // Options with `exit` false (proto3 leaves it out) say "leave it running".
+        let empty = Any {
+            type_url: "containerd.runc.v1.CheckpointOptions".into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            CheckpointOptions::from_any(Some(&empty)).unwrap().exit,
+            Some(false)
+        );
     }
 
     #[test]

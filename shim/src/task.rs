@@ -105,6 +105,7 @@ impl TaskService {
         let spec = crab_runtime::container::load_spec(&bundle)?;
         config.storage.backend = rootfs::backend_for(&config, &spec)?;
         crate::proxy::configure(&mut config, &spec)?;
+        crate::checkpoint::configure_exit(&mut config, &spec)?;
         tracing::info!(id = %req.id, ?source, backend = ?config.storage.backend, "create");
         let key = ContainerKey::new(&self.namespace, &req.id)?;
         // Written before anything is made, so that `delete` after a shim crash knows

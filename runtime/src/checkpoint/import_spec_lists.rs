@@ -71,7 +71,10 @@ pub(super) const DEFAULT_DEVICES: &[(i64, Option<i64>)] = &[
 ];
 
 /// Annotations of Crab's that may cross hosts: they grant nothing.
-pub(super) const KEPT_CRAB_ANNOTATIONS: &[&str] = &[crate::storage::BACKEND_ANNOTATION];
+pub(super) const KEPT_CRAB_ANNOTATIONS: &[&str] = &[
+    crate::storage::BACKEND_ANNOTATION,
+    crate::config::CHECKPOINT_EXIT_ANNOTATION,
+];
 
 /// Sysctl prefixes the kernel scopes to a container's namespaces.
 pub(super) const NAMESPACED_SYSCTLS: &[&str] = &[
