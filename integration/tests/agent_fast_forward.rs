@@ -216,3 +216,58 @@ fn a_rollback_from_outside_brings_claude_code_back_to_the_entry_by_fast_forward(
         claude::requests(&llm)
     );
 }
+
+#[test]
+fn a_fork_of_claude_code_is_fast_forwarded_from_the_sources_journal_and_goes_its_own_way() {
+    let llm = Scripted::start(script());
+    let g = run_until_held(&llm, 6);
+    assert!(
+        crab_integration::wait_until(Duration::from_secs(30), || kinds(&g).len() == 7),
+        "{:?}",
+        kinds(&g)
+    );
+    // The entry of the turn that asked for step 3, as in the rollback above.
+    let history = history(&g);
+    let entry = history
+        .get(3)
+        .and_then(|e| e["seq"].as_u64())
+        .unwrap_or_else(|| panic!("no fourth entry: {history:?}"));
+    let prefix = crab_integration::unique_id("ff");
+    let fork = Guard::new(&format!("{prefix}-1"));
+    let out = crabctl_ok(&[
+        "fork",
+        &g.id,
+        &entry.to_string(),
+        "--count",
+        "1",
+        "--prefix",
+        &prefix,
+    ]);
+    eprintln!("{out}");
+    llm.let_go();
+    // Both finish: the source from its held step, the fork from the entry.
+    for (who, sandbox) in [("source", &g), ("fork", &fork)] {
+        let (code, out, err) = claude::finished(sandbox, &llm, Duration::from_secs(240));
+        assert_eq!(code, "0", "{who}: stdout: {out}\nstderr: {err}");
+        assert_eq!(sandbox.exec_ok(&["cat", "/root/notes.md"]), NOTES, "{who}");
+    }
+    // The fork's steps 0-3 came from the source's journal: the server answered
+    // them once (for the source); 4 on twice, the fork going its own way live.
+    let log = std::fs::read_to_string(
+        state_dir()
+            .join(namespace())
+            .join(format!("{}.proxy.log", fork.id)),
+    )
+    .unwrap_or_default();
+    let seen = steps_seen(&llm);
+    eprintln!("steps the server answered: {seen:?}\nthe fork's proxy log:\n{log}");
+    assert!(log.contains("answers replayed"), "no replay in the fork");
+    let times = |step: usize| seen.iter().filter(|&&s| s == step).count();
+    let counts: Vec<usize> = (0..=8).map(times).collect();
+    assert_eq!(
+        counts,
+        [1, 1, 1, 1, 2, 2, 2, 2, 2],
+        "{:#?}",
+        claude::requests(&llm)
+    );
+}

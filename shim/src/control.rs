@@ -360,7 +360,8 @@ impl TaskService {
                 // Off the async threads: it reads the history under its lock.
                 let (sandbox, planned) = (inst.sandbox.clone(), entry.clone());
                 let _ = blocking(move || {
-                    sandbox.plan_replay(&planned);
+                    let own = sandbox.container().key()?;
+                    sandbox.plan_replay(&own, &planned);
                     Ok(())
                 })
                 .await;

@@ -44,15 +44,24 @@ pub struct Plan {
     pub to: u64,
 }
 
-/// Leaves the plan of a restore of `entry` for the proxy of container `key`,
-/// when its agent is fast-forwarded (the journal exists). Written whole
+/// Leaves the plan of a restore of `entry`, an entry of container `src`'s
+/// history, for the proxy of container `dst`, when the agent is fast-forwarded
+/// (`src`'s journal exists). `dst` is `src` after a rollback or a restore, or a
+/// fork: then the exchanges of the plan are linked into the fork's own journal
+/// first, so that the fork's agent comes back to the entry without asking its
+/// LLM again, and goes its own way from there. The plan is written whole
 /// (temporary file, rename), before the restored processes run.
-pub fn plan_replay(config: &Config, key: &ContainerKey, entry: &Entry) -> Result<()> {
-    let dir = dir(config, key);
+pub fn plan_replay(
+    config: &Config,
+    src: &ContainerKey,
+    dst: &ContainerKey,
+    entry: &Entry,
+) -> Result<()> {
+    let src_dir = dir(config, src);
     let Some(from) = entry.process_image else {
         return Ok(());
     };
-    if !config.agent.fast_forward || !dir.is_dir() {
+    if !config.agent.fast_forward || !src_dir.is_dir() {
         return Ok(());
     }
     // Running a turn's tools again is right only if that turn changed nothing
@@ -60,17 +69,23 @@ pub fn plan_replay(config: &Config, key: &ContainerKey, entry: &Entry) -> Result
     // without the processes (its requester was not found as the agent, so it
     // was not made full) would have its tools run twice on files that have
     // their effect: no replay then, the agent asks its LLM again.
-    let locked = HistoryStore::open(config, key)?;
+    let locked = HistoryStore::open(config, src)?;
     if let Some(e) = locked
         .history()
         .entries
         .iter()
         .find(|e| e.seq > from && e.seq <= entry.seq && e.kind != Kind::Skip)
     {
-        tracing::warn!(%key, from, to = entry.seq, seq = e.seq, kind = ?e.kind,
+        tracing::warn!(%src, from, to = entry.seq, seq = e.seq, kind = ?e.kind,
             "no agent fast-forward: a turn to replay was no skip");
         return Ok(());
     }
+    let dir = dir(config, dst);
+    if src != dst {
+        // Under `src`'s history lock: its retention cannot prune them meanwhile.
+        link_exchanges(&src_dir, &dir, from, entry.seq)?;
+    }
+    drop(locked);
     let plan = Plan {
         from,
         to: entry.seq,
@@ -80,7 +95,35 @@ pub fn plan_replay(config: &Config, key: &ContainerKey, entry: &Entry) -> Result
     std::fs::write(&tmp, serde_json::to_vec(&plan).expect("plan serializes"))
         .and_then(|()| std::fs::rename(&tmp, &path))
         .map_err(Error::io(format!("write {}", path.display())))?;
-    tracing::info!(%key, from, to = entry.seq, "agent fast-forward planned");
+    tracing::info!(%src, %dst, from, to = entry.seq, "agent fast-forward planned");
+    Ok(())
+}
+
+/// Links the exchanges of seqs `from..=to` of journal `src` into journal `dst`
+/// (made, mode 0700, as the proxy makes it), replacing files of those names.
+/// Exchanges are never written again once whole, so a link is a copy.
+fn link_exchanges(src: &Path, dst: &Path, from: u64, to: u64) -> Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dst)
+        .map_err(Error::io(format!("create {}", dst.display())))?;
+    for seq in from..=to {
+        let name = format!("{seq}.exchange");
+        let (a, b) = (src.join(&name), dst.join(&name));
+        if !a.is_file() {
+            continue;
+        }
+        let _ = std::fs::remove_file(&b);
+        std::fs::hard_link(&a, &b)
+            .or_else(|_| std::fs::copy(&a, &b).map(drop))
+            .map_err(Error::io(format!(
+                "link {} to {}",
+                a.display(),
+                b.display()
+            )))?;
+    }
     Ok(())
 }
 
@@ -154,7 +197,7 @@ mod tests {
         h.save(&history::dir(&config, &key)).unwrap();
         let plan = dir(&config, &key).join(PLAN);
 
-        plan_replay(&config, &key, &entry(6, Some(4))).unwrap();
+        plan_replay(&config, &key, &key, &entry(6, Some(4))).unwrap();
         let got: Plan = serde_json::from_slice(&std::fs::read(&plan).unwrap()).unwrap();
         assert_eq!(got, Plan { from: 4, to: 6 });
         std::fs::remove_file(&plan).unwrap();
@@ -162,14 +205,53 @@ mod tests {
         // Turn 5 took the files alone: its tools must not run again.
         h.entries[1].kind = Kind::FsOnly;
         h.save(&history::dir(&config, &key)).unwrap();
-        plan_replay(&config, &key, &entry(6, Some(4))).unwrap();
+        plan_replay(&config, &key, &key, &entry(6, Some(4))).unwrap();
         assert!(!plan.exists());
         // Without fast-forward, never.
         h.entries[1].kind = Kind::Skip;
         h.save(&history::dir(&config, &key)).unwrap();
         config.agent.fast_forward = false;
-        plan_replay(&config, &key, &entry(6, Some(4))).unwrap();
+        plan_replay(&config, &key, &key, &entry(6, Some(4))).unwrap();
         assert!(!plan.exists());
+    }
+
+    #[test]
+    fn a_forks_plan_links_the_exchanges_it_replays_into_its_own_journal() {
+        let d = tempfile::tempdir().unwrap();
+        let mut config = Config::default();
+        config.checkpoint.store = d.path().to_path_buf();
+        let (src, fork) = (
+            ContainerKey::new("ns", "c").unwrap(),
+            ContainerKey::new("ns", "fork").unwrap(),
+        );
+        std::fs::create_dir_all(dir(&config, &src)).unwrap();
+        for seq in 3..=7 {
+            std::fs::write(
+                dir(&config, &src).join(format!("{seq}.exchange")),
+                [seq as u8],
+            )
+            .unwrap();
+        }
+        let mut h = History::load(&history::dir(&config, &src), &src).unwrap();
+        h.entries = vec![entry(4, Some(4)), entry(5, Some(4)), entry(6, Some(4))];
+        h.next_seq = 7;
+        h.save(&history::dir(&config, &src)).unwrap();
+
+        plan_replay(&config, &src, &fork, &entry(6, Some(4))).unwrap();
+        let forked = dir(&config, &fork);
+        let plan: Plan =
+            serde_json::from_slice(&std::fs::read(forked.join(PLAN)).unwrap()).unwrap();
+        assert_eq!(plan, Plan { from: 4, to: 6 });
+        let mut names: Vec<String> = std::fs::read_dir(&forked)
+            .unwrap()
+            .map(|f| f.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["4.exchange", "5.exchange", "6.exchange", PLAN]);
+        assert_eq!(std::fs::read(forked.join("5.exchange")).unwrap(), [5]);
+        // The source keeps its journal, and no plan of its own.
+        assert!(dir(&config, &src).join("7.exchange").exists());
+        assert!(!dir(&config, &src).join(PLAN).exists());
     }
 
     #[test]

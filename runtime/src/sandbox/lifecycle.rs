@@ -81,7 +81,8 @@ impl Sandbox {
     /// The first half of a restore from `pinned`, an entry of `src`'s history (a
     /// fork, whose tree is already a clone of the entry's files; or the same
     /// container after a crash, whose tree goes back to the entry's files here).
-    /// The same container's agent, fast-forwarded, replays to the entry.
+    /// The agent, fast-forwarded, replays to the entry (a fork's from the
+    /// exchanges of `src`'s journal).
     pub fn for_history_restore(
         config: Config,
         opts: CreateOpts,
@@ -98,19 +99,19 @@ impl Sandbox {
                 let _ = sandbox.container.delete();
                 return Err(e);
             }
-            sandbox.plan_replay(&pinned.entry);
         }
+        sandbox.plan_replay(src, &pinned.entry);
         Ok(sandbox)
     }
 
-    /// Leaves the proxy the replay plan of a restore of `entry` (a fast-forwarded
-    /// agent's journal); without one the agent only asks its LLM again, so a
-    /// failure is logged, not returned.
-    pub fn plan_replay(&self, entry: &Entry) {
-        let planned = self
-            .container
-            .key()
-            .and_then(|key| crate::checkpoint::journal::plan_replay(&self.config, &key, entry));
+    /// Leaves the proxy the replay plan of a restore of `entry`, an entry of
+    /// `src`'s history (this sandbox's own, or the one it is forked from; a
+    /// fast-forwarded agent's journal); without one the agent only asks its LLM
+    /// again, so a failure is logged, not returned.
+    pub fn plan_replay(&self, src: &ContainerKey, entry: &Entry) {
+        let planned = self.container.key().and_then(|key| {
+            crate::checkpoint::journal::plan_replay(&self.config, src, &key, entry)
+        });
         if let Err(e) = planned {
             tracing::warn!(id = %self.container.id(), error = %e,
                 "no fast-forward plan: the agent asks its LLM again");
