@@ -204,6 +204,10 @@ enum Command {
         /// does not match.
         #[arg(long)]
         allow_unsigned: bool,
+        /// The crab configuration the new container runs with (as `ctr run
+        /// --runtime-config-path`); without it, the shim's default.
+        #[arg(long)]
+        runtime_config_path: Option<PathBuf>,
     },
     /// Roll a running container back to a checkpoint, in place (same id, same task).
     Rollback {
@@ -337,6 +341,7 @@ fn run() -> Result<()> {
             id,
             allow,
             allow_unsigned,
+            runtime_config_path,
         } => migrate::import(
             &config,
             &cli.address,
@@ -346,6 +351,7 @@ fn run() -> Result<()> {
             &migrate::ImportOptions {
                 allow: allow.into_iter().collect(),
                 allow_unsigned,
+                runtime_config_path,
             },
         ),
         Command::Rollback { id, checkpoint } => {

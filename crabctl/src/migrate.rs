@@ -2,7 +2,7 @@
 //! containerd, with its own root and state) as one archive.
 
 use std::collections::BTreeSet;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, Result};
@@ -31,6 +31,9 @@ pub struct ImportOptions {
     pub allow: BTreeSet<Grant>,
     /// Import an archive without a valid signature.
     pub allow_unsigned: bool,
+    /// The crab configuration the new container runs with (its runtime options'
+    /// `ConfigPath`); the shim's default without one.
+    pub runtime_config_path: Option<PathBuf>,
 }
 
 /// `crabctl export ID [CKPT] -o FILE` (a new full checkpoint when none is named).
@@ -122,6 +125,10 @@ pub fn import(
     } else {
         Trust::Key(ArchiveKey::load(config).context("the archive key")?)
     };
+    let runtime_options = match &options.runtime_config_path {
+        Some(path) => Some(runtime_options(path)?),
+        None => None,
+    };
     let rt = crate::containerd::runtime()?;
     let client = rt.block_on(Client::connect(address, namespace))?;
     // What dead imports and forks left (a retry of this import's included): their
@@ -148,7 +155,7 @@ pub fn import(
             image: record.image.clone(),
             runtime: Some(Runtime {
                 name: CRAB_RUNTIME.to_string(),
-                options: None,
+                options: runtime_options,
             }),
             spec: Some(prost_types::Any {
                 type_url: record.spec_type.clone(),
@@ -193,6 +200,18 @@ pub fn import(
         started.elapsed().as_millis()
     );
     Ok(())
+}
+
+/// The runtime options naming `path` as the imported container's configuration,
+/// which must load: a mistake fails here, not in the shim after the unpacking.
+fn runtime_options(path: &Path) -> Result<prost_types::Any> {
+    let path = std::path::absolute(path)
+        .with_context(|| format!("the runtime configuration {}", path.display()))?;
+    Config::load(None, Some(&path), None)
+        .with_context(|| format!("the runtime configuration {}", path.display()))?;
+    Ok(crate::containerd::runtime_options(
+        &path.display().to_string(),
+    ))
 }
 
 /// The spec the imported container gets: the archive's, rebuilt from the allow-list;
