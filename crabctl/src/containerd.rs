@@ -38,6 +38,9 @@ pub struct Client {
     pub(crate) namespace: String,
 }
 
+/// The type of [`RuntimeOptions`].
+const RUNTIME_OPTIONS_TYPE: &str = "runtimeoptions.v1.Options";
+
 /// `runtimeoptions.v1.Options`: how a crab container was given its configuration.
 #[derive(Clone, PartialEq, prost::Message)]
 struct RuntimeOptions {
@@ -320,13 +323,27 @@ impl Client {
     }
 }
 
+/// The runtime options that give a crab container the configuration file
+/// `config_path` (what `ctr run --runtime-config-path` sends).
+pub fn runtime_options(config_path: &str) -> prost_types::Any {
+    use prost::Message;
+    prost_types::Any {
+        type_url: RUNTIME_OPTIONS_TYPE.to_string(),
+        value: RuntimeOptions {
+            config_path: config_path.to_string(),
+            config_body: String::new(),
+        }
+        .encode_to_vec(),
+    }
+}
+
 /// The crab configuration a container was created with (`--runtime-config-path`).
 fn runtime_config(runtime: Option<&Runtime>) -> (Option<String>, Option<String>) {
     use prost::Message;
     let Some(any) = runtime.and_then(|r| r.options.as_ref()) else {
         return (None, None);
     };
-    if !any.type_url.ends_with("runtimeoptions.v1.Options") {
+    if !any.type_url.ends_with(RUNTIME_OPTIONS_TYPE) {
         return (None, None);
     }
     match RuntimeOptions::decode(any.value.as_slice()) {
@@ -335,5 +352,22 @@ fn runtime_config(runtime: Option<&Runtime>) -> (Option<String>, Option<String>)
             Some(o.config_body).filter(|s| !s.is_empty()),
         ),
         Err(_) => (None, None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_the_runtime_options_an_import_sends_name_its_configuration() {
+        let runtime = Runtime {
+            name: "io.containerd.crab.v2".into(),
+            options: Some(runtime_options("/etc/crab/tenant.toml")),
+        };
+        assert_eq!(
+            runtime_config(Some(&runtime)),
+            (Some("/etc/crab/tenant.toml".into()), None)
+        );
     }
 }

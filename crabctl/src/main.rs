@@ -200,10 +200,23 @@ enum Command {
         /// privileged, hooks, annotations, other.
         #[arg(long, value_delimiter = ',')]
         allow: Vec<crab_runtime::checkpoint::import_spec::Grant>,
+        /// Leave settings of these kinds out instead of refusing the archive,
+        /// comma separated: host-mounts, hooks, annotations (a Docker container's
+        /// archive: --allow host-mounts --drop hooks).
+        #[arg(long, value_delimiter = ',')]
+        drop: Vec<crab_runtime::checkpoint::import_spec::Grant>,
         /// Import an archive that is unsigned, or whose signature this host's key
         /// does not match.
         #[arg(long)]
         allow_unsigned: bool,
+        /// The crab configuration the new container runs with (as `ctr run
+        /// --runtime-config-path`); without it, the shim's default.
+        #[arg(long)]
+        runtime_config_path: Option<PathBuf>,
+        /// The image of this containerd the container's files go on, instead of the
+        /// one the archive names (an archive of a Docker container names none).
+        #[arg(long)]
+        image: Option<String>,
     },
     /// Roll a running container back to a checkpoint, in place (same id, same task).
     Rollback {
@@ -336,7 +349,10 @@ fn run() -> Result<()> {
             file,
             id,
             allow,
+            drop,
             allow_unsigned,
+            runtime_config_path,
+            image,
         } => migrate::import(
             &config,
             &cli.address,
@@ -345,7 +361,10 @@ fn run() -> Result<()> {
             &id,
             &migrate::ImportOptions {
                 allow: allow.into_iter().collect(),
+                drop: drop.into_iter().collect(),
                 allow_unsigned,
+                runtime_config_path,
+                image,
             },
         ),
         Command::Rollback { id, checkpoint } => {

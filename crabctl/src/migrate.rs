@@ -2,7 +2,7 @@
 //! containerd, with its own root and state) as one archive.
 
 use std::collections::BTreeSet;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, Result};
@@ -14,9 +14,11 @@ use crab_runtime::checkpoint::archive_work;
 use crab_runtime::checkpoint::import_spec::{self, Grant, Target};
 use crab_runtime::checkpoint::source::Source;
 use crab_runtime::config::Config;
+use crab_runtime::error::{ErrorKind, Failure};
 use crab_runtime::sandbox::Sandbox;
+use crab_runtime::storage::adopt::Adopted;
 use crab_runtime::storage::layers::MountSpec;
-use crab_runtime::storage::{fault, ContainerKey, ImageSource};
+use crab_runtime::storage::{self, fault, ContainerKey, ImageSource};
 
 use crate::containerd::Client;
 
@@ -29,9 +31,21 @@ const CRAB_RUNTIME: &str = "io.containerd.crab.v2";
 pub struct ImportOptions {
     /// Kinds of spec settings kept although beyond the allow-list.
     pub allow: BTreeSet<Grant>,
+    /// Kinds of spec settings beyond the allow-list left out rather than refused
+    /// (only [`Grant::droppable`] ones).
+    pub drop: BTreeSet<Grant>,
     /// Import an archive without a valid signature.
     pub allow_unsigned: bool,
+    /// The crab configuration the new container runs with (its runtime options'
+    /// `ConfigPath`); the shim's default without one.
+    pub runtime_config_path: Option<PathBuf>,
+    /// The image the container's files go on, instead of the archive's.
+    pub image: Option<String>,
 }
+
+/// The snapshotter of an imported container whose archive names none (a Docker
+/// container's root is not containerd's): containerd's default.
+const DEFAULT_SNAPSHOTTER: &str = "overlayfs";
 
 /// `crabctl export ID [CKPT] -o FILE` (a new full checkpoint when none is named).
 pub fn export(
@@ -54,16 +68,6 @@ pub fn export(
     let rt = crate::containerd::runtime()?;
     let client = rt.block_on(Client::connect(address, namespace))?;
     let c = rt.block_on(client.container(id))?;
-    let mounts = rt.block_on(client.mounts(&c.snapshotter, &c.snapshot_key))?;
-    let specs: Vec<MountSpec> = mounts
-        .iter()
-        .map(|m| MountSpec {
-            kind: m.r#type.clone(),
-            source: m.source.clone(),
-            options: m.options.clone(),
-        })
-        .collect();
-    let image = ImageSource::from_mounts(&specs)?;
     let spec = c.spec.clone().context("the container has no spec")?;
     let record = ContainerRecord {
         image: c.image.clone(),
@@ -78,6 +82,20 @@ pub fn export(
     };
     let mut config = config.clone();
     config.storage.backend = backend_of(&config, &record)?;
+    let image = if c.snapshot_key.is_empty() {
+        adopted_image(&config, &key)?
+    } else {
+        let mounts = rt.block_on(client.mounts(&c.snapshotter, &c.snapshot_key))?;
+        let specs: Vec<MountSpec> = mounts
+            .iter()
+            .map(|m| MountSpec {
+                kind: m.r#type.clone(),
+                source: m.source.clone(),
+                options: m.options.clone(),
+            })
+            .collect();
+        ImageSource::from_mounts(&specs)?
+    };
     let (entry, report) = Sandbox::export(&config, &key, &name, &image, &record, out, &signer)?;
     println!(
         "{id}: checkpoint {} exported to {} ({} bytes, {} changed files) in {} ms",
@@ -88,6 +106,19 @@ pub fn export(
         started.elapsed().as_millis()
     );
     Ok(())
+}
+
+/// The image of a container whose client mounted its root itself (Docker's: no
+/// snapshot in containerd), which the store adopted: found again from the tree's
+/// owner, the client's writable layer.
+fn adopted_image(config: &Config, key: &ContainerKey) -> Result<ImageSource> {
+    let store = storage::open(config, config.storage.backend)?
+        .context("the passthrough backend keeps no tree to export")?;
+    let owner = store.owner(key)?.with_context(|| {
+        format!("{key} has no snapshot in containerd and no tree adopted into the store")
+    })?;
+    let (mount, _) = Adopted::from_owner(&owner)?.split(false);
+    Ok(ImageSource::from_mounts(&[mount])?)
 }
 
 /// The store a container uses: its spec's annotation, else the configuration's.
@@ -113,6 +144,7 @@ pub fn import(
 ) -> Result<()> {
     let key = ContainerKey::new(namespace, new_id)?;
     let started = Instant::now();
+    check_drop(options)?;
     let trust = if options.allow_unsigned {
         eprintln!(
             "warning: {}: importing without checking its signature (--allow-unsigned)",
@@ -121,6 +153,10 @@ pub fn import(
         Trust::AllowUnsigned
     } else {
         Trust::Key(ArchiveKey::load(config).context("the archive key")?)
+    };
+    let runtime_options = match &options.runtime_config_path {
+        Some(path) => Some(runtime_options(path)?),
+        None => None,
     };
     let rt = crate::containerd::runtime()?;
     let client = rt.block_on(Client::connect(address, namespace))?;
@@ -134,27 +170,41 @@ pub fn import(
     let dir = archive_work::import_dir(config, &key);
     let record = archive::unpack(file, &dir, &trust)?;
     fault::point("import.unpacked");
-    let spec = match trusted_spec(&record, &options.allow, namespace, new_id) {
+    let spec = match trusted_spec(&record, options, namespace, new_id) {
         Ok(spec) => spec,
         Err(e) => {
             let _ = std::fs::remove_dir_all(&dir);
             return Err(e);
         }
     };
+    let image = options
+        .image
+        .clone()
+        .unwrap_or_else(|| record.image.clone());
+    let snapshotter = match record.snapshotter.as_str() {
+        "" => DEFAULT_SNAPSHOTTER.to_string(),
+        s => s.to_string(),
+    };
     let result = rt.block_on(async {
-        let chain = client.image_chain_id(&record.image).await?;
+        if image.is_empty() {
+            anyhow::bail!(
+                "the archive names no image (its container's root was not containerd's, \
+                 as Docker's is not): name the image its files go on with --image"
+            );
+        }
+        let chain = client.image_chain_id(&image).await?;
         let mut c = Container {
             id: new_id.to_string(),
-            image: record.image.clone(),
+            image: image.clone(),
             runtime: Some(Runtime {
                 name: CRAB_RUNTIME.to_string(),
-                options: None,
+                options: runtime_options,
             }),
             spec: Some(prost_types::Any {
                 type_url: record.spec_type.clone(),
                 value: serde_json::to_vec(&spec)?,
             }),
-            snapshotter: record.snapshotter.clone(),
+            snapshotter,
             snapshot_key: new_id.to_string(),
             ..Default::default()
         };
@@ -195,11 +245,44 @@ pub fn import(
     Ok(())
 }
 
+/// Refuses `--drop` of a kind whose removal would give more (namespaces, masked
+/// paths, ...), or of a kind also allowed.
+fn check_drop(options: &ImportOptions) -> Result<()> {
+    for kind in &options.drop {
+        let why = if !kind.droppable() {
+            "its settings cannot be left out (that would give the container more); \
+             only host-mounts, hooks and annotations can"
+        } else if options.allow.contains(kind) {
+            "it is also allowed"
+        } else {
+            continue;
+        };
+        return Err(Failure::new(
+            ErrorKind::InvalidArgument,
+            format!("--drop {}: {why}", kind.name()),
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// The runtime options naming `path` as the imported container's configuration,
+/// which must load: a mistake fails here, not in the shim after the unpacking.
+fn runtime_options(path: &Path) -> Result<prost_types::Any> {
+    let path = std::path::absolute(path)
+        .with_context(|| format!("the runtime configuration {}", path.display()))?;
+    Config::load(None, Some(&path), None)
+        .with_context(|| format!("the runtime configuration {}", path.display()))?;
+    Ok(crate::containerd::runtime_options(
+        &path.display().to_string(),
+    ))
+}
+
 /// The spec the imported container gets: the archive's, rebuilt from the allow-list;
 /// an archive for another runtime is refused.
 fn trusted_spec(
     record: &ContainerRecord,
-    allow: &BTreeSet<Grant>,
+    options: &ImportOptions,
     namespace: &str,
     id: &str,
 ) -> Result<serde_json::Value> {
@@ -214,7 +297,7 @@ fn trusted_spec(
         .into());
     }
     let target = Target { namespace, id };
-    let spec = import_spec::rebuild(&record.spec, allow, target)
+    let spec = import_spec::rebuild_dropping(&record.spec, &options.allow, &options.drop, target)
         .map_err(crab_runtime::Error::from)
         .context("import refused")?;
     Ok(spec)

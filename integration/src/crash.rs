@@ -16,6 +16,7 @@ pub struct Crashable {
     /// The container.
     pub guard: Guard,
     fault_file: PathBuf,
+    config: PathBuf,
 }
 
 impl Crashable {
@@ -30,20 +31,28 @@ impl Crashable {
             "fault_file = \"{}\"\n{extra}",
             fault_file.display()
         ));
-        let config = config.display().to_string();
         let guard = Guard::run_detached(
             CRAB,
             BUSYBOX,
-            &["--runtime-config-path", &config],
+            &["--runtime-config-path", &config.display().to_string()],
             &["sh", "-c", COUNTER],
         );
-        let c = Crashable { guard, fault_file };
+        let c = Crashable {
+            guard,
+            fault_file,
+            config,
+        };
         assert!(wait_until(Duration::from_secs(10), || c.count() >= 3));
         c
     }
 
     pub fn id(&self) -> &str {
         &self.guard.id
+    }
+
+    /// Its configuration file, which names its fault file.
+    pub fn config(&self) -> &std::path::Path {
+        &self.config
     }
 
     pub fn count(&self) -> u64 {

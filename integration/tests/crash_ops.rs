@@ -38,6 +38,97 @@ fn assert_holds_base(g: &Guard, at: u64) {
     assert_eq!(counters(&g.id), 1, "{}: copies of the counter", g.id);
 }
 
+/// Runs crabctl `args` with a crash at `point`: crabctl's own (it dies), or `shim:`
+/// that of the shim creating the task of each container `made` (the command fails,
+/// and containerd's clean-up after the dead shim leaves no state and no cgroup).
+fn crash_at(c: &Crashable, point: &str, args: &[&str], made: &[&str]) {
+    if !point.starts_with("shim:") {
+        crabctl_killed_at(point, args);
+        return;
+    }
+    let out = c.crash_during(point, args);
+    let (o, e) = text(&out);
+    assert!(
+        !out.status.success(),
+        "crabctl {args:?} survived {point}: {o}{e}"
+    );
+    // It failed where the shim died: containerd's Create, or its Start.
+    let call = if point == "shim:restore.prepared" {
+        "create the task of"
+    } else {
+        "start the task of"
+    };
+    assert!(e.contains(call), "crabctl {args:?} at {point}: {o}{e}");
+    for id in made {
+        let dir = state_dir().join(namespace()).join(id);
+        assert!(
+            wait_until(Duration::from_secs(10), || !dir.exists()
+                && cgroup_dirs_named(id).is_empty()),
+            "left after {point}: {} {:?}",
+            dir.display(),
+            cgroup_dirs_named(id)
+        );
+    }
+}
+
+/// The pins of process images that restores into `id` hold
+/// (`<store>/.restores/<namespace>/<pid>.<n>.<id>`): a restore removes its own once
+/// the processes are back, the next one those of dead shims.
+fn pins_of(id: &str) -> Vec<String> {
+    let suffix = format!(".{id}");
+    names_in(&store_dir().join(".restores").join(namespace()))
+        .into_iter()
+        .filter(|n| n.ends_with(&suffix))
+        .collect()
+}
+
+/// No restore into `ids` holds a pin any more.
+fn assert_no_pins(ids: &[&str]) {
+    for id in ids {
+        assert!(
+            wait_until(Duration::from_secs(10), || pins_of(id).is_empty()),
+            "pins left for {id}: {:?}",
+            pins_of(id)
+        );
+    }
+}
+
+/// A fork or an import whose shim died discarded what it made: no container record
+/// under the ids it was making, and their trees go as any removed container's do:
+/// once containerd's garbage collection has removed the snapshot (the tree's
+/// owner), the next container's create collects them (docs/storage.md).
+fn assert_nothing_made(ids: &[&str]) {
+    let listed = ctr_ok(&["containers", "ls", "-q"]);
+    for id in ids {
+        assert!(
+            !listed.lines().any(|l| l.trim() == *id),
+            "container {id} left"
+        );
+    }
+    let has_tree = |id: &str| crabctl(&["fs", "du", id], &[]).status.success();
+    let next_create = || {
+        let id = unique_id("next");
+        let out = ctr_run(
+            &["run", "--rm", "--runtime", CRAB, BUSYBOX, &id, "true"],
+            None,
+            Duration::from_secs(60),
+        );
+        assert!(out.status.success(), "ctr run: {:?}", text(&out));
+    };
+    for id in ids {
+        assert!(
+            wait_until(Duration::from_secs(30), || {
+                !has_tree(id) || {
+                    next_create();
+                    std::thread::sleep(Duration::from_millis(500));
+                    false
+                }
+            }),
+            "the tree of {id} outlived the next creates"
+        );
+    }
+}
+
 /// The container's task is killed with its shim, then a `crabctl restore` dies at
 /// `point` (crabctl's own, or `shim:` the new shim's): the next restore brings back
 /// the checkpoint, whole and once.
@@ -47,28 +138,11 @@ fn crash_in_restore(point: &str) {
     c.guard
         .exec_ok(&["sh", "-c", "echo after > /f; echo x > /after"]);
     kill_shim(&c);
-    if point.starts_with("shim:") {
-        let out = c.crash_during(point, &["restore", c.id()]);
-        let (o, e) = text(&out);
-        assert!(
-            !out.status.success(),
-            "the restore survived {point}: {o}{e}"
-        );
-        // containerd's clean-up after the dead shim leaves no state and no cgroup.
-        let dir = state_dir().join(namespace()).join(c.id());
-        assert!(
-            wait_until(Duration::from_secs(10), || !dir.exists()
-                && cgroup_dirs_named(c.id()).is_empty()),
-            "left after {point}: {} {:?}",
-            dir.display(),
-            cgroup_dirs_named(c.id())
-        );
-    } else {
-        crabctl_killed_at(point, &["restore", c.id()]);
-    }
+    crash_at(&c, point, &["restore", c.id()], &[c.id()]);
     let out = crabctl_ok(&["restore", c.id()]);
     assert!(out.contains("restored from checkpoint base"), "{out}");
     assert_holds_base(&c.guard, at);
+    assert_no_pins(&[c.id()]);
     assert_eq!(
         c.guard.exec(&["test", "-e", "/after"]).status.code(),
         Some(1)
@@ -102,20 +176,25 @@ fn shim_killed_after_criu_restored_leaves_one_copy_after_the_retry() {
     crash_in_restore("shim:restore.restored");
 }
 
-/// A `crabctl fork --count 2` dies at `point`: the same fork again makes both forks
-/// (the dead one's containers are discarded first), each holding the checkpoint, and
-/// no container is left pending.
+/// A `crabctl fork --count 2` dies at `point` (or `shim:` the forks' shims do): the
+/// same fork again makes both forks (the dead one's containers are discarded first),
+/// each holding the checkpoint, and no container is left pending.
 fn crash_in_fork(point: &str) {
     let c = Crashable::start();
     let at = base_checkpoint(&c);
     let forks = [format!("{}-fork-1", c.id()), format!("{}-fork-2", c.id())];
     let guards: Vec<Guard> = forks.iter().map(|f| Guard::new(f)).collect();
-    crabctl_killed_at(point, &["fork", c.id(), "base", "--count", "2"]);
+    let args = ["fork", c.id(), "base", "--count", "2"];
+    crash_at(&c, point, &args, &[&forks[0], &forks[1]]);
+    if point.starts_with("shim:") {
+        assert_nothing_made(&[&forks[0], &forks[1]]);
+    }
     assert_not_frozen(c.id());
     crabctl_ok(&["fork", c.id(), "base", "--count", "2"]);
     for g in &guards {
         assert_holds_base(g, at);
     }
+    assert_no_pins(&[&forks[0], &forks[1]]);
     assert_eq!(pending_containers(), Vec::<String>::new());
     c.assert_runs("the forks");
     crabctl_ok(&["checkpoint", c.id(), "--name", "next"]);
@@ -146,6 +225,21 @@ fn crabctl_killed_after_creating_a_fork_task_forks_on_retry() {
 #[test]
 fn crabctl_killed_after_starting_a_fork_forks_on_retry() {
     crash_in_fork("fork.started");
+}
+
+#[test]
+fn shim_killed_after_preparing_a_forks_restore_forks_on_retry() {
+    crash_in_fork("shim:restore.prepared");
+}
+
+#[test]
+fn shim_killed_before_criu_restores_a_fork_forks_on_retry() {
+    crash_in_fork("shim:restore.starting");
+}
+
+#[test]
+fn shim_killed_after_criu_restored_a_fork_leaves_one_copy_after_the_retry() {
+    crash_in_fork("shim:restore.restored");
 }
 
 /// A fresh directory for archives, removed at the end.
@@ -229,8 +323,10 @@ fn unpacked() -> Vec<String> {
     names_in(&store_dir().join(".imports").join(namespace()))
 }
 
-/// A `crabctl import` dies at `point`: the retry under the same id discards what the
-/// dead one made and imports; nothing is left pending or unpacked.
+/// A `crabctl import` dies at `point` (or `shim:` the imported container's shim,
+/// which runs with the source's configuration and so its fault file): the retry
+/// under the same id discards what the dead one made and imports; nothing is left
+/// pending or unpacked.
 fn crash_in_import(point: &str) {
     let c = Crashable::start();
     let at = base_checkpoint(&c);
@@ -246,8 +342,20 @@ fn crash_in_import(point: &str) {
     let id = unique_id("imported");
     let g = Guard::new(&id);
     let path = archive.display().to_string();
-    crabctl_killed_at(point, &["import", &path, "--id", &id]);
-    crabctl_ok(&["import", &path, "--id", &id]);
+    let config = c.config().display().to_string();
+    let args = [
+        "import",
+        &path,
+        "--id",
+        &id,
+        "--runtime-config-path",
+        &config,
+    ];
+    crash_at(&c, point, &args, &[&id]);
+    if point.starts_with("shim:") {
+        assert_nothing_made(&[&id]);
+    }
+    crabctl_ok(&args);
     assert_holds_base(&g, at);
     assert_eq!(pending_containers(), Vec::<String>::new());
     assert!(
@@ -281,4 +389,19 @@ fn crabctl_killed_after_creating_the_imported_task_imports_on_retry() {
 #[test]
 fn crabctl_killed_after_starting_the_imported_task_imports_on_retry() {
     crash_in_import("import.started");
+}
+
+#[test]
+fn shim_killed_after_preparing_an_imports_restore_imports_on_retry() {
+    crash_in_import("shim:restore.prepared");
+}
+
+#[test]
+fn shim_killed_before_criu_restores_an_import_imports_on_retry() {
+    crash_in_import("shim:restore.starting");
+}
+
+#[test]
+fn shim_killed_after_criu_restored_an_import_leaves_one_copy_after_the_retry() {
+    crash_in_import("shim:restore.restored");
 }

@@ -545,3 +545,99 @@ fn docker_rm_removes_the_containers_checkpoint_copies() {
     assert!(checkpoint_store().join(MOBY).join(&id).exists());
     assert_rm_removes_tree_and_history(&c, &id);
 }
+
+/// A number the Docker container `c` keeps in `path` (0 until it is there).
+fn docker_number(c: &DockerGuard, path: &str) -> u64 {
+    text(&c.exec(&["cat", path])).0.trim().parse().unwrap_or(0)
+}
+
+#[test]
+fn a_docker_containers_archive_imports_with_its_binds_allowed_and_dockers_hook_dropped() {
+    // Docker always gives a container its network hook, `--network none` too.
+    let c = DockerGuard::run(
+        &["--network", "none"],
+        DOCKER_BUSYBOX,
+        &["sh", "-c", crab_integration::crash::COUNTER],
+    );
+    let id = c.id();
+    assert!(wait_until(Duration::from_secs(10), || docker_number(
+        &c,
+        "/tmp/count"
+    ) >= 3));
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let archive = dir.path().join("docker.tar");
+    let path = archive.display().to_string();
+    let at = docker_number(&c, "/tmp/count");
+    let out = crabctl_moby(&["export", &id, "-o", &path]);
+    let (o, e) = text(&out);
+    assert!(out.status.success(), "crabctl export: {o}{e}");
+
+    let new = unique_id("from-docker");
+    let g = Guard::new(&new);
+    let import = |flags: &[&str]| {
+        let mut args = vec!["import", &path, "--image", BUSYBOX, "--id", &new];
+        args.extend_from_slice(flags);
+        crabctl(&args, &[])
+    };
+    let in_containerd = || {
+        ctr_ok(&["containers", "ls", "-q"])
+            .lines()
+            .any(|l| l.trim() == new)
+    };
+    // Docker's binds of its own files and its hook running dockerd's binary are
+    // refused, each named with its kind; nothing is created.
+    let out = import(&[]);
+    let (o, e) = text(&out);
+    assert_eq!(out.status.code(), Some(6), "{o}{e}");
+    for needle in [
+        "host-mounts: bind mount of the host's",
+        "at /etc/hosts",
+        "at /etc/resolv.conf",
+        "hooks: hooks prestart",
+        "--allow host-mounts,hooks",
+        "--drop host-mounts,hooks",
+    ] {
+        assert!(e.contains(needle), "{needle:?} not in: {e}");
+    }
+    assert!(!in_containerd(), "a refused import created {new}");
+    // The host mounts alone are not enough: the hook is still named.
+    let out = import(&["--allow", "host-mounts"]);
+    let (o, e) = text(&out);
+    assert_eq!(out.status.code(), Some(6), "{o}{e}");
+    assert!(e.contains("hooks: hooks prestart"), "{e}");
+    assert!(!e.contains("host-mounts:"), "{e}");
+    assert!(!in_containerd(), "a refused import created {new}");
+    // As docs/checkpoint.md says: the binds kept, Docker's hook left out.
+    let out = import(&["--allow", "host-mounts", "--drop", "hooks"]);
+    let (o, e) = text(&out);
+    assert!(out.status.success(), "crabctl import: {o}{e}");
+    // The restored shell: its file, its counter going on from the checkpoint's value
+    // (in memory only), Docker's init files in its tree.
+    assert_eq!(g.exec_ok(&["cat", "/f"]).trim(), "before");
+    let now = g.number("/tmp/count");
+    assert!(
+        now >= at && now < at + 25,
+        "count {now}, {at} at the export"
+    );
+    assert!(
+        wait_until(Duration::from_secs(5), || g.number("/tmp/count") > now),
+        "the imported counter stopped at {now}"
+    );
+    g.exec_ok(&["test", "-e", "/.dockerenv"]);
+    assert_eq!(g.exec_ok(&["cat", "/etc/hostname"]).trim(), &id[..12]);
+    // Its own root and no hook; the Docker container runs on, untouched.
+    let info: serde_json::Value =
+        serde_json::from_str(&ctr_ok(&["containers", "info", &new])).expect("container info");
+    assert_eq!(info["Spec"]["root"]["path"], "rootfs", "{info}");
+    assert!(info["Spec"]["hooks"].is_null(), "{info}");
+    let theirs = docker_number(&c, "/tmp/count");
+    assert!(wait_until(Duration::from_secs(5), || docker_number(
+        &c,
+        "/tmp/count"
+    ) > theirs));
+    assert_eq!(
+        text(&c.exec(&["cat", "/f"])).0.trim(),
+        "before",
+        "the Docker container's file"
+    );
+}

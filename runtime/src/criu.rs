@@ -108,6 +108,9 @@ pub struct Restore {
     /// this action script (command, environment), which makes it as the spec's
     /// hooks do.
     pub network_by_hooks: Option<(String, Vec<(String, String)>)>,
+    /// Restore the mounts with CRIU's older engine, which does not rebuild their
+    /// sharing ([`crate::checkpoint::engine::Dumped::foreign_mounts`]).
+    pub mount_compat: bool,
 }
 
 /// Dumps the process tree.
@@ -169,6 +172,9 @@ pub fn restore(r: &Restore) -> Result<i32> {
     for (dst, src) in &r.external_mounts {
         cmd.arg("--external")
             .arg(format!("mnt[{dst}]:{}", src.display()));
+    }
+    if r.mount_compat {
+        cmd.arg("--mntns-compat-mode");
     }
     if let Some((script, env)) = &r.network_by_hooks {
         cmd.args(["--empty-ns", "net", "--action-script", script]);

@@ -230,8 +230,11 @@ impl TaskService {
                     check_terminal(terminal, manifest.stdio.tty.is_some(), &dir)?;
                     apply_fs_delta(&dir, &manifest, &target)?;
                     let keep = owner == DirOwner::Client;
-                    let (sandbox, RestoreImages { images, dumped }) =
+                    let (sandbox, RestoreImages { images, mut dumped }) =
                         Sandbox::for_dir_restore(cfg, opts, &dir, !keep)?;
+                    // An import's processes had their mounts on another host, or
+                    // under another runtime (Docker's shared data root).
+                    dumped.foreign_mounts = owner == DirOwner::Import;
                     // containerd never removes its unpacked checkpoint; an import's
                     // unpacked archive is the shim's to remove too; a client's
                     // images are the client's.

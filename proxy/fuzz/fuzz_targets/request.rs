@@ -30,7 +30,7 @@ impl Sandbox for Refusing {
     fn checkpoint(&self, _: Option<String>) -> Result<Value, Failure> {
         Err(Failure::new(ErrorKind::Busy, "fuzzing"))
     }
-    fn rollback(&self, _: &str) -> Result<Value, Failure> {
+    fn rollback(&self, _: &str, _: &TurnContext) -> Result<Value, Failure> {
         Err(Failure::new(ErrorKind::NotFound, "fuzzing"))
     }
     fn fork(&self, _: Option<String>, _: u32) -> Result<Vec<String>, Failure> {

@@ -43,6 +43,12 @@ pub struct Dumped {
     /// ([`super::hooks`]).
     #[serde(default)]
     pub network_by_hooks: bool,
+    /// Its mounts were another host's or another runtime's (an import): their
+    /// sharing (the peer groups Docker's shared data root puts a root in) cannot
+    /// be made again around this host's root, so CRIU restores them with its
+    /// older mount engine, which does not try (`--mntns-compat-mode`).
+    #[serde(default)]
+    pub foreign_mounts: bool,
 }
 
 /// The files of a CRIU image directory and their sizes.
@@ -118,6 +124,7 @@ impl From<&Manifest> for Dumped {
             stdio: m.stdio.clone(),
             files: m.criu_files.clone(),
             network_by_hooks: m.network_by_hooks,
+            foreign_mounts: false,
         }
     }
 }

@@ -9,7 +9,11 @@
 //! `ctr run` without flags holds (process, environment, working directory, rlimits,
 //! resources, hostname, containerd's standard mounts, tmpfs mounts of its own) and
 //! refuses anything beyond it, naming each thing, unless the operator allows its kind
-//! ([`Grant`], `crabctl import --allow KIND,...`).
+//! ([`Grant`], `crabctl import --allow KIND,...`) or, for the kinds whose removal
+//! takes away access and nothing else (host mounts, hooks, `io.crab.*`
+//! annotations), has them left out (`--drop KIND,...`). The root is always the
+//! import's own snapshot (`rootfs`), whatever path the archive's spec names: the
+//! archive's files go there.
 
 use std::collections::BTreeSet;
 
@@ -18,7 +22,8 @@ use serde_json::{Map, Value};
 /// The kinds of things beyond the allow-list an operator may grant an import.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Grant {
-    /// Bind mounts (host paths), mounts of other file systems, a root path on the host.
+    /// Bind mounts (host paths), mounts of other file systems, shared root
+    /// propagation.
     HostMounts,
     /// Capabilities beyond containerd's default set.
     Capabilities,
@@ -49,6 +54,14 @@ impl Grant {
         Grant::Annotations,
         Grant::Other,
     ];
+
+    /// Whether things of this kind can be left out of the spec (`--drop`): each is
+    /// one mount, hook or annotation whose absence only takes access away. Leaving
+    /// out the others (namespaces, masked paths, capabilities, device rules, ...)
+    /// would give more, not less.
+    pub fn droppable(self) -> bool {
+        matches!(self, Grant::HostMounts | Grant::Hooks | Grant::Annotations)
+    }
 
     /// The name `crabctl import --allow` takes.
     pub fn name(self) -> &'static str {
@@ -94,9 +107,18 @@ impl std::fmt::Display for Refused {
         let names: Vec<&str> = kinds.iter().map(|g| g.name()).collect();
         write!(
             f,
-            " (crabctl import --allow {} grants it, if you trust the archive's origin)",
+            " (crabctl import --allow {} grants it, if you trust the archive's origin",
             names.join(",")
-        )
+        )?;
+        let droppable: Vec<&str> = kinds
+            .iter()
+            .filter(|g| g.droppable())
+            .map(|g| g.name())
+            .collect();
+        if !droppable.is_empty() {
+            write!(f, "; --drop {} leaves it out", droppable.join(","))?;
+        }
+        write!(f, ")")
     }
 }
 
@@ -123,8 +145,21 @@ pub fn rebuild(
     granted: &BTreeSet<Grant>,
     target: Target<'_>,
 ) -> std::result::Result<Value, Refused> {
+    rebuild_dropping(spec, granted, &BTreeSet::new(), target)
+}
+
+/// As [`rebuild`], with the things of the `dropped` kinds beyond the allow-list
+/// left out rather than refused (only [`Grant::droppable`] kinds; the others are
+/// refused as ever).
+pub fn rebuild_dropping(
+    spec: &Value,
+    granted: &BTreeSet<Grant>,
+    dropped: &BTreeSet<Grant>,
+    target: Target<'_>,
+) -> std::result::Result<Value, Refused> {
     let mut b = Builder {
         granted,
+        dropped,
         refused: Vec::new(),
     };
     let empty = Map::new();
@@ -139,9 +174,7 @@ pub fn rebuild(
                 out.insert(key.clone(), b.process(value));
             }
             "root" => {
-                if let Some(root) = b.root(value) {
-                    out.insert(key.clone(), root);
-                }
+                out.insert(key.clone(), own_root(value));
             }
             "mounts" => {
                 out.insert(key.clone(), b.mounts(value));
@@ -175,17 +208,41 @@ pub fn rebuild(
     }
 }
 
+/// The root an imported container gets: its own snapshot, where the archive's files
+/// go (`rootfs`, in the bundle), read-only if the archive's was. A path the archive
+/// names (Docker's names the exporting host's overlay) is not kept.
+fn own_root(root: &Value) -> Value {
+    let path = root["path"].as_str().unwrap_or("");
+    if path != "rootfs" {
+        tracing::warn!(%path, "import runs on its own snapshot, not the archive's root path");
+    }
+    let mut out = Map::new();
+    out.insert("path".into(), "rootfs".into());
+    if let Some(ro) = root.get("readonly") {
+        out.insert("readonly".into(), ro.clone());
+    }
+    Value::Object(out)
+}
+
 struct Builder<'a> {
     granted: &'a BTreeSet<Grant>,
+    dropped: &'a BTreeSet<Grant>,
     refused: Vec<(Grant, String)>,
 }
 
 impl Builder<'_> {
-    /// Whether `what`, of kind `grant`, is granted; records it as refused if not.
+    /// Whether `what`, of kind `grant`, is kept: if granted. Else it is left out
+    /// when its kind is dropped (and may be), and recorded as refused otherwise.
+    /// Every caller of a droppable kind passes one thing (a mount, the hooks, an
+    /// annotation), whose absence takes nothing else away.
     fn allow(&mut self, grant: Grant, what: String) -> bool {
         if self.granted.contains(&grant) {
             tracing::warn!(kind = grant.name(), %what, "import keeps, as the operator allowed");
             return true;
+        }
+        if grant.droppable() && self.dropped.contains(&grant) {
+            tracing::warn!(kind = grant.name(), %what, "import leaves out, as the operator asked");
+            return false;
         }
         self.refused.push((grant, what));
         false
@@ -228,20 +285,6 @@ impl Builder<'_> {
             }
         }
         Value::Object(out)
-    }
-
-    fn root(&mut self, root: &Value) -> Option<Value> {
-        let path = root["path"].as_str().unwrap_or("");
-        // containerd's bundles name the root `rootfs`, inside the bundle.
-        if path == "rootfs"
-            || self.allow(
-                Grant::HostMounts,
-                format!("root file system at {path:?}, not the bundle's rootfs"),
-            )
-        {
-            return Some(root.clone());
-        }
-        None
     }
 
     fn mounts(&mut self, mounts: &Value) -> Value {

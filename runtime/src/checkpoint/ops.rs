@@ -150,6 +150,7 @@ impl Container {
                     // A history's checkpoint keeps the network images: an
                     // in-place rollback re-attaches nothing.
                     network_by_hooks: false,
+                    foreign_mounts: false,
                 };
                 std::fs::write(
                     tmp.join(STDIO_FILE),

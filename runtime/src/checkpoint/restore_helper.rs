@@ -180,6 +180,7 @@ fn serve(call: Restore) -> Result<Restored> {
                 std::fs::read_link("/proc/self/exe").unwrap_or_else(|_| "/proc/self/exe".into());
             super::hooks::action_script(&exe, &bundle, &id)
         }),
+        mount_compat: dumped.foreign_mounts,
     })?;
     drop(fds);
     drop(joined);

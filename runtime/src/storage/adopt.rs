@@ -75,6 +75,43 @@ impl Adopted {
         })
     }
 
+    /// The overlay adopted for the tree whose owner (the client's upper dir) is
+    /// `upper`, read again without its mount, which the store's tree covers once the
+    /// container runs (an export needs the image to compute the file delta):
+    /// Docker's overlay2 keeps a layer's lower dirs, top first, in the `lower` file
+    /// beside its `diff`, named relative to the `overlay2` dir (`l/<short>`, links
+    /// to the layers' `diff` dirs).
+    pub fn from_owner(upper: &Path) -> Result<Adopted> {
+        let layer = upper.parent().filter(|_| upper.ends_with("diff"));
+        let (Some(layer), Some(overlay2)) = (layer, layer.and_then(Path::parent)) else {
+            return Err(not_overlay2(upper, "not an overlay2 layer's diff dir"));
+        };
+        let file = layer.join("lower");
+        let text = match std::fs::read_to_string(&file) {
+            Ok(t) => t,
+            // The bottom layer of an image has no lower dirs.
+            Err(e) if e.kind() == ErrorKind::NotFound => String::new(),
+            Err(e) => return Err(Error::io(format!("read {}", file.display()))(e)),
+        };
+        let mut lower = Vec::new();
+        for name in text.trim().split(':').filter(|s| !s.is_empty()) {
+            let path = Path::new(name);
+            if path.is_absolute()
+                || path
+                    .components()
+                    .any(|c| !matches!(c, std::path::Component::Normal(_)))
+            {
+                return Err(not_overlay2(upper, &format!("lower dir {name:?}")));
+            }
+            lower.push(overlay2.join(path));
+        }
+        Ok(Adopted {
+            mount_id: 0,
+            lower,
+            upper: upper.to_path_buf(),
+        })
+    }
+
     /// The image the store copies (an overlay of every lower dir but the top one,
     /// owned by the upper dir) and the layers of this container alone, top first,
     /// to apply onto a new tree: the upper dir when the client wrote in it, and the
@@ -99,6 +136,16 @@ impl Adopted {
             ],
         };
         (spec, layers)
+    }
+}
+
+fn not_overlay2(upper: &Path, why: &str) -> Error {
+    Error::Storage {
+        operation: "find an adopted root's image",
+        message: format!(
+            "{}: {why} (only Docker's overlay2 layers are known)",
+            upper.display()
+        ),
     }
 }
 
@@ -381,6 +428,48 @@ mod tests {
             fs::read_dir(&view).unwrap().next().is_none(),
             "view unmounted"
         );
+    }
+
+    #[test]
+    fn test_the_adopted_overlay_is_read_again_from_its_owners_lower_file() {
+        use std::fs;
+        let tmp = tempfile::tempdir().unwrap();
+        let overlay2 = tmp.path().join("overlay2");
+        let upper = overlay2.join("6f1e/diff");
+        fs::create_dir_all(&upper).unwrap();
+        fs::write(overlay2.join("6f1e/lower"), "l/ABC:l/DEF:l/GHI\n").unwrap();
+        let a = Adopted::from_owner(&upper).unwrap();
+        let found = Adopted::find(DOCKER, merged()).unwrap();
+        let relative = |a: &Adopted| -> Vec<PathBuf> {
+            a.lower
+                .iter()
+                .map(|l| {
+                    l.iter()
+                        .rev()
+                        .take(2)
+                        .collect::<Vec<_>>()
+                        .into_iter()
+                        .rev()
+                        .collect()
+                })
+                .collect()
+        };
+        assert_eq!(
+            relative(&a),
+            relative(&found),
+            "the mount's layers, top first"
+        );
+        assert_eq!(a.lower[0], overlay2.join("l/ABC"));
+        assert_eq!(a.upper, upper);
+        // An image's bottom layer has no lower file; a name out of overlay2 and a
+        // dir that is no layer's diff are refused.
+        fs::remove_file(overlay2.join("6f1e/lower")).unwrap();
+        assert!(Adopted::from_owner(&upper).unwrap().lower.is_empty());
+        fs::write(overlay2.join("6f1e/lower"), "l/ABC:../../etc").unwrap();
+        assert!(Adopted::from_owner(&upper).is_err());
+        fs::write(overlay2.join("6f1e/lower"), "/etc").unwrap();
+        assert!(Adopted::from_owner(&upper).is_err());
+        assert!(Adopted::from_owner(&overlay2.join("6f1e")).is_err());
     }
 
     #[test]

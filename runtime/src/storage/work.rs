@@ -39,9 +39,19 @@ pub fn dead_rollback(mark: &str) -> Option<String> {
     }
 }
 
-/// Whether process `pid` exists.
+/// Whether process `pid` runs. A zombie does not: a process killed (a shim at a
+/// crash) stays one until its parent reaps it, and a slow reaper (a container's
+/// init as pid 1) leaves it seconds in `/proc`, where its work would pass for
+/// live and be left behind by the next operation that clears dead work.
 pub fn pid_alive(pid: i32) -> bool {
-    Path::new(&format!("/proc/{pid}")).exists()
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // `pid (comm) state ...`: comm may hold anything, the state follows its last `)`.
+    let state = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.trim_start().chars().next());
+    !matches!(state, Some('Z' | 'X'))
 }
 
 /// What `prepare` does with a container that already has a tree.
@@ -114,6 +124,30 @@ pub fn read_owner(file: &Path) -> Option<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn test_a_zombie_is_not_alive() -> std::io::Result<()> {
+        let mut running = std::process::Command::new("sleep").arg("30").spawn()?;
+        let mut exited = std::process::Command::new("true").spawn()?;
+        let zombie = |pid: u32| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+                s.rsplit_once(')')
+                    .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
+            })
+        };
+        // Not reaped yet: a zombie, still in /proc.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !zombie(exited.id()) && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(zombie(exited.id()));
+        assert!(!pid_alive(exited.id() as i32));
+        assert!(pid_alive(running.id() as i32));
+        running.kill()?;
+        running.wait()?;
+        exited.wait()?;
+        Ok(())
+    }
 
     #[test]
     fn test_work_of_this_process_is_alive_and_of_a_dead_one_is_not() {
