@@ -271,3 +271,71 @@ fn a_fork_of_claude_code_is_fast_forwarded_from_the_sources_journal_and_goes_its
         claude::requests(&llm)
     );
 }
+
+#[test]
+fn an_exported_claude_code_is_fast_forwarded_where_it_is_imported() {
+    let llm = Scripted::start(script());
+    let g = run_until_held(&llm, 6);
+    assert!(
+        crab_integration::wait_until(Duration::from_secs(30), || kinds(&g).len() == 7),
+        "{:?}",
+        kinds(&g)
+    );
+    let history = history(&g);
+    let entry = history
+        .get(3)
+        .and_then(|e| e["seq"].as_u64())
+        .unwrap_or_else(|| panic!("no fourth entry: {history:?}"));
+    let archive = std::env::temp_dir().join(format!("{}.tar", crab_integration::unique_id("ffa")));
+    crabctl_ok(&[
+        "export",
+        &g.id,
+        &entry.to_string(),
+        "-o",
+        archive.to_str().unwrap(),
+    ]);
+    // The importing side's configuration allows the same LLM; the archive's
+    // upstream annotation is Crab's, kept with --allow annotations.
+    let config =
+        crab_integration::config_with(&format!("[proxy]\nupstreams = [\"{}\"]\n", llm.url()));
+    let moved = Guard::new(&crab_integration::unique_id("ffi"));
+    let out = crabctl_ok(&[
+        "import",
+        archive.to_str().unwrap(),
+        "--id",
+        &moved.id,
+        "--allow",
+        "annotations",
+        "--runtime-config-path",
+        config.to_str().unwrap(),
+    ]);
+    eprintln!("{out}");
+    let _ = std::fs::remove_file(&archive);
+    llm.let_go();
+    for (who, sandbox) in [("source", &g), ("imported", &moved)] {
+        let (code, out, err) = claude::finished(sandbox, &llm, Duration::from_secs(240));
+        assert_eq!(code, "0", "{who}: stdout: {out}\nstderr: {err}");
+        assert_eq!(sandbox.exec_ok(&["cat", "/root/notes.md"]), NOTES, "{who}");
+    }
+    let log = std::fs::read_to_string(
+        state_dir()
+            .join(namespace())
+            .join(format!("{}.proxy.log", moved.id)),
+    )
+    .unwrap_or_default();
+    let seen = steps_seen(&llm);
+    eprintln!("steps the server answered: {seen:?}\nthe imported proxy's log:\n{log}");
+    assert!(
+        log.contains("answers replayed"),
+        "no replay where it was imported"
+    );
+    let counts: Vec<usize> = (0..=8)
+        .map(|step| seen.iter().filter(|&&s| s == step).count())
+        .collect();
+    assert_eq!(
+        counts,
+        [1, 1, 1, 1, 2, 2, 2, 2, 2],
+        "{:#?}",
+        claude::requests(&llm)
+    );
+}

@@ -55,12 +55,14 @@ pub struct ExportReport {
 }
 
 /// Writes checkpoint `entry` of container `key` (its process image, and its files as
-/// a delta against `image`) with `record` into the archive `out`, signed with
-/// `signer`.
+/// a delta against `image`; with `replay`, its agent's journaled exchanges) with
+/// `record` into the archive `out`, signed with `signer`.
+#[allow(clippy::too_many_arguments)]
 pub fn export(
     config: &Config,
     key: &ContainerKey,
     entry: &Entry,
+    replay: Option<super::journal::Plan>,
     image: &ImageSource,
     record: &ContainerRecord,
     out: &Path,
@@ -90,6 +92,7 @@ pub fn export(
             .map_err(Error::io(format!("create {}", staging.display())))?;
         tree::copy(&images, &staging.join(CRIU_DIR))?;
         let fs = write_delta(config, key, &snapshot, image, &staging)?;
+        let journal_files = stage_exchanges(config, key, replay, &staging)?;
         let manifest = Manifest {
             version: super::VERSION,
             kind: Kind::Full,
@@ -103,6 +106,8 @@ pub fn export(
             timings: Timings::default(),
             criu_files: super::engine::image_files(&staging.join(CRIU_DIR)),
             network_by_hooks: dumped.network_by_hooks,
+            replay: replay.filter(|_| !journal_files.is_empty()),
+            journal_files,
         };
         manifest.write(&staging, false)?;
         let json = serde_json::to_vec_pretty(record).expect("record serializes");
@@ -148,6 +153,33 @@ pub fn export(
         let _ = std::fs::remove_file(&partial);
     }
     result
+}
+
+/// Copies the exchanges `replay` answers into the staging directory's
+/// journal; returns their sizes by name.
+fn stage_exchanges(
+    config: &Config,
+    key: &ContainerKey,
+    replay: Option<super::journal::Plan>,
+    staging: &Path,
+) -> Result<std::collections::BTreeMap<String, u64>> {
+    use super::journal;
+    let mut sizes = std::collections::BTreeMap::new();
+    let Some(plan) = replay else {
+        return Ok(sizes);
+    };
+    let exchanges = journal::exchanges(config, key, plan);
+    if exchanges.is_empty() {
+        return Ok(sizes);
+    }
+    let dir = staging.join(journal::ARCHIVE_DIR);
+    std::fs::create_dir_all(&dir).map_err(Error::io(format!("create {}", dir.display())))?;
+    for (name, path) in exchanges {
+        let bytes = std::fs::copy(&path, dir.join(&name))
+            .map_err(Error::io(format!("copy {}", path.display())))?;
+        sizes.insert(name, bytes);
+    }
+    Ok(sizes)
 }
 
 fn dumped_id(d: &Dumped, key: &ContainerKey) -> String {
@@ -290,6 +322,12 @@ fn extract_checked(file: &Path, dir: &Path, manifest: &Manifest, trust: &Trust) 
     let total_max = manifest
         .process_bytes
         .saturating_add(fs_bytes.unwrap_or(0))
+        .saturating_add(
+            manifest
+                .journal_files
+                .values()
+                .fold(0u64, |a, b| a.saturating_add(*b)),
+        )
         .saturating_add(4 * SMALL_MAX);
     let mut total = 0u64;
     let f = std::fs::File::open(file).map_err(Error::io(format!("open {}", file.display())))?;
@@ -356,6 +394,9 @@ fn extract_checked(file: &Path, dir: &Path, manifest: &Manifest, trust: &Trust) 
                 .ok()
                 .and_then(|n| manifest.criu_files.get(n).copied()),
             [f] if *f == FS_DIFF.as_bytes() => fs_bytes,
+            [d, f] if *d == super::journal::ARCHIVE_DIR.as_bytes() => std::str::from_utf8(f)
+                .ok()
+                .and_then(|n| manifest.journal_files.get(n).copied()),
             _ => None,
         };
         match bound {

@@ -32,6 +32,8 @@ pub(crate) fn manifest() -> Manifest {
         timings: Timings::default(),
         criu_files: BTreeMap::from([("inventory.img".to_string(), INVENTORY.len() as u64)]),
         network_by_hooks: false,
+        replay: None,
+        journal_files: Default::default(),
     }
 }
 

@@ -307,6 +307,8 @@ impl Container {
             timings,
             criu_files,
             network_by_hooks,
+            replay: None,
+            journal_files: Default::default(),
         };
         let mut manifest = manifest;
         manifest.timings.total_ms = started.elapsed().as_millis() as u64;

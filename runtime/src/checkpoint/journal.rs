@@ -64,38 +64,100 @@ pub fn plan_replay(
     if !config.agent.fast_forward || !src_dir.is_dir() {
         return Ok(());
     }
-    // Running a turn's tools again is right only if that turn changed nothing
-    // but the agent's own state (a skip). A turn between that took the files
-    // without the processes (its requester was not found as the agent, so it
-    // was not made full) would have its tools run twice on files that have
-    // their effect: no replay then, the agent asks its LLM again.
     let locked = HistoryStore::open(config, src)?;
-    if let Some(e) = locked
-        .history()
-        .entries
-        .iter()
-        .find(|e| e.seq > from && e.seq <= entry.seq && e.kind != Kind::Skip)
-    {
-        tracing::warn!(%src, from, to = entry.seq, seq = e.seq, kind = ?e.kind,
-            "no agent fast-forward: a turn to replay was no skip");
+    let Some(plan) = replayable(locked.history(), src, entry) else {
         return Ok(());
-    }
+    };
     let dir = dir(config, dst);
     if src != dst {
         // Under `src`'s history lock: its retention cannot prune them meanwhile.
         link_exchanges(&src_dir, &dir, from, entry.seq)?;
     }
     drop(locked);
-    let plan = Plan {
+    write_plan(&dir, plan)?;
+    tracing::info!(%src, %dst, from, to = entry.seq, "agent fast-forward planned");
+    Ok(())
+}
+
+/// The plan of a restore of `entry` of `history` (container `key`'s), if one
+/// may replay. Running a turn's tools again is right only if that turn changed
+/// nothing but the agent's own state (a skip). A turn between that took the
+/// files without the processes (its requester was not found as the agent, so
+/// it was not made full) would have its tools run twice on files that have
+/// their effect: no replay then, the agent asks its LLM again.
+pub fn replayable(history: &history::History, key: &ContainerKey, entry: &Entry) -> Option<Plan> {
+    let from = entry.process_image?;
+    if let Some(e) = history
+        .entries
+        .iter()
+        .find(|e| e.seq > from && e.seq <= entry.seq && e.kind != Kind::Skip)
+    {
+        tracing::warn!(%key, from, to = entry.seq, seq = e.seq, kind = ?e.kind,
+            "no agent fast-forward: a turn to replay was no skip");
+        return None;
+    }
+    Some(Plan {
         from,
         to: entry.seq,
-    };
+    })
+}
+
+/// Writes `plan` into journal `dir`, whole (temporary file, rename).
+fn write_plan(dir: &Path, plan: Plan) -> Result<()> {
     let path = dir.join(PLAN);
     let tmp = dir.join(format!(".{PLAN}.tmp"));
     std::fs::write(&tmp, serde_json::to_vec(&plan).expect("plan serializes"))
         .and_then(|()| std::fs::rename(&tmp, &path))
         .map_err(Error::io(format!("write {}", path.display())))?;
-    tracing::info!(%src, %dst, from, to = entry.seq, "agent fast-forward planned");
+    Ok(())
+}
+
+/// Where an archive holds an exported agent's exchanges.
+pub const ARCHIVE_DIR: &str = "journal";
+
+/// The exchanges of `plan` in the journal of container `key`, to export with
+/// its checkpoint: (file name, path).
+pub fn exchanges(config: &Config, key: &ContainerKey, plan: Plan) -> Vec<(String, PathBuf)> {
+    let dir = dir(config, key);
+    (plan.from..=plan.to)
+        .map(|seq| format!("{seq}.exchange"))
+        .map(|name| (dir.join(&name), name))
+        .filter(|(path, _)| path.is_file())
+        .map(|(path, name)| (name, path))
+        .collect()
+}
+
+/// Adopts an imported agent's exchanges (`unpacked`, an archive's
+/// [`ARCHIVE_DIR`]) into the journal of container `key` and leaves its proxy
+/// `plan`, when the agent is fast-forwarded here. The archive is another host's:
+/// only names of exchanges inside the plan's range are taken.
+pub fn adopt(config: &Config, key: &ContainerKey, unpacked: &Path, plan: Plan) -> Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    if !config.agent.fast_forward || !unpacked.is_dir() || plan.from > plan.to {
+        return Ok(());
+    }
+    let dir = dir(config, key);
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&dir)
+        .map_err(Error::io(format!("create {}", dir.display())))?;
+    let files =
+        std::fs::read_dir(unpacked).map_err(Error::io(format!("read {}", unpacked.display())))?;
+    for f in files.flatten() {
+        let name = f.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let wanted = !name.starts_with('.')
+            && exchange_seq(name).is_some_and(|seq| plan.from <= seq && seq <= plan.to);
+        if wanted && f.file_type().is_ok_and(|t| t.is_file()) {
+            let to = dir.join(name);
+            std::fs::rename(f.path(), &to)
+                .or_else(|_| std::fs::copy(f.path(), &to).map(drop))
+                .map_err(Error::io(format!("adopt {}", to.display())))?;
+        }
+    }
+    write_plan(&dir, plan)?;
+    tracing::info!(%key, from = plan.from, to = plan.to, "agent fast-forward planned from an archive");
     Ok(())
 }
 
@@ -252,6 +314,44 @@ mod tests {
         // The source keeps its journal, and no plan of its own.
         assert!(dir(&config, &src).join("7.exchange").exists());
         assert!(!dir(&config, &src).join(PLAN).exists());
+    }
+
+    #[test]
+    fn an_archives_exchanges_are_adopted_only_inside_the_plans_range() {
+        let d = tempfile::tempdir().unwrap();
+        let mut config = Config::default();
+        config.checkpoint.store = d.path().join("store");
+        let key = ContainerKey::new("ns", "imported").unwrap();
+        let unpacked = d.path().join(ARCHIVE_DIR);
+        std::fs::create_dir_all(unpacked.join("9.exchange.d")).unwrap();
+        for f in [
+            "2.exchange",
+            "3.exchange",
+            "4.exchange",
+            "9.exchange",
+            ".3.partial",
+            PLAN,
+            "x",
+        ] {
+            std::fs::write(unpacked.join(f), f).unwrap();
+        }
+        let plan = Plan { from: 2, to: 3 };
+        adopt(&config, &key, &unpacked, plan).unwrap();
+        let mut names: Vec<String> = std::fs::read_dir(dir(&config, &key))
+            .unwrap()
+            .map(|f| f.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["2.exchange", "3.exchange", PLAN]);
+        let got: Plan =
+            serde_json::from_slice(&std::fs::read(dir(&config, &key).join(PLAN)).unwrap()).unwrap();
+        assert_eq!(got, plan, "the archive's own replay.json is not taken");
+        // A plan running backwards, or fast-forward off here: nothing.
+        let other = ContainerKey::new("ns", "other").unwrap();
+        adopt(&config, &other, &unpacked, Plan { from: 4, to: 2 }).unwrap();
+        config.agent.fast_forward = false;
+        adopt(&config, &other, &unpacked, plan).unwrap();
+        assert!(!dir(&config, &other).exists());
     }
 
     #[test]

@@ -148,6 +148,13 @@ pub struct Manifest {
     /// the restore ([`hooks`]).
     #[serde(default)]
     pub network_by_hooks: bool,
+    /// An exported agent's fast-forward: the plan its importer leaves the proxy
+    /// (the seqs are the exporting host's), with the journal's exchanges in the
+    /// archive's `journal/` (name -> size). Absent: the agent asks its LLM again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay: Option<journal::Plan>,
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub journal_files: std::collections::BTreeMap<String, u64>,
 }
 
 /// Milliseconds spent in each step of a checkpoint.

@@ -29,7 +29,14 @@ impl Sandbox {
     ) -> Result<(Entry, ExportReport)> {
         let history = HistoryStore::open(config, key)?;
         let entry = history.find(name)?.clone();
-        let report = archive::export(config, key, &entry, image, record, out, signer)?;
+        // A fast-forwarded agent's exchanges travel with it, so that the
+        // imported agent comes back to the entry without asking its LLM again.
+        let replay = config
+            .agent
+            .fast_forward
+            .then(|| crate::checkpoint::journal::replayable(history.history(), key, &entry))
+            .flatten();
+        let report = archive::export(config, key, &entry, replay, image, record, out, signer)?;
         drop(history);
         Ok((entry, report))
     }

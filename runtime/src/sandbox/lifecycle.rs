@@ -72,10 +72,21 @@ impl Sandbox {
         let (container, images, manifest) =
             Container::prepare_restore(&config, opts, dir, take_images)?;
         let dumped = Dumped::from(&manifest);
-        Ok((
-            Sandbox::new(container, config),
-            RestoreImages { images, dumped },
-        ))
+        let sandbox = Sandbox::new(container, config);
+        // An imported agent's exchanges (an archive's journal): its proxy
+        // replays them as after a rollback. Without them it asks its LLM again,
+        // so a failure is logged, not returned.
+        if let Some(plan) = manifest.replay {
+            let unpacked = dir.join(crate::checkpoint::journal::ARCHIVE_DIR);
+            let adopted = sandbox.container.key().and_then(|key| {
+                crate::checkpoint::journal::adopt(&sandbox.config, &key, &unpacked, plan)
+            });
+            if let Err(e) = adopted {
+                tracing::warn!(id = %sandbox.container.id(), error = %e,
+                    "no fast-forward plan from the archive: the agent asks its LLM again");
+            }
+        }
+        Ok((sandbox, RestoreImages { images, dumped }))
     }
 
     /// The first half of a restore from `pinned`, an entry of `src`'s history (a
