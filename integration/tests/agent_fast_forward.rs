@@ -87,6 +87,59 @@ fn steps_seen(llm: &Scripted) -> Vec<usize> {
     llm.seen().iter().filter_map(|s| s.step).collect()
 }
 
+/// Claude Code held at step 6 with that request's turn recorded, and the entry
+/// of the turn that asked for step 3: the state after step 2's command, before
+/// the Write.
+fn held_at_step_6(llm: &Scripted) -> (Guard, u64) {
+    let g = run_until_held(llm, 6);
+    let asked: Vec<usize> = steps_seen(llm);
+    assert_eq!(asked, [0, 1, 2, 3, 4, 5], "{:#?}", claude::requests(llm));
+    // The held request's turn is recorded first (a rollback during it would
+    // be refused as busy).
+    assert!(
+        crab_integration::wait_until(Duration::from_secs(30), || kinds(&g).len() == 7),
+        "{:?}",
+        kinds(&g)
+    );
+    let history = history(&g);
+    let entry = history
+        .get(3)
+        .and_then(|e| e["seq"].as_u64())
+        .unwrap_or_else(|| panic!("no fourth entry: {history:?}"));
+    (g, entry)
+}
+
+/// The source, let go, and `copy`, made from the entry of step 3 (a fork, an
+/// import), both finish with the right file; the copy's steps 0-3 came from
+/// the journal (the server answered them once, for the source), 4 on were
+/// asked live by both.
+fn assert_both_finish_and_the_copy_replayed(llm: &Scripted, source: &Guard, copy: &Guard) {
+    llm.let_go();
+    for (who, sandbox) in [("source", source), ("copy", copy)] {
+        let (code, out, err) = claude::finished(sandbox, llm, Duration::from_secs(240));
+        assert_eq!(code, "0", "{who}: stdout: {out}\nstderr: {err}");
+        assert_eq!(sandbox.exec_ok(&["cat", "/root/notes.md"]), NOTES, "{who}");
+    }
+    let log = std::fs::read_to_string(
+        state_dir()
+            .join(namespace())
+            .join(format!("{}.proxy.log", copy.id)),
+    )
+    .unwrap_or_default();
+    let seen = steps_seen(llm);
+    eprintln!("steps the server answered: {seen:?}\nthe copy's proxy log:\n{log}");
+    assert!(log.contains("answers replayed"), "no replay in the copy");
+    let counts: Vec<usize> = (0..=8)
+        .map(|step| seen.iter().filter(|&&s| s == step).count())
+        .collect();
+    assert_eq!(
+        counts,
+        [1, 1, 1, 1, 2, 2, 2, 2, 2],
+        "{:#?}",
+        claude::requests(llm)
+    );
+}
+
 #[test]
 fn claude_codes_read_only_turns_are_skipped_and_its_writes_are_full() {
     let llm = Scripted::start(script());
@@ -177,23 +230,7 @@ fn after_a_crash_claude_code_is_fast_forwarded_from_the_journal_and_finishes() {
 #[test]
 fn a_rollback_from_outside_brings_claude_code_back_to_the_entry_by_fast_forward() {
     let llm = Scripted::start(script());
-    let g = run_until_held(&llm, 6);
-    // The entry of the turn that asked for step 3: the state after step 2's
-    // command, before the Write.
-    let asked: Vec<usize> = steps_seen(&llm);
-    assert_eq!(asked, [0, 1, 2, 3, 4, 5], "{:#?}", claude::requests(&llm));
-    // The held request's turn is recorded first (a rollback during it would
-    // be refused as busy).
-    assert!(
-        crab_integration::wait_until(Duration::from_secs(30), || kinds(&g).len() == 7),
-        "{:?}",
-        kinds(&g)
-    );
-    let history = history(&g);
-    let entry = history
-        .get(3)
-        .and_then(|e| e["seq"].as_u64())
-        .unwrap_or_else(|| panic!("no fourth entry: {history:?}"));
+    let (g, entry) = held_at_step_6(&llm);
     let out = crabctl_ok(&["rollback", &g.id, &entry.to_string()]);
     eprintln!("{out}");
     llm.let_go();
@@ -220,18 +257,7 @@ fn a_rollback_from_outside_brings_claude_code_back_to_the_entry_by_fast_forward(
 #[test]
 fn a_fork_of_claude_code_is_fast_forwarded_from_the_sources_journal_and_goes_its_own_way() {
     let llm = Scripted::start(script());
-    let g = run_until_held(&llm, 6);
-    assert!(
-        crab_integration::wait_until(Duration::from_secs(30), || kinds(&g).len() == 7),
-        "{:?}",
-        kinds(&g)
-    );
-    // The entry of the turn that asked for step 3, as in the rollback above.
-    let history = history(&g);
-    let entry = history
-        .get(3)
-        .and_then(|e| e["seq"].as_u64())
-        .unwrap_or_else(|| panic!("no fourth entry: {history:?}"));
+    let (g, entry) = held_at_step_6(&llm);
     let prefix = crab_integration::unique_id("ff");
     let fork = Guard::new(&format!("{prefix}-1"));
     let out = crabctl_ok(&[
@@ -244,48 +270,13 @@ fn a_fork_of_claude_code_is_fast_forwarded_from_the_sources_journal_and_goes_its
         &prefix,
     ]);
     eprintln!("{out}");
-    llm.let_go();
-    // Both finish: the source from its held step, the fork from the entry.
-    for (who, sandbox) in [("source", &g), ("fork", &fork)] {
-        let (code, out, err) = claude::finished(sandbox, &llm, Duration::from_secs(240));
-        assert_eq!(code, "0", "{who}: stdout: {out}\nstderr: {err}");
-        assert_eq!(sandbox.exec_ok(&["cat", "/root/notes.md"]), NOTES, "{who}");
-    }
-    // The fork's steps 0-3 came from the source's journal: the server answered
-    // them once (for the source); 4 on twice, the fork going its own way live.
-    let log = std::fs::read_to_string(
-        state_dir()
-            .join(namespace())
-            .join(format!("{}.proxy.log", fork.id)),
-    )
-    .unwrap_or_default();
-    let seen = steps_seen(&llm);
-    eprintln!("steps the server answered: {seen:?}\nthe fork's proxy log:\n{log}");
-    assert!(log.contains("answers replayed"), "no replay in the fork");
-    let times = |step: usize| seen.iter().filter(|&&s| s == step).count();
-    let counts: Vec<usize> = (0..=8).map(times).collect();
-    assert_eq!(
-        counts,
-        [1, 1, 1, 1, 2, 2, 2, 2, 2],
-        "{:#?}",
-        claude::requests(&llm)
-    );
+    assert_both_finish_and_the_copy_replayed(&llm, &g, &fork);
 }
 
 #[test]
 fn an_exported_claude_code_is_fast_forwarded_where_it_is_imported() {
     let llm = Scripted::start(script());
-    let g = run_until_held(&llm, 6);
-    assert!(
-        crab_integration::wait_until(Duration::from_secs(30), || kinds(&g).len() == 7),
-        "{:?}",
-        kinds(&g)
-    );
-    let history = history(&g);
-    let entry = history
-        .get(3)
-        .and_then(|e| e["seq"].as_u64())
-        .unwrap_or_else(|| panic!("no fourth entry: {history:?}"));
+    let (g, entry) = held_at_step_6(&llm);
     let archive = std::env::temp_dir().join(format!("{}.tar", crab_integration::unique_id("ffa")));
     crabctl_ok(&[
         "export",
@@ -311,31 +302,5 @@ fn an_exported_claude_code_is_fast_forwarded_where_it_is_imported() {
     ]);
     eprintln!("{out}");
     let _ = std::fs::remove_file(&archive);
-    llm.let_go();
-    for (who, sandbox) in [("source", &g), ("imported", &moved)] {
-        let (code, out, err) = claude::finished(sandbox, &llm, Duration::from_secs(240));
-        assert_eq!(code, "0", "{who}: stdout: {out}\nstderr: {err}");
-        assert_eq!(sandbox.exec_ok(&["cat", "/root/notes.md"]), NOTES, "{who}");
-    }
-    let log = std::fs::read_to_string(
-        state_dir()
-            .join(namespace())
-            .join(format!("{}.proxy.log", moved.id)),
-    )
-    .unwrap_or_default();
-    let seen = steps_seen(&llm);
-    eprintln!("steps the server answered: {seen:?}\nthe imported proxy's log:\n{log}");
-    assert!(
-        log.contains("answers replayed"),
-        "no replay where it was imported"
-    );
-    let counts: Vec<usize> = (0..=8)
-        .map(|step| seen.iter().filter(|&&s| s == step).count())
-        .collect();
-    assert_eq!(
-        counts,
-        [1, 1, 1, 1, 2, 2, 2, 2, 2],
-        "{:#?}",
-        claude::requests(&llm)
-    );
+    assert_both_finish_and_the_copy_replayed(&llm, &g, &moved);
 }
