@@ -1,6 +1,6 @@
 //! One container, driven through libcontainer.
 //!
-//! Calls that fork (create, exec) go through the [helper](crate::helper); everything else
+//! Calls that fork (create, exec) go through the [`crate::helper`]; everything else
 //! (start, kill, pause, resume, delete, stats) runs in the caller, because those calls
 //! only write to cgroup files, send signals or talk to the notify socket.
 

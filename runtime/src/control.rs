@@ -68,7 +68,7 @@ pub enum Request {
         /// The connection the turn's LLM request came on, as the agent's socket
         /// sees it (the proxy saw it from the other end): the processes holding
         /// it are the agent. Given by the proxy of a container whose agent is
-        /// fast-forwarded ([agent] fast_forward).
+        /// fast-forwarded (`[agent] fast_forward`).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         agent: Option<AgentConn>,
     },

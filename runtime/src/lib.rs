@@ -27,6 +27,11 @@
 //! - [`storage`]: snapshot-capable root file systems (btrfs, zfs, overlay), and the
 //!   adoption of a root a client mounted itself (Docker's, [`storage::adopt`]).
 
+// Module docs name the internal (`pub(crate)`) modules that do the work, for
+// readers of the source: `cargo doc --document-private-items` renders those
+// links; the public docs leave them as text.
+#![allow(rustdoc::private_intra_doc_links)]
+
 pub mod api_token;
 pub(crate) mod cgroup_view;
 pub mod checkpoint;

@@ -8,7 +8,7 @@
 //! waits up to `[checkpoint] exec_wait_ms` for the running execs to exit:
 //!
 //! - the claim keeps new execs out: their `Start` waits for the checkpoint to end
-//!   (see [`crate::task::OPERATION_WAIT`]), so the wait ends;
+//!   (see `crate::task::OPERATION_WAIT`), so the wait ends;
 //! - the container's lock is not held while it waits: an exec's exit is recorded
 //!   under that lock;
 //! - a paused container's execs are frozen and cannot exit (containerd's client

@@ -112,7 +112,7 @@ fn run_at_setup_namespaces() -> Result<()> {
 }
 
 /// Runs one hook with the state on its stdin, as the runtime spec says: its own
-/// `args` (the first is its argv[0]) and `env` only, within its timeout.
+/// `args` (the first is its `argv[0]`) and `env` only, within its timeout.
 fn run(hook: &Hook, state: &str) -> Result<()> {
     use std::os::unix::process::CommandExt;
     let path = hook.path();

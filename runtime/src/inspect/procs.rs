@@ -85,7 +85,7 @@ fn thread(tgid: i32, tid: i32) -> Option<Task> {
 }
 
 /// Where task `tid` is blocked: the user stack pointer and instruction of the
-/// system call it sleeps in (/proc/<tid>/syscall); None while it runs.
+/// system call it sleeps in (`/proc/<tid>/syscall`); None while it runs.
 pub fn blocked_at(tid: i32) -> Option<(String, String)> {
     let text = std::fs::read_to_string(format!("/proc/{tid}/syscall")).ok()?;
     let f: Vec<&str> = text.split_whitespace().collect();

@@ -47,7 +47,7 @@ const FLAG_CLONE: u32 = 1;
 
 /// Parses the `DRR_BEGIN` record: u32 type (0), u32 payload length, u64 magic, u64
 /// version info, u64 creation time, u32 objset type, u32 flags, u64 to-guid, u64
-/// from-guid (0 for a full stream), char[256] to-name (`pool/fs@snap`), in the sending
+/// from-guid (0 for a full stream), `char[256]` to-name (`pool/fs@snap`), in the sending
 /// host's byte order (the magic tells which). This layout is the same in every ZFS.
 fn parse_stream_head(b: &[u8; STREAM_HEAD_LEN]) -> Result<StreamHead> {
     let bad = |message: &str| Error::Storage {
