@@ -5,6 +5,7 @@
 //! Environment:
 //! - `CRAB_CRI_ADDRESS`: that containerd's socket (default `/run/crab/containerd-cri/containerd.sock`)
 //! - `CRAB_CRI_NAMESPACE`: the containerd namespace CRI keeps its containers in (`k8s.io`)
+//! - `CRAB_CRI_POD_SUBNET`: the pods' network (`10.88.213.0/24`)
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -24,8 +25,22 @@ use crate::{text, unique_id, wait_until};
 pub const CRAB_HANDLER: &str = "crab";
 /// The runtime handler of runc's shim, the baseline.
 pub const RUNC_HANDLER: &str = "runc";
-/// The pods' network (the bridge `hack/containerd.sh --cri` writes).
-pub const POD_SUBNET_PREFIX: &str = "10.88.213.";
+/// The pods' network (the bridge `hack/containerd.sh --cri` writes), from
+/// `CRAB_CRI_POD_SUBNET` (a /24, default `10.88.213.0/24`): the prefix of its addresses.
+pub fn pod_subnet_prefix() -> String {
+    let subnet = std::env::var("CRAB_CRI_POD_SUBNET").unwrap_or_else(|_| "10.88.213.0/24".into());
+    let (net, bits) = subnet
+        .split_once('/')
+        .unwrap_or_else(|| panic!("CRAB_CRI_POD_SUBNET {subnet:?} is not ADDRESS/BITS"));
+    assert_eq!(
+        bits, "24",
+        "CRAB_CRI_POD_SUBNET {subnet:?}: the tests expect a /24"
+    );
+    let (prefix, _) = net
+        .rsplit_once('.')
+        .unwrap_or_else(|| panic!("CRAB_CRI_POD_SUBNET {subnet:?} is not IPv4"));
+    format!("{prefix}.")
+}
 
 /// The CRI containerd's socket.
 pub fn address() -> String {

@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use crab_integration::cri::{self, api, Cri, Pod, CRAB_HANDLER, POD_SUBNET_PREFIX, RUNC_HANDLER};
+use crab_integration::cri::{self, api, Cri, Pod, CRAB_HANDLER, RUNC_HANDLER};
 use crab_integration::{mounts_mentioning, shim_pids, shim_pids_of, wait_until, BUSYBOX};
 
 const SLEEP: &[&str] = &["sleep", "100000"];
@@ -33,7 +33,7 @@ fn pod_sandbox_runs_under_the_crab_handler_on_the_pod_network() {
     assert_eq!(status.state, api::PodSandboxState::SandboxReady as i32);
     assert_eq!(status.runtime_handler, CRAB_HANDLER);
     let ip = pod.ip();
-    assert!(ip.starts_with(POD_SUBNET_PREFIX), "pod IP {ip:?}");
+    assert!(ip.starts_with(&cri::pod_subnet_prefix()), "pod IP {ip:?}");
     let shims = shim_pids(&pod.id);
     assert_eq!(shims.len(), 1, "one crab shim serves the pod: {shims:?}");
     assert!(shim_pids_of("containerd-shim-runc-v2", &pod.id).is_empty());
