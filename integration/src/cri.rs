@@ -108,6 +108,16 @@ impl Cri {
         })
     }
 
+    /// The major version of the containerd behind CRI (`1.7.24~ds1`: 1, `v2.1.9`: 2).
+    pub fn containerd_major(&self) -> u32 {
+        let v = self.version().expect("CRI Version").runtime_version;
+        v.trim_start_matches('v')
+            .split('.')
+            .next()
+            .and_then(|m| m.parse().ok())
+            .unwrap_or_else(|| panic!("containerd's version {v:?}"))
+    }
+
     /// ImageStatus of `image` (None when CRI does not know it).
     pub fn image(&self, image: &str) -> CriResult<Option<api::Image>> {
         let mut c = self.images.clone();
@@ -283,7 +293,7 @@ impl Cri {
         })
     }
 
-    /// CheckpointContainer (Unimplemented in containerd 1.7).
+    /// CheckpointContainer into the archive `location` (Unimplemented in containerd 1.7).
     pub fn checkpoint_container(&self, id: &str, location: &str) -> CriResult<()> {
         let mut c = self.runtime.clone();
         let req = api::CheckpointContainerRequest {

@@ -19,7 +19,7 @@ use oci_spec::runtime::Spec;
 
 use super::calls::{ApplyFsDelta, Checkpoint};
 use super::restore_helper::Restore;
-use super::{dir_bytes, fs_diff, FsPart, Kind, Manifest, Stdio, Timings, CRIU_DIR, FS_DIFF};
+use super::{fs_diff, FsPart, Kind, Manifest, Stdio, Timings, FS_DIFF};
 use crate::config::Config;
 use crate::container::{load_spec, Container, CreateOpts};
 use crate::helper::{self, ChildStdio};
@@ -328,7 +328,9 @@ impl Container {
         empty_network: bool,
         timings: &mut Timings,
     ) -> Result<(FsPart, u64, BTreeMap<String, u64>)> {
-        let images = opts.dir.join(CRIU_DIR);
+        // At the top of the directory, as runc's: containerd 2.x's CRI unpacks them
+        // into one flat directory (CheckpointContainer).
+        let images = opts.dir.clone();
         std::fs::create_dir_all(&images)
             .map_err(Error::io(format!("create {}", images.display())))?;
         let mut request = dump_request(
@@ -356,7 +358,9 @@ impl Container {
         });
         timings.dump_ms = dumped?.as_millis() as u64;
         let fs = fs?;
-        Ok((fs, dir_bytes(&images), image_files(&images)))
+        // The images only: the file delta and the manifest are beside them.
+        let files = image_files(&images);
+        Ok((fs, files.values().sum(), files))
     }
 
     /// The first half of a restore (containerd's `Create`): a container whose
@@ -382,7 +386,7 @@ impl Container {
         // (runc's shim restores from it at Start). Moving it is free on the same file
         // system; across file systems it is used where it is, never copied. A
         // client's own image directory (`take_images` false) is only read.
-        let images = dir.join(CRIU_DIR);
+        let images = super::images_in(dir);
         if !take_images {
             return Ok((container, images, manifest));
         }
