@@ -194,7 +194,10 @@ impl TaskService {
         let target = bundle.join("rootfs");
         let plan = match restore.map(|r| r.source) {
             None => match image_path {
-                Some(path) if req.checkpoint.is_empty() => Plan::Dir(path, DirOwner::Client),
+                // containerd 2.x names a client's image path as the checkpoint too.
+                Some(path) if req.checkpoint.is_empty() || Path::new(&req.checkpoint) == path => {
+                    Plan::Dir(path, DirOwner::Client)
+                }
                 _ => Plan::Dir(PathBuf::from(&req.checkpoint), DirOwner::Containerd),
             },
             Some(Source::Dir { path }) => Plan::Dir(path, DirOwner::Import),
