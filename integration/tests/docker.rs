@@ -360,6 +360,8 @@ fn crabctl_checkpoint_and_rollback_work_on_a_docker_container() {
         .exec(&["sh", "-c", "echo before > /state"])
         .status
         .success());
+    let ip = docker_inspect(&c.name, "{{.NetworkSettings.IPAddress}}");
+    assert!(!ip.is_empty(), "no address on the default bridge");
     let out = crabctl_moby(&["checkpoint", &id, "--name", "before"]);
     let (o, e) = text(&out);
     assert!(out.status.success(), "crabctl checkpoint: {o}{e}");
@@ -372,6 +374,10 @@ fn crabctl_checkpoint_and_rollback_work_on_a_docker_container() {
     assert!(out.status.success(), "crabctl rollback: {o}{e}");
     let (o, _) = text(&c.exec(&["cat", "/state"]));
     assert_eq!(o, "before\n");
+    // Still on Docker's bridge, with its address (Docker 28 holds the namespace the
+    // rolled-back processes rejoin; Docker 26's veth comes back from the images).
+    let (o, _) = text(&c.exec(&["ip", "-4", "-o", "addr"]));
+    assert!(o.contains(&format!("inet {ip}/")), "{ip} not in {o}");
     // The init goes on, and Docker still sees the container running.
     let (o, _) = text(&c.exec(&["cat", "/proc/1/cmdline"]));
     assert_eq!(o, "sleep\u{0}1000\u{0}");
