@@ -33,6 +33,12 @@
 #                          --cri also the crab handler's ConfigPath
 #   CRAB_SHIM_DIR          a directory put first on containerd's PATH, where it
 #                          finds containerd-shim-crab-v2 (a build of one's own)
+#   CRAB_CNI_BRIDGE, CRAB_CNI_SUBNET   [crab-cri0, 10.88.213.0/24] --cri's pod network
+#
+# The containerd run is the first on PATH; the directory it is in comes first on its
+# own PATH too, so that its own shims (runc's) are the ones beside it. containerd 1.x
+# gets a version 2 config file, containerd 2.x a version 3 one (hack/sid.sh runs
+# Debian sid's containerd 2.1 this way).
 set -euo pipefail
 
 CRI=0
@@ -59,8 +65,8 @@ IMAGE_DIR="${CRAB_IMAGE_DIR:-/var/lib/crab/images}"
 CNI_BIN_DIR=/usr/lib/cni
 CNI_CONF_DIR="$ROOT_DIR/cni/net.d"
 CNI_DATA_DIR="$ROOT_DIR/cni/ipam"
-CNI_BRIDGE=crab-cri0
-CNI_SUBNET=10.88.213.0/24
+CNI_BRIDGE="${CRAB_CNI_BRIDGE:-crab-cri0}"
+CNI_SUBNET="${CRAB_CNI_SUBNET:-10.88.213.0/24}"
 START_TIMEOUT=20
 STOP_TIMEOUT=10
 
@@ -105,15 +111,36 @@ find_pid() {
     return 1
 }
 
+# The major version of the containerd on PATH (1 or 2).
+major_version() {
+    local v
+    v=$(containerd --version | awk '{print $3}')
+    v=${v#v}
+    case "${v%%.*}" in
+        1|2) echo "${v%%.*}" ;;
+        *) die "cannot tell containerd's version from: $(containerd --version)" ;;
+    esac
+}
+
 write_config() {
     mkdir -p "$ROOT_DIR" "$STATE_DIR"
     chmod 0711 "$ROOT_DIR" "$STATE_DIR"
-    local disabled='disabled_plugins = ["io.containerd.grpc.v1.cri"]'
-    [ "$CRI" = 1 ] && disabled='disabled_plugins = []'
+    local major disabled version=2
+    major=$(major_version)
+    disabled='disabled_plugins = ["io.containerd.grpc.v1.cri"]'
+    if [ "$major" = 2 ]; then
+        version=3
+        # 2.x splits CRI into three plugins; NRI (on by default) would listen on
+        # the host-wide /var/run/nri/nri.sock.
+        disabled='disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime", "io.containerd.cri.v1.images", "io.containerd.nri.v1.nri"]'
+        [ "$CRI" = 1 ] && disabled='disabled_plugins = ["io.containerd.nri.v1.nri"]'
+    elif [ "$CRI" = 1 ]; then
+        disabled='disabled_plugins = []'
+    fi
     # Top-level keys must come before the first [table].
     cat >"$CONFIG.tmp" <<EOF
 # Written by hack/containerd.sh; regenerated on every start.
-version = 2
+version = $version
 root = "$ROOT_DIR"
 state = "$STATE_DIR"
 $disabled
@@ -136,12 +163,15 @@ $disabled
   [plugins."io.containerd.internal.v1.opt"]
     path = "$ROOT_DIR/opt"
 EOF
-    if [ "$CRI" = 1 ]; then write_cri_config; fi
+    if [ "$CRI" = 1 ]; then
+        write_cni_config
+        if [ "$major" = 2 ]; then write_cri_config_v3; else write_cri_config; fi
+    fi
     mv "$CONFIG.tmp" "$CONFIG"
 }
 
-# The CRI plugin's section of the --cri config, and the CNI network it uses.
-write_cri_config() {
+# The CNI network of --cri.
+write_cni_config() {
     [ -x "$CNI_BIN_DIR/bridge" ] && [ -x "$CNI_BIN_DIR/loopback" ] ||
         die "no CNI plugins in $CNI_BIN_DIR (apt-get install containernetworking-plugins)"
     [ -n "${CRAB_CONFIG:-}" ] || die "--cri needs CRAB_CONFIG (the crab handler's ConfigPath)"
@@ -169,6 +199,10 @@ write_cri_config() {
 }
 EOF
     mv "$CNI_CONF_DIR/10-crab-cri.conflist.tmp" "$CNI_CONF_DIR/10-crab-cri.conflist"
+}
+
+# The CRI plugin's section of the --cri config (containerd 1.x: config version 2).
+write_cri_config() {
     cat >>"$CONFIG.tmp" <<EOF
 
   [plugins."io.containerd.grpc.v1.cri"]
@@ -195,6 +229,44 @@ EOF
       bin_dir = "$CNI_BIN_DIR"
       conf_dir = "$CNI_CONF_DIR"
       max_conf_num = 1
+EOF
+}
+
+# The same for containerd 2.x (config version 3: CRI's runtime and image halves are
+# plugins of their own; the streaming server stays in io.containerd.grpc.v1.cri).
+write_cri_config_v3() {
+    cat >>"$CONFIG.tmp" <<EOF
+
+  [plugins."io.containerd.cri.v1.images"]
+    snapshotter = "overlayfs"
+    [plugins."io.containerd.cri.v1.images".pinned_images]
+      sandbox = "docker.io/crab/pause:latest"
+
+  [plugins."io.containerd.cri.v1.runtime"]
+    # Root here lacks CAP_SYS_RESOURCE: without this, runc's containers fail to start.
+    restrict_oom_score_adj = true
+    # Pods' network namespaces under this instance's state, not /run/netns.
+    netns_mounts_under_state_dir = true
+    enable_cdi = false
+    [plugins."io.containerd.cri.v1.runtime".containerd]
+      default_runtime_name = "runc"
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
+        runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.crab]
+        runtime_type = "io.containerd.crab.v2"
+        # Crab's annotations (io.crab.proxy.upstream...) reach the OCI spec.
+        pod_annotations = ["io.crab.*"]
+        container_annotations = ["io.crab.*"]
+        [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.crab.options]
+          ConfigPath = "$CRAB_CONFIG"
+    [plugins."io.containerd.cri.v1.runtime".cni]
+      bin_dirs = ["$CNI_BIN_DIR"]
+      conf_dir = "$CNI_CONF_DIR"
+      max_conf_num = 1
+
+  [plugins."io.containerd.grpc.v1.cri"]
+    stream_server_address = "127.0.0.1"
+    stream_server_port = "0"
 EOF
 }
 
@@ -249,7 +321,10 @@ start() {
     command -v containerd >/dev/null || die "containerd not found"
     write_config
     rm -f "$PIDFILE"
-    local path=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+    local path=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin bin
+    # containerd's own shims (runc's) are the ones beside it.
+    bin=$(dirname "$(command -v containerd)")
+    [[ ":$path:" == *":$bin:"* ]] || path="$bin:$path"
     [ -n "${CRAB_SHIM_DIR:-}" ] && path="$CRAB_SHIM_DIR:$path"
     local env=(PATH="$path" HOME="${HOME:-/root}")
     [ -n "${CRAB_CONFIG:-}" ] && env+=(CRAB_CONFIG="$CRAB_CONFIG")
@@ -311,6 +386,7 @@ print_env() {
         # The CRI tests' own variables: the other instance's stay as they are.
         printf 'export CRAB_CRI_ADDRESS=%q\n' "$SOCK"
         printf 'export CRAB_CRI_NAMESPACE=%q\n' "$NAMESPACE"
+        printf 'export CRAB_CRI_POD_SUBNET=%q\n' "$CNI_SUBNET"
         return
     fi
     printf 'export CRAB_CONTAINERD_ADDRESS=%q\n' "$SOCK"

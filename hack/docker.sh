@@ -31,6 +31,14 @@
 #   CRAB_IMAGE_DIR         [/var/lib/crab/images]       busybox.tar, python.tar
 #   CRAB_CONFIG            the crab runtime's ConfigPath option, when set
 #   CRAB_DEBIAN_MIRROR     [http://deb.debian.org/debian]
+#   CRAB_DOCKER_SUITE      [trixie]  the Debian suite of the root (hack/sid.sh: sid,
+#                            Docker 28)
+#   CRAB_DOCKER_EXTRA_PACKAGES  more packages for the root (hack/sid.sh: containerd)
+#   CRAB_DOCKER_BRIDGE     a bridge of its own for the containers instead of docker0
+#                            (made when absent, address CRAB_DOCKER_BRIDGE_CIDR), with
+#                            iptables off: a second dockerd on the host then neither
+#                            shares docker0 nor rewrites the first one's rules
+#   CRAB_DOCKER_BRIDGE_CIDR the bridge's address, e.g. 10.88.228.1/24
 set -euo pipefail
 
 ROOTFS="${CRAB_DOCKER_ROOTFS:-/var/lib/crab/docker-root}"
@@ -46,9 +54,12 @@ CTRD_STATE="${CRAB_CONTAINERD_STATE:-/run/crab/containerd}"
 CTRD_SOCK="$CTRD_STATE/containerd.sock"
 IMAGE_DIR="${CRAB_IMAGE_DIR:-/var/lib/crab/images}"
 MIRROR="${CRAB_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
-SUITE=trixie
+SUITE="${CRAB_DOCKER_SUITE:-trixie}"
+BRIDGE="${CRAB_DOCKER_BRIDGE:-}"
+BRIDGE_CIDR="${CRAB_DOCKER_BRIDGE_CIDR:-}"
 # docker-py from Debian, inside the root: no PyPI needed.
-PACKAGES=(docker.io docker-cli procps python3-docker)
+# shellcheck disable=SC2206 # a list of package names
+PACKAGES=(docker.io docker-cli procps python3-docker ${CRAB_DOCKER_EXTRA_PACKAGES:-})
 IMAGES=(busybox python)
 START_TIMEOUT=30
 STOP_TIMEOUT=20
@@ -110,6 +121,8 @@ install() {
     printf '#!/bin/sh\nexit 101\n' >"$ROOTFS/usr/sbin/policy-rc.d"
     chmod 0755 "$ROOTFS/usr/sbin/policy-rc.d"
     cp /etc/resolv.conf "$ROOTFS/etc/resolv.conf" 2>/dev/null || true
+    # sid's Release file carries a Valid-Until date that a mirror's copy may be past.
+    echo 'Acquire::Check-Valid-Until "false";' >"$ROOTFS/etc/apt/apt.conf.d/99crab-valid-until"
     mountpoint -q "$ROOTFS/proc" || mount -t proc proc "$ROOTFS/proc"
     log "installing ${PACKAGES[*]} inside the root (its own apt, $SUITE)"
     local ok=1 apt_log="$ROOTFS.apt.log"
@@ -207,18 +220,30 @@ unmount_root() {
     unmount_below "$ROOTFS"
 }
 
+# The bridge of CRAB_DOCKER_BRIDGE, made when absent (dockerd only uses one that exists).
+make_bridge() {
+    [ -n "$BRIDGE" ] || return 0
+    [ -n "$BRIDGE_CIDR" ] || die "CRAB_DOCKER_BRIDGE needs CRAB_DOCKER_BRIDGE_CIDR"
+    if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
+        ip link add "$BRIDGE" type bridge
+        ip addr add "$BRIDGE_CIDR" dev "$BRIDGE"
+    fi
+    ip link set "$BRIDGE" up
+}
+
 write_daemon_json() {
-    local snap=false opts='{}'
+    local snap=false opts='{}' net='{}'
     [ "${CRAB_DOCKER_SNAPSHOTTER:-0}" = 1 ] && snap=true
     [ -n "${CRAB_CONFIG:-}" ] && opts=$(jq -n --arg p "$CRAB_CONFIG" '{ConfigPath: $p}')
+    [ -n "$BRIDGE" ] && net=$(jq -n --arg b "$BRIDGE" '{bridge: $b, iptables: false, ip6tables: false}')
     # group root: the root's "docker" group id is some other group on the host.
     # experimental: `docker checkpoint` and `docker start --checkpoint` need it.
-    jq -n --argjson snap "$snap" --argjson opts "$opts" '{
+    jq -n --argjson snap "$snap" --argjson opts "$opts" --argjson net "$net" '{
         runtimes: {crab: {runtimeType: "io.containerd.crab.v2", options: $opts}},
         group: "root",
         experimental: true,
         features: {"containerd-snapshotter": $snap}
-      } + (if $snap then {} else {"storage-driver": "overlay2"} end)' >"$DAEMON_JSON.tmp"
+      } + (if $snap then {} else {"storage-driver": "overlay2"} end) + $net' >"$DAEMON_JSON.tmp"
     mv "$DAEMON_JSON.tmp" "$DAEMON_JSON"
 }
 
@@ -273,6 +298,7 @@ start() {
     chmod 0711 "$DATA_DIR" "$STATE_DIR"
     mount_root
     mkdir -p "$EXEC_ROOT"
+    make_bridge
     write_daemon_json
     echo "$CTRD_SOCK" >"$STATE_DIR/containerd"
     rm -f "$PIDFILE" "$SOCK"

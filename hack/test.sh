@@ -6,17 +6,58 @@
 #
 #   hack/test.sh                 everything
 #   hack/test.sh -- FILTER       only integration tests whose name matches FILTER
+#   hack/test.sh compat          the compatibility matrix on containerd 2.x and Docker 28
+#                                (Debian sid's, hack/sid.sh), beside the default stack:
+#                                the Docker, CRI and ctr tests (COMPAT_TESTS) against
+#                                it; not part of the default run
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 FILTER=()
+COMPAT=0
 if [ "${1:-}" = "--" ]; then shift; FILTER=("$@"); fi
+if [ "${1:-}" = compat ]; then COMPAT=1; shift; fi
+# The test files `compat` runs against containerd 2.x and Docker 28.
+COMPAT_TESTS=(docker cri lifecycle checkpoint client_semantics)
 
 log() { printf '\033[1;32m[test]\033[0m %s\n' "$*" >&2; }
 STARTED=$(date +%s)
 
 "$ROOT/hack/setup.sh"
+
+if [ "$COMPAT" = 1 ]; then
+    "$ROOT/hack/sid.sh" install
+    COMPAT_DIR=/var/lib/crab/test-compat
+    mkdir -p "$COMPAT_DIR"
+    export CRAB_CONFIG="$COMPAT_DIR/config.toml"
+    cat >"$CRAB_CONFIG" <<'TOML'
+state_dir = "/run/crab/state-compat"
+log_level = "debug"
+[proxy]
+# The upstream the CRI and Docker tests' annotations choose (it never answers).
+upstreams = ["http://127.0.0.1:9"]
+TOML
+    "$ROOT/hack/sid.sh" stop >/dev/null 2>&1 || true
+    "$ROOT/hack/sid.sh" start
+    trap '"$ROOT/hack/sid.sh" stop >/dev/null 2>&1 || true' EXIT
+    eval "$("$ROOT/hack/sid.sh" env)"
+    log "compatibility: $(containerd --version | awk '{print $3}'), $(chroot "$CRAB_DOCKER_ROOTFS" dockerd --version)"
+    : >"$COMPAT_DIR/integration.log"
+    status=0
+    for t in "${COMPAT_TESTS[@]}"; do
+        log "tests/$t.rs against containerd 2.x"
+        cargo test --release --no-fail-fast -p crab-integration --features host-tests \
+            --test "$t" -- --test-threads=1 2>&1 | tee -a "$COMPAT_DIR/integration.log"
+        [ "${PIPESTATUS[0]}" = 0 ] || status=1
+    done
+    awk '/^test result:/ { p += $4; f += $6; i += $8 }
+         END { printf "compat: %d passed, %d failed, %d ignored\n", p, f, i }' \
+        "$COMPAT_DIR/integration.log"
+    elapsed=$(($(date +%s) - STARTED))
+    log "took $((elapsed / 60)) min $((elapsed % 60)) s (set-up included)"
+    exit "$status"
+fi
 
 # The shims of the private containerd read this configuration (CRAB_CONFIG is passed
 # through containerd to them); the host's /etc/crab is never used.

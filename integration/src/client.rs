@@ -3,7 +3,9 @@
 //! path, containers on a read-only view snapshot. The calls and option types are
 //! those of the Go client's `WithShimCgroup`, `WithRestoreImagePath`,
 //! `WithCheckpointImagePath` and `WithNewSnapshotView` for a runtime that is not
-//! runc's: it sends containerd's older `containerd.linux.runc.*` messages.
+//! runc's: containerd 1.x's client sends containerd's older `containerd.linux.runc.*`
+//! messages, 2.x's runc's own (`containerd.runc.v1.*`) to every runtime; the client
+//! sends those of the containerd it talks to.
 
 use containerd_client::services::v1::containers_client::ContainersClient;
 use containerd_client::services::v1::snapshots::snapshots_client::SnapshotsClient;
@@ -11,6 +13,7 @@ use containerd_client::services::v1::snapshots::{
     MountsRequest, RemoveSnapshotRequest, StatSnapshotRequest, ViewSnapshotRequest,
 };
 use containerd_client::services::v1::tasks_client::TasksClient;
+use containerd_client::services::v1::version_client::VersionClient;
 use containerd_client::services::v1::{
     CheckpointTaskRequest, Container, CreateContainerRequest, CreateTaskRequest,
     DeleteContainerRequest, GetContainerRequest, StartRequest,
@@ -24,8 +27,8 @@ use containerd_client::with_namespace;
 /// The snapshotter `ctr` uses by default.
 pub const SNAPSHOTTER: &str = "overlayfs";
 
-/// `containerd.linux.runc.CreateOptions`: the task options the Go client sends to a
-/// runtime that is not runc's (only the fields the tests set).
+/// `containerd.linux.runc.CreateOptions`: the task options the Go client 1.x sends to
+/// a runtime that is not runc's (only the fields the tests set).
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct CreateOptions {
     /// The cgroup the shim is to run in.
@@ -34,6 +37,15 @@ pub struct CreateOptions {
     /// CRIU images to restore the task from.
     #[prost(string, tag = "13")]
     pub criu_image_path: String,
+}
+
+/// `containerd.runc.v1.Options`: the same fields as the Go client 2.x sends them.
+#[derive(Clone, PartialEq, prost::Message)]
+struct RuncOptions {
+    #[prost(string, tag = "3")]
+    shim_cgroup: String,
+    #[prost(string, tag = "10")]
+    criu_image_path: String,
 }
 
 /// `containerd.linux.runc.CheckpointOptions` (the fields the tests set).
@@ -48,15 +60,26 @@ pub struct CheckpointOptions {
 }
 
 impl CreateOptions {
-    /// As the `Any` the Go client sends.
-    pub fn to_any(&self) -> prost_types::Any {
+    /// As the `Any` the Go client of containerd `major` sends.
+    pub fn to_any(&self, major: u32) -> prost_types::Any {
+        if major >= 2 {
+            let runc = RuncOptions {
+                shim_cgroup: self.shim_cgroup.clone(),
+                criu_image_path: self.criu_image_path.clone(),
+            };
+            return any("containerd.runc.v1.Options", &runc);
+        }
         any("containerd.linux.runc.CreateOptions", self)
     }
 }
 
 impl CheckpointOptions {
-    /// As the `Any` the Go client sends.
-    pub fn to_any(&self) -> prost_types::Any {
+    /// As the `Any` the Go client of containerd `major` sends (the same fields under
+    /// two names).
+    pub fn to_any(&self, major: u32) -> prost_types::Any {
+        if major >= 2 {
+            return any("containerd.runc.v1.CheckpointOptions", self);
+        }
         any("containerd.linux.runc.CheckpointOptions", self)
     }
 }
@@ -92,6 +115,7 @@ pub struct Client {
     rt: tokio::runtime::Runtime,
     channel: Channel,
     namespace: String,
+    major: u32,
 }
 
 /// A gRPC call's failure.
@@ -110,11 +134,29 @@ impl Client {
             .unwrap_or_else(|e| {
                 panic!("connect to containerd at {address} (hack/containerd.sh start): {e}")
             });
+        let mut version = VersionClient::new(channel.clone());
+        let v = rt
+            .block_on(version.version(()))
+            .expect("containerd's Version")
+            .into_inner()
+            .version;
+        let major = v
+            .trim_start_matches('v')
+            .split('.')
+            .next()
+            .and_then(|m| m.parse().ok())
+            .unwrap_or_else(|| panic!("containerd's version {v:?}"));
         Client {
             rt,
             channel,
             namespace: crate::namespace(),
+            major,
         }
+    }
+
+    /// The major version of the containerd it talks to.
+    pub fn containerd_major(&self) -> u32 {
+        self.major
     }
 
     fn call<T>(

@@ -5,6 +5,7 @@
 //! Environment:
 //! - `CRAB_CRI_ADDRESS`: that containerd's socket (default `/run/crab/containerd-cri/containerd.sock`)
 //! - `CRAB_CRI_NAMESPACE`: the containerd namespace CRI keeps its containers in (`k8s.io`)
+//! - `CRAB_CRI_POD_SUBNET`: the pods' network (`10.88.213.0/24`)
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -24,8 +25,22 @@ use crate::{text, unique_id, wait_until};
 pub const CRAB_HANDLER: &str = "crab";
 /// The runtime handler of runc's shim, the baseline.
 pub const RUNC_HANDLER: &str = "runc";
-/// The pods' network (the bridge `hack/containerd.sh --cri` writes).
-pub const POD_SUBNET_PREFIX: &str = "10.88.213.";
+/// The pods' network (the bridge `hack/containerd.sh --cri` writes), from
+/// `CRAB_CRI_POD_SUBNET` (a /24, default `10.88.213.0/24`): the prefix of its addresses.
+pub fn pod_subnet_prefix() -> String {
+    let subnet = std::env::var("CRAB_CRI_POD_SUBNET").unwrap_or_else(|_| "10.88.213.0/24".into());
+    let (net, bits) = subnet
+        .split_once('/')
+        .unwrap_or_else(|| panic!("CRAB_CRI_POD_SUBNET {subnet:?} is not ADDRESS/BITS"));
+    assert_eq!(
+        bits, "24",
+        "CRAB_CRI_POD_SUBNET {subnet:?}: the tests expect a /24"
+    );
+    let (prefix, _) = net
+        .rsplit_once('.')
+        .unwrap_or_else(|| panic!("CRAB_CRI_POD_SUBNET {subnet:?} is not IPv4"));
+    format!("{prefix}.")
+}
 
 /// The CRI containerd's socket.
 pub fn address() -> String {
@@ -91,6 +106,16 @@ impl Cri {
             .await?
             .into_inner())
         })
+    }
+
+    /// The major version of the containerd behind CRI (`1.7.24~ds1`: 1, `v2.1.9`: 2).
+    pub fn containerd_major(&self) -> u32 {
+        let v = self.version().expect("CRI Version").runtime_version;
+        v.trim_start_matches('v')
+            .split('.')
+            .next()
+            .and_then(|m| m.parse().ok())
+            .unwrap_or_else(|| panic!("containerd's version {v:?}"))
     }
 
     /// ImageStatus of `image` (None when CRI does not know it).
@@ -268,7 +293,7 @@ impl Cri {
         })
     }
 
-    /// CheckpointContainer (Unimplemented in containerd 1.7).
+    /// CheckpointContainer into the archive `location` (Unimplemented in containerd 1.7).
     pub fn checkpoint_container(&self, id: &str, location: &str) -> CriResult<()> {
         let mut c = self.runtime.clone();
         let req = api::CheckpointContainerRequest {

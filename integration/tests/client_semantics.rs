@@ -78,7 +78,7 @@ fn a_checkpoint_to_a_clients_image_path_restores_a_new_task_from_it() {
         image_path: dir.to_string_lossy().into_owned(),
     };
     client
-        .checkpoint_task(&c.id, options.to_any())
+        .checkpoint_task(&c.id, options.to_any(client.containerd_major()))
         .expect("checkpoint with an image path");
     let written: Vec<String> = std::fs::read_dir(&dir)
         .expect("the image path exists")
@@ -102,7 +102,11 @@ fn a_checkpoint_to_a_clients_image_path_restores_a_new_task_from_it() {
     };
     let rootfs = client.mounts(&c.id).expect("the container's snapshot");
     client
-        .create_task(&c.id, rootfs, Some(options.to_any()))
+        .create_task(
+            &c.id,
+            rootfs,
+            Some(options.to_any(client.containerd_major())),
+        )
         .expect("create a task restored from the image path");
     client.start_task(&c.id).expect("start the restored task");
     let restored = c.number("/tmp/count");
@@ -202,7 +206,7 @@ fn a_shim_asked_to_run_in_a_cgroup_runs_there() {
     };
     let rootfs = client.mounts(&id).expect("the container's snapshot");
     client
-        .create_task(&id, rootfs, Some(options.to_any()))
+        .create_task(&id, rootfs, Some(options.to_any(client.containerd_major())))
         .expect("create the task");
     client.start_task(&id).expect("start");
     let shims = shim_pids(&id);

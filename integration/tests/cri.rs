@@ -1,4 +1,5 @@
-//! Kubernetes pods on crab: containerd 1.7's CRI plugin driven as kubelet drives it
+//! Kubernetes pods on crab: containerd's CRI plugin (1.7, or 2.x under
+//! `hack/test.sh compat`) driven as kubelet drives it
 //! (a pod sandbox with the runtime handler `crab`, containers in it, ExecSync, stats),
 //! against the CRI-enabled private containerd `hack/containerd.sh --cri` runs, with
 //! Debian's CNI plugins for the pod network. Then Crab's own features on a pod's
@@ -9,7 +10,7 @@
 
 use std::time::Duration;
 
-use crab_integration::cri::{self, api, Cri, Pod, CRAB_HANDLER, POD_SUBNET_PREFIX, RUNC_HANDLER};
+use crab_integration::cri::{self, api, Cri, Pod, CRAB_HANDLER, RUNC_HANDLER};
 use crab_integration::{mounts_mentioning, shim_pids, shim_pids_of, wait_until, BUSYBOX};
 
 const SLEEP: &[&str] = &["sleep", "100000"];
@@ -33,7 +34,7 @@ fn pod_sandbox_runs_under_the_crab_handler_on_the_pod_network() {
     assert_eq!(status.state, api::PodSandboxState::SandboxReady as i32);
     assert_eq!(status.runtime_handler, CRAB_HANDLER);
     let ip = pod.ip();
-    assert!(ip.starts_with(POD_SUBNET_PREFIX), "pod IP {ip:?}");
+    assert!(ip.starts_with(&cri::pod_subnet_prefix()), "pod IP {ip:?}");
     let shims = shim_pids(&pod.id);
     assert_eq!(shims.len(), 1, "one crab shim serves the pod: {shims:?}");
     assert!(shim_pids_of("containerd-shim-runc-v2", &pod.id).is_empty());
@@ -215,20 +216,79 @@ fn fs_only_checkpoint_and_rollback_restore_a_file_of_a_pod_container() {
     assert!(pod.exec_ok(&c, &["ip", "-4", "-o", "addr"]).contains(&ip));
 }
 
-#[test]
-fn cri_checkpoint_container_is_unimplemented_in_containerd_1_7() {
-    // kubelet's checkpoint API ends here on containerd 1.7; crabctl is the way.
+/// CheckpointContainer of a running container of a `handler` pod, as kubelet's
+/// checkpoint API asks for it: Unimplemented on containerd 1.7 (crabctl is the way
+/// there); on 2.x an archive with CRIU's images in `checkpoint/` and CRI's own files
+/// beside them, the container still running. Returns the archive's entries (none on
+/// 1.7).
+fn checkpoint_container_archive(handler: &str) -> Vec<String> {
     let cri = Cri::connect();
-    let pod = Pod::run(&cri, CRAB_HANDLER);
-    let c = pod.start_cmd("main", BUSYBOX, SLEEP);
-    let err = cri
-        .checkpoint_container(&c, "/tmp/unused.tar")
-        .expect_err("CheckpointContainer succeeded on containerd 1.7");
-    assert_eq!(
-        err.code(),
-        containerd_client::tonic::Code::Unimplemented,
-        "{err:?}"
+    let pod = Pod::run(&cri, handler);
+    let c = pod.start_cmd(
+        "main",
+        BUSYBOX,
+        &["sh", "-c", "echo ready >/ready; exec sleep 100000"],
     );
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let location = dir.path().join("checkpoint.tar");
+    let result = cri.checkpoint_container(&c, location.to_str().unwrap());
+    if cri.containerd_major() < 2 {
+        let err = result.expect_err("CheckpointContainer succeeded on containerd 1.7");
+        assert_eq!(
+            err.code(),
+            containerd_client::tonic::Code::Unimplemented,
+            "{err:?}"
+        );
+        return Vec::new();
+    }
+    result.unwrap_or_else(|e| panic!("CheckpointContainer ({handler}): {e:?}"));
+    let file = std::fs::File::open(&location).expect("the checkpoint archive");
+    let names: Vec<String> = tar::Archive::new(file)
+        .entries()
+        .expect("a tar archive")
+        .map(|e| {
+            let e = e.expect("an archive entry");
+            e.path()
+                .unwrap()
+                .to_string_lossy()
+                .trim_start_matches("./")
+                .to_string()
+        })
+        .collect();
+    for wanted in [
+        "checkpoint/inventory.img",
+        "config.dump",
+        "spec.dump",
+        "status.dump",
+        "stats-dump",
+    ] {
+        assert!(
+            names.iter().any(|n| n == wanted),
+            "no {wanted} in {names:?}"
+        );
+    }
+    // Left running, as kubelet's forensic checkpoint leaves it.
+    let status = cri.container_status(&c).unwrap().status.unwrap();
+    assert_eq!(status.state, api::ContainerState::ContainerRunning as i32);
+    assert_eq!(pod.exec_ok(&c, &["cat", "/ready"]), "ready\n");
+    names
+}
+
+#[test]
+fn cri_checkpoint_container_archives_a_crab_pod_container_where_containerd_has_it() {
+    let names = checkpoint_container_archive(CRAB_HANDLER);
+    if !names.is_empty() {
+        // Crab's manifest and file delta travel with the images.
+        assert!(
+            names.iter().any(|n| n == "checkpoint/crab-checkpoint.json"),
+            "{names:?}"
+        );
+    }
+}
+
+#[test]
+fn cri_checkpoint_container_archives_a_runc_pod_container_where_containerd_has_it() {
+    checkpoint_container_archive(RUNC_HANDLER);
 }
 
 /// Counts in memory and writes the count to a file, five times a second.

@@ -83,6 +83,10 @@ pub struct Dump {
     /// the dump does not lock it (CRIU's lock is a firewall table, set and removed
     /// with libnftables at each end).
     pub loopback_only: bool,
+    /// The inode of the container's own network namespace when an engine holds and
+    /// filled it (Docker 28): it is in `external_namespaces`, and a restore joins it
+    /// where the engine keeps it.
+    pub held_network: Option<u64>,
 }
 
 /// What to restore.

@@ -55,6 +55,47 @@ pub fn inode(pid: i32, kind: &str) -> Option<u64> {
         .map(|m| m.ino())
 }
 
+/// Where a network namespace with inode `inode` is bind-mounted on this host (an
+/// engine's hold on it: Docker 28 keeps each container's at `<exec-root>/netns/<id>`),
+/// from `/proc/self/mountinfo`.
+pub fn bound_at(inode: u64) -> Option<std::path::PathBuf> {
+    let table = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    nsfs_mount(&table, inode)
+}
+
+/// The mount point of the first `nsfs` mount of `net:[inode]` in a mountinfo table.
+fn nsfs_mount(mountinfo: &str, inode: u64) -> Option<std::path::PathBuf> {
+    let root = format!("net:[{inode}]");
+    mountinfo.lines().find_map(|line| {
+        let (left, right) = line.split_once(" - ")?;
+        let fields: Vec<&str> = left.split(' ').collect();
+        let fstype = right.split(' ').next()?;
+        let point = fields.get(4)?;
+        (fstype == "nsfs" && fields.get(3) == Some(&root.as_str()))
+            .then(|| std::path::PathBuf::from(unescape(point)))
+    })
+}
+
+/// A mountinfo path with its octal escapes (`\040` for a space) undone.
+fn unescape(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(u8::is_ascii_digit) {
+            let v = b[i + 1..i + 4]
+                .iter()
+                .fold(0u32, |acc, d| acc * 8 + u32::from(d - b'0'));
+            out.push(v as u8);
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 /// Whether `pid`'s network namespace has no interface but `lo` (false when that
 /// cannot be read).
 pub fn only_loopback(pid: i32) -> bool {
@@ -108,6 +149,25 @@ pub fn loopback_up(pid: i32) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_network_namespace_bound_by_an_engine_is_found_by_its_inode() {
+        let table = "\
+22 1 0:21 / /proc rw,nosuid shared:13 - proc proc rw
+612 30 0:4 net:[4026532600] /run/crab/docker2/exec/netns/abc rw shared:300 - nsfs nsfs rw
+613 30 0:4 net:[4026532601] /run/a\\040b rw - nsfs nsfs rw
+614 30 0:4 mnt:[4026532600] /run/other rw - nsfs nsfs rw
+";
+        assert_eq!(
+            nsfs_mount(table, 4026532600),
+            Some(std::path::PathBuf::from("/run/crab/docker2/exec/netns/abc"))
+        );
+        assert_eq!(
+            nsfs_mount(table, 4026532601),
+            Some(std::path::PathBuf::from("/run/a b"))
+        );
+        assert_eq!(nsfs_mount(table, 4026532602), None);
+    }
 
     #[test]
     fn the_interfaces_of_a_net_dev_table_are_read_by_name() {

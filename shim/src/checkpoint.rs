@@ -111,10 +111,11 @@ impl TaskService {
             // (Docker's network) run again then.
             network_by_hooks: true,
         };
-        let (c, config, sandbox) = (
+        let (c, config, sandbox, bundle) = (
             inst.container().clone(),
             inst.config().clone(),
             inst.sandbox.clone(),
+            inst.bundle.clone(),
         );
         // The claim keeps conflicting operations out; the container's lock is let
         // go while the checkpoint queues and dumps, so that its state, kill and
@@ -134,6 +135,7 @@ impl TaskService {
             if blocking(move || reuse::reuse(&config, &c, &dir)).await? {
                 tracing::info!(id = %req.id, ms = started.elapsed().as_millis() as u64,
                     "checkpoint unchanged since the last one: reused");
+                crate::cri_checkpoint::hand_over(&bundle, &req.id, &copts.dir);
                 self.publish_checkpointed(&req).await;
                 return Ok(());
             }
@@ -141,6 +143,8 @@ impl TaskService {
         let dir = copts.dir.clone();
         let (c2, config2) = (c.clone(), config.clone());
         let m = blocking(move || sandbox.checkpoint_to(&copts)).await?;
+        // containerd 2.x's CRI reads CRIU's stats from the container's CRI directory.
+        crate::cri_checkpoint::hand_over(&bundle, &req.id, &dir);
         if !exit {
             blocking(move || {
                 reuse::keep(&config2, &c2, &dir);
@@ -190,7 +194,10 @@ impl TaskService {
         let target = bundle.join("rootfs");
         let plan = match restore.map(|r| r.source) {
             None => match image_path {
-                Some(path) if req.checkpoint.is_empty() => Plan::Dir(path, DirOwner::Client),
+                // containerd 2.x names a client's image path as the checkpoint too.
+                Some(path) if req.checkpoint.is_empty() || Path::new(&req.checkpoint) == path => {
+                    Plan::Dir(path, DirOwner::Client)
+                }
                 _ => Plan::Dir(PathBuf::from(&req.checkpoint), DirOwner::Containerd),
             },
             Some(Source::Dir { path }) => Plan::Dir(path, DirOwner::Import),

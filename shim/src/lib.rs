@@ -13,6 +13,7 @@ pub mod checkpoint;
 pub mod console;
 pub mod containers;
 pub mod control;
+pub mod cri_checkpoint;
 pub mod dead_socket;
 pub mod error;
 pub mod events;

@@ -19,7 +19,7 @@ use oci_spec::runtime::Spec;
 
 use super::calls::{ApplyFsDelta, Checkpoint};
 use super::restore_helper::Restore;
-use super::{dir_bytes, fs_diff, FsPart, Kind, Manifest, Stdio, Timings, CRIU_DIR, FS_DIFF};
+use super::{fs_diff, FsPart, Kind, Manifest, Stdio, Timings, FS_DIFF};
 use crate::config::Config;
 use crate::container::{load_spec, Container, CreateOpts};
 use crate::helper::{self, ChildStdio};
@@ -49,6 +49,13 @@ pub struct Dumped {
     /// older mount engine, which does not try (`--mntns-compat-mode`).
     #[serde(default)]
     pub foreign_mounts: bool,
+    /// Its network namespace (this inode) was the container's own but held and
+    /// filled by the engine that made the container (Docker 28 moves its veth in
+    /// between `Create` and `Start` and keeps the namespace bound): it is not in the
+    /// images, and a restore of the same container joins it where the engine keeps
+    /// it ([`crate::netns::bound_at`]).
+    #[serde(default)]
+    pub held_network: Option<u64>,
 }
 
 /// The files of a CRIU image directory and their sizes.
@@ -125,6 +132,8 @@ impl From<&Manifest> for Dumped {
             files: m.criu_files.clone(),
             network_by_hooks: m.network_by_hooks,
             foreign_mounts: false,
+            // containerd's checkpoints dump the network namespace as it is.
+            held_network: None,
         }
     }
 }
@@ -199,6 +208,10 @@ pub fn stdio_keys(pid: i32) -> Stdio {
 }
 
 /// CRIU's dump of the container's init `pid` into `images`.
+/// `join_held_network`: a network namespace of the container's own that an engine
+/// holds and filled ([`Dumped::held_network`]) stays out of the images (a history's
+/// checkpoint, which an in-place rollback restores).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn dump_request(
     criu: criu::Tool,
     pid: i32,
@@ -207,6 +220,7 @@ pub(crate) fn dump_request(
     cgroup: &Path,
     spec: &Spec,
     stdio: &Stdio,
+    join_held_network: bool,
 ) -> criu::Dump {
     let mut external_mounts: Vec<String> = bind_mounts(spec).into_iter().map(|(d, _)| d).collect();
     // libcontainer's binds of the container's cgroups (not in the spec as binds).
@@ -217,14 +231,28 @@ pub(crate) fn dump_request(
     if stdio.tty.is_some() {
         external_mounts.push(super::tty::CONSOLE.to_string());
     }
-    let own_network = crate::netns::owns_network_namespace(spec);
-    let external_namespaces = crate::netns::joined(spec)
+    let mut own_network = crate::netns::owns_network_namespace(spec);
+    let mut external_namespaces: Vec<_> = crate::netns::joined(spec)
         .into_iter()
         .filter_map(|(kind, key)| {
             let inode = crate::netns::inode(pid, kind)?;
             Some((kind, inode, key))
         })
         .collect();
+    // Docker 28 fills the namespace the runtime made (a veth whose other end it
+    // keeps) and holds it bound: CRIU cannot make that veth again, and an in-place
+    // rollback must stay on Docker's network. Docker 26's hooks remake theirs.
+    let held_network = (join_held_network
+        && own_network
+        && !super::hooks::makes_network(spec)
+        && !crate::netns::only_loopback(pid))
+    .then(|| crate::netns::inode(pid, "net"))
+    .flatten()
+    .filter(|inode| crate::netns::bound_at(*inode).is_some());
+    if let Some(inode) = held_network {
+        external_namespaces.push(("net", inode, crate::netns::EXTERNAL_NET_KEY.to_string()));
+        own_network = false;
+    }
     criu::Dump {
         criu,
         pid,
@@ -237,6 +265,7 @@ pub(crate) fn dump_request(
         own_network,
         empty_network: false,
         loopback_only: own_network && crate::netns::only_loopback(pid),
+        held_network,
     }
 }
 
@@ -328,7 +357,9 @@ impl Container {
         empty_network: bool,
         timings: &mut Timings,
     ) -> Result<(FsPart, u64, BTreeMap<String, u64>)> {
-        let images = opts.dir.join(CRIU_DIR);
+        // At the top of the directory, as runc's: containerd 2.x's CRI unpacks them
+        // into one flat directory (CheckpointContainer).
+        let images = opts.dir.clone();
         std::fs::create_dir_all(&images)
             .map_err(Error::io(format!("create {}", images.display())))?;
         let mut request = dump_request(
@@ -339,6 +370,7 @@ impl Container {
             &self.cgroup_path()?,
             spec,
             stdio,
+            false,
         );
         request.empty_network = empty_network;
         // The file delta (a walk of the rootfs against the image) and CRIU's dump
@@ -356,7 +388,9 @@ impl Container {
         });
         timings.dump_ms = dumped?.as_millis() as u64;
         let fs = fs?;
-        Ok((fs, dir_bytes(&images), image_files(&images)))
+        // The images only: the file delta and the manifest are beside them.
+        let files = image_files(&images);
+        Ok((fs, files.values().sum(), files))
     }
 
     /// The first half of a restore (containerd's `Create`): a container whose
@@ -382,7 +416,7 @@ impl Container {
         // (runc's shim restores from it at Start). Moving it is free on the same file
         // system; across file systems it is used where it is, never copied. A
         // client's own image directory (`take_images` false) is only read.
-        let images = dir.join(CRIU_DIR);
+        let images = super::images_in(dir);
         if !take_images {
             return Ok((container, images, manifest));
         }

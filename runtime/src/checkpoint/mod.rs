@@ -3,7 +3,10 @@
 //! A checkpoint is one directory, self-contained: containerd tars the directory the
 //! shim fills for `Checkpoint` into its content store, and hands it back, unpacked, to
 //! `Create` on restore. Crab writes there:
-//! - `criu/`: CRIU's images of the process tree;
+//! - CRIU's images of the process tree, at the top of the directory as runc's are
+//!   (containerd 2.x's CRI `CheckpointContainer` unpacks them into one flat
+//!   directory); checkpoints of earlier versions hold them in `criu/`, which
+//!   [`images_in`] still reads;
 //! - `rootfs-diff.tar`: the files the container changed against its image (so a restore
 //!   gets them even without `ctr ... --rw`), with the deleted paths in the manifest;
 //! - [`MANIFEST`], written last: a checkpoint without it is incomplete.
@@ -42,7 +45,8 @@ use crate::{Error, Result};
 
 /// The manifest's file name.
 pub const MANIFEST: &str = "crab-checkpoint.json";
-/// The CRIU images' directory.
+/// The CRIU images' directory (in a history's entries, an archive, and containerd
+/// checkpoints of earlier versions; see [`images_in`]).
 pub const CRIU_DIR: &str = "criu";
 /// The file-system delta.
 pub const FS_DIFF: &str = "rootfs-diff.tar";
@@ -225,13 +229,12 @@ impl Manifest {
         let is = |p: &Path, dir: bool| {
             std::fs::symlink_metadata(p).is_ok_and(|m| if dir { m.is_dir() } else { m.is_file() })
         };
-        if m.kind != Kind::FsOnly
-            && !(is(&dir.join(CRIU_DIR), true)
-                && is(&dir.join(CRIU_DIR).join("inventory.img"), false))
-        {
-            return Err(bad(format!(
-                "{CRIU_DIR}/inventory.img is missing (or not a regular file in a directory)"
-            )));
+        if m.kind != Kind::FsOnly && !is(&images_in(dir).join("inventory.img"), false) {
+            return Err(bad(
+                "inventory.img is missing (or not a regular file), in the directory and in \
+                 its criu/"
+                    .into(),
+            ));
         }
         if m.fs.is_some() && !is(&dir.join(FS_DIFF), false) {
             return Err(bad(format!("{FS_DIFF} is missing (or not a regular file)")));
@@ -283,6 +286,17 @@ pub fn bounded_at<T>(
     let v = f()?;
     drop(slot);
     Ok((v, waited))
+}
+
+/// Where the CRIU images of checkpoint directory `dir` are: its `criu/` when it has
+/// one (Crab before containerd 2.x's CRI), else the directory itself.
+pub fn images_in(dir: &Path) -> PathBuf {
+    let nested = dir.join(CRIU_DIR);
+    if std::fs::symlink_metadata(&nested).is_ok_and(|m| m.is_dir()) {
+        nested
+    } else {
+        dir.to_path_buf()
+    }
 }
 
 /// Total size of the regular files under `dir`.

@@ -133,7 +133,7 @@ impl Container {
                 create_private_dir(&tmp.join(CRIU_DIR))?;
                 let spec = load_spec(&self.state.bundle)?;
                 let stdio = stdio_keys(pid);
-                criu::dump(&dump_request(
+                let request = dump_request(
                     criu::Tool::from_config(config),
                     pid,
                     tmp.join(CRIU_DIR),
@@ -141,7 +141,9 @@ impl Container {
                     &self.cgroup_path()?,
                     &spec,
                     &stdio,
-                ))?;
+                    true,
+                );
+                criu::dump(&request)?;
                 timings.dump_ms = t.elapsed().as_millis() as u64;
                 let dumped = Dumped {
                     id: key.id().to_string(),
@@ -151,6 +153,7 @@ impl Container {
                     // in-place rollback re-attaches nothing.
                     network_by_hooks: false,
                     foreign_mounts: false,
+                    held_network: request.held_network,
                 };
                 std::fs::write(
                     tmp.join(STDIO_FILE),

@@ -134,6 +134,31 @@ fn serve(call: Restore) -> Result<Restored> {
             Ok((OwnedFd::from(file), key))
         })
         .collect::<Result<_>>()?;
+    // The engine's namespace (Docker 28's), where the engine still holds it; only
+    // the same container joins it (a fork or a copy would share its network).
+    let mut joined = joined;
+    if let Some(inode) = dumped.held_network {
+        let refuse = |message: String| Error::Helper {
+            operation: Restore::OPERATION,
+            message,
+        };
+        if dumped.id != id {
+            return Err(refuse(format!(
+                "the checkpoint of {} is on the network namespace its engine made \
+                 (net:[{inode}]): only {} itself is restored onto it",
+                dumped.id, dumped.id
+            )));
+        }
+        let path = netns::bound_at(inode).ok_or_else(|| {
+            refuse(format!(
+                "the network namespace net:[{inode}] its engine held is gone \
+                 (the container was removed or restarted)"
+            ))
+        })?;
+        let file = std::fs::File::open(&path)
+            .map_err(Error::io(format!("open namespace {}", path.display())))?;
+        joined.push((OwnedFd::from(file), netns::EXTERNAL_NET_KEY.to_string()));
+    }
     for (fd, key) in &joined {
         clear_cloexec(fd.as_raw_fd())?;
         inherit.push((fd.as_raw_fd(), key.clone()));
