@@ -57,11 +57,7 @@ pub fn plan_replay(
     dst: &ContainerKey,
     entry: &Entry,
 ) -> Result<()> {
-    let src_dir = dir(config, src);
-    let Some(from) = entry.process_image else {
-        return Ok(());
-    };
-    if !config.agent.fast_forward || !src_dir.is_dir() {
+    if entry.process_image.is_none() || !config.agent.fast_forward || !dir(config, src).is_dir() {
         return Ok(());
     }
     let locked = HistoryStore::open(config, src)?;
@@ -71,11 +67,11 @@ pub fn plan_replay(
     let dir = dir(config, dst);
     if src != dst {
         // Under `src`'s history lock: its retention cannot prune them meanwhile.
-        link_exchanges(&src_dir, &dir, from, entry.seq)?;
+        link_exchanges(config, src, &dir, plan)?;
     }
     drop(locked);
     write_plan(&dir, plan)?;
-    tracing::info!(%src, %dst, from, to = entry.seq, "agent fast-forward planned");
+    tracing::info!(%src, %dst, from = plan.from, to = plan.to, "agent fast-forward planned");
     Ok(())
 }
 
@@ -132,16 +128,11 @@ pub fn exchanges(config: &Config, key: &ContainerKey, plan: Plan) -> Vec<(String
 /// `plan`, when the agent is fast-forwarded here. The archive is another host's:
 /// only names of exchanges inside the plan's range are taken.
 pub fn adopt(config: &Config, key: &ContainerKey, unpacked: &Path, plan: Plan) -> Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
     if !config.agent.fast_forward || !unpacked.is_dir() || plan.from > plan.to {
         return Ok(());
     }
     let dir = dir(config, key);
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(&dir)
-        .map_err(Error::io(format!("create {}", dir.display())))?;
+    make_dir(&dir)?;
     let files =
         std::fs::read_dir(unpacked).map_err(Error::io(format!("read {}", unpacked.display())))?;
     for f in files.flatten() {
@@ -161,22 +152,13 @@ pub fn adopt(config: &Config, key: &ContainerKey, unpacked: &Path, plan: Plan) -
     Ok(())
 }
 
-/// Links the exchanges of seqs `from..=to` of journal `src` into journal `dst`
-/// (made, mode 0700, as the proxy makes it), replacing files of those names.
-/// Exchanges are never written again once whole, so a link is a copy.
-fn link_exchanges(src: &Path, dst: &Path, from: u64, to: u64) -> Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dst)
-        .map_err(Error::io(format!("create {}", dst.display())))?;
-    for seq in from..=to {
-        let name = format!("{seq}.exchange");
-        let (a, b) = (src.join(&name), dst.join(&name));
-        if !a.is_file() {
-            continue;
-        }
+/// Links the exchanges of `plan` in container `src`'s journal into journal
+/// `dst`, replacing files of those names. Exchanges are never written again
+/// once whole, so a link is a copy.
+fn link_exchanges(config: &Config, src: &ContainerKey, dst: &Path, plan: Plan) -> Result<()> {
+    make_dir(dst)?;
+    for (name, a) in exchanges(config, src, plan) {
+        let b = dst.join(&name);
         let _ = std::fs::remove_file(&b);
         std::fs::hard_link(&a, &b)
             .or_else(|_| std::fs::copy(&a, &b).map(drop))
@@ -187,6 +169,16 @@ fn link_exchanges(src: &Path, dst: &Path, from: u64, to: u64) -> Result<()> {
             )))?;
     }
     Ok(())
+}
+
+/// Makes journal directory `dir` (mode 0700, as the proxy makes it).
+fn make_dir(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(Error::io(format!("create {}", dir.display())))
 }
 
 /// The seq an exchange file (or a partial one) was recorded for.
