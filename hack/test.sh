@@ -26,18 +26,23 @@ STARTED=$(date +%s)
 
 "$ROOT/hack/setup.sh"
 
-if [ "$COMPAT" = 1 ]; then
-    "$ROOT/hack/sid.sh" install
-    COMPAT_DIR=/var/lib/crab/test-compat
-    mkdir -p "$COMPAT_DIR"
-    export CRAB_CONFIG="$COMPAT_DIR/config.toml"
-    cat >"$CRAB_CONFIG" <<'TOML'
-state_dir = "/run/crab/state-compat"
+# The configuration the tests' shims read: $CRAB_CONFIG, with state dir $1.
+write_test_config() {
+    cat >"$CRAB_CONFIG" <<TOML
+state_dir = "$1"
 log_level = "debug"
 [proxy]
 # The upstream the CRI and Docker tests' annotations choose (it never answers).
 upstreams = ["http://127.0.0.1:9"]
 TOML
+}
+
+if [ "$COMPAT" = 1 ]; then
+    "$ROOT/hack/sid.sh" install
+    COMPAT_DIR=/var/lib/crab/test-compat
+    mkdir -p "$COMPAT_DIR"
+    export CRAB_CONFIG="$COMPAT_DIR/config.toml"
+    write_test_config /run/crab/state-compat
     "$ROOT/hack/sid.sh" stop >/dev/null 2>&1 || true
     "$ROOT/hack/sid.sh" start
     trap '"$ROOT/hack/sid.sh" stop >/dev/null 2>&1 || true' EXIT
@@ -64,13 +69,7 @@ fi
 TEST_DIR=/var/lib/crab/test
 mkdir -p "$TEST_DIR"
 export CRAB_CONFIG="$TEST_DIR/config.toml"
-cat >"$CRAB_CONFIG" <<'TOML'
-state_dir = "/run/crab/state-test"
-log_level = "debug"
-[proxy]
-# The upstream the CRI and Docker tests' annotations choose (it never answers).
-upstreams = ["http://127.0.0.1:9"]
-TOML
+write_test_config /run/crab/state-test
 
 "$ROOT/hack/docker.sh" stop >/dev/null 2>&1 || true
 "$ROOT/hack/containerd.sh" stop >/dev/null 2>&1 || true
