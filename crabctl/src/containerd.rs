@@ -21,7 +21,7 @@ use containerd_client::tonic::transport::Channel;
 use containerd_client::tonic::{Code, Request, Status};
 use containerd_client::types::Mount;
 use containerd_client::with_namespace;
-use crab_runtime::checkpoint::source::{RestoreOptions, Source, RESTORE_OPTIONS_TYPE};
+use crab_runtime::checkpoint::source::{RestoreOptions, RestoreRequest, Source};
 
 /// A single-threaded async runtime for the gRPC calls.
 pub fn runtime() -> Result<tokio::runtime::Runtime> {
@@ -289,18 +289,21 @@ impl Client {
         source: Source,
     ) -> Result<u32> {
         let (config_path, config_body) = runtime_config(c.runtime.as_ref());
-        let options = RestoreOptions {
-            source,
-            config_path,
-            config_body,
-        };
+        let request = RestoreRequest {
+            namespace: self.namespace.clone(),
+            id: c.id.clone(),
+            options: RestoreOptions {
+                source,
+                config_path,
+                config_body,
+            },
+        }
+        .write()
+        .context("write the restore request")?;
         let req = CreateTaskRequest {
             container_id: c.id.clone(),
             rootfs,
-            options: Some(prost_types::Any {
-                type_url: RESTORE_OPTIONS_TYPE.to_string(),
-                value: options.encode(),
-            }),
+            options: Some(restore_request_options(request.path())),
             ..Default::default()
         };
         let mut tasks = TasksClient::new(self.channel.clone());
@@ -308,6 +311,8 @@ impl Client {
             .create(with_namespace!(req, self.namespace))
             .await
             .map_err(|s| anyhow!("create the task of {}: {}", c.id, s.message()))?;
+        // The shim has read it.
+        drop(request);
         // The task holds the checkpoint's files, its processes not yet restored (in a
         // restore, a fork and an import).
         crab_runtime::storage::fault::point("task.created");
@@ -332,6 +337,26 @@ pub fn runtime_options(config_path: &str) -> prost_types::Any {
         value: RuntimeOptions {
             config_path: config_path.to_string(),
             config_body: String::new(),
+        }
+        .encode_to_vec(),
+    }
+}
+
+/// `containerd.runc.v1.Options`, with only the field Crab's restore requests use.
+#[derive(Clone, PartialEq, prost::Message)]
+struct RuncOptions {
+    #[prost(string, tag = "10")]
+    criu_image_path: String,
+}
+
+/// The task options naming restore request `path`: runc's options type, the only one
+/// containerd 2.x takes, which 1.7 hands over too (see [`RestoreRequest`]).
+fn restore_request_options(path: &std::path::Path) -> prost_types::Any {
+    use prost::Message;
+    prost_types::Any {
+        type_url: "containerd.runc.v1.Options".to_string(),
+        value: RuncOptions {
+            criu_image_path: path.to_string_lossy().into_owned(),
         }
         .encode_to_vec(),
     }

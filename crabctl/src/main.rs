@@ -116,6 +116,10 @@ enum Command {
         /// Where to listen, inside the container.
         #[arg(long, default_value = "127.0.0.1:8080")]
         listen: std::net::SocketAddr,
+        /// Serve the listening socket the shim bound at `--listen` and passed
+        /// at this descriptor (a pod's containers share a network namespace).
+        #[arg(long, hide = true, requires = "managed")]
+        listen_fd: Option<i32>,
         /// Pass answers on even when their checkpoint failed (only log).
         #[arg(long)]
         fail_open: bool,
@@ -289,6 +293,7 @@ fn run() -> Result<()> {
             upstream,
             upstream_ca,
             listen,
+            listen_fd,
             fail_open,
             agent_api,
             managed,
@@ -303,6 +308,7 @@ fn run() -> Result<()> {
                 upstream,
                 upstream_ca,
                 listen,
+                listen_fd,
                 fail_open,
                 agent_api,
                 managed,

@@ -22,7 +22,7 @@
 
 use std::net::SocketAddr;
 use std::os::unix::fs::MetadataExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -53,6 +53,8 @@ pub struct Options {
     pub upstream_ca: Option<PathBuf>,
     /// Where to listen in the container.
     pub listen: SocketAddr,
+    /// A socket listening there already, passed by the shim.
+    pub listen_fd: Option<i32>,
     /// Pass answers on when their checkpoint failed.
     pub fail_open: bool,
     /// Serve the agent API under `/.crab/`.
@@ -265,16 +267,32 @@ impl Listening {
         if seen.contains(&ns) {
             return Ok(false);
         }
-        let listener = crab_proxy::netns::bind_in(pid, listen)?;
+        let listener =
+            crab_runtime::netns::bind_in(Path::new(&format!("/proc/{pid}/ns/net")), listen)?;
         seen.push(ns);
-        let proxy = proxy.clone();
-        tokio::spawn(async move {
-            if let Err(e) = proxy.serve(listener).await {
-                tracing::error!(error = %e, "listener ended");
-            }
-        });
+        serve(proxy, listener);
         Ok(true)
     }
+
+    /// Serves `listener`, bound by the shim in the namespace the container joined
+    /// (a pod's: see the shim's `proxy::claim_listener`), as bound in the
+    /// container's current namespace.
+    fn adopt(&self, t: &Target, listener: std::net::TcpListener, proxy: &Arc<Proxy>) -> Result<()> {
+        let pid = Container::load(&t.config, &t.namespace, &t.id)?.init_pid()?;
+        let ns = netns_inode(&format!("/proc/{pid}/ns/net"))?;
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).push(ns);
+        serve(proxy, listener);
+        Ok(())
+    }
+}
+
+fn serve(proxy: &Arc<Proxy>, listener: std::net::TcpListener) {
+    let proxy = proxy.clone();
+    tokio::spawn(async move {
+        if let Err(e) = proxy.serve(listener).await {
+            tracing::error!(error = %e, "listener ended");
+        }
+    });
 }
 
 /// The agent API's token: `CRAB_API_TOKEN` in this process's environment (the
@@ -379,7 +397,17 @@ pub fn run(config: &Config, address: &str, namespace: &str, id: &str, o: Options
         .context("tokio runtime")?;
     rt.block_on(async move {
         let listening = Listening::default();
-        listening.bind_current(&target, o.listen, &proxy)?;
+        match o.listen_fd {
+            Some(fd) => {
+                // SAFETY: the shim passes a bound, listening TCP socket at `fd`
+                // (`--listen-fd`), which nothing else in this process owns.
+                let listener = unsafe { <std::net::TcpListener as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+                listening.adopt(&target, listener, &proxy)?;
+            }
+            None => {
+                listening.bind_current(&target, o.listen, &proxy)?;
+            }
+        }
         if !o.managed {
             println!(
                 "{id}: proxy listening on {} in the container's network namespace, to {}",

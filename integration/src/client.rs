@@ -84,23 +84,40 @@ impl CheckpointOptions {
     }
 }
 
-/// Crab's task option that restores a new task from checkpoint `checkpoint` of
-/// container `id`'s history in `namespace` (what `crabctl restore` and `fork` send).
-pub fn restore_from_history(namespace: &str, id: &str, checkpoint: &str) -> prost_types::Any {
-    use crab_runtime::checkpoint::source::{RestoreOptions, Source, RESTORE_OPTIONS_TYPE};
-    let options = RestoreOptions {
-        source: Source::History {
-            namespace: namespace.into(),
-            id: id.into(),
-            checkpoint: checkpoint.into(),
+/// The task options that restore a new task of container `target` from checkpoint
+/// `checkpoint` of container `id`'s history in `namespace` (what `crabctl restore`
+/// and `fork` send: a restore request, written here and removed when the returned
+/// guard is dropped, named in runc's options).
+pub fn restore_from_history(
+    namespace: &str,
+    target: &str,
+    id: &str,
+    checkpoint: &str,
+) -> (
+    prost_types::Any,
+    crab_runtime::checkpoint::source::WrittenRequest,
+) {
+    use crab_runtime::checkpoint::source::{RestoreOptions, RestoreRequest, Source};
+    let request = RestoreRequest {
+        namespace: namespace.into(),
+        id: target.into(),
+        options: RestoreOptions {
+            source: Source::History {
+                namespace: namespace.into(),
+                id: id.into(),
+                checkpoint: checkpoint.into(),
+            },
+            config_path: None,
+            config_body: None,
         },
-        config_path: None,
-        config_body: None,
-    };
-    prost_types::Any {
-        type_url: RESTORE_OPTIONS_TYPE.to_string(),
-        value: options.encode(),
     }
+    .write()
+    .expect("write a restore request");
+    let runc = RuncOptions {
+        shim_cgroup: String::new(),
+        criu_image_path: request.path().to_string_lossy().into_owned(),
+    };
+    (any("containerd.runc.v1.Options", &runc), request)
 }
 
 fn any(type_url: &str, m: &impl prost::Message) -> prost_types::Any {

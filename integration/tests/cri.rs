@@ -546,7 +546,7 @@ fn agent_api_of_a_pod_container_takes_a_checkpoint_for_its_init() {
     let answer = pod.exec_ok(&c, &["cat", "/api.out"]);
     assert_eq!(rc.trim(), "0", "answer: {answer}");
     assert!(answer.contains("\"checkpoint\""), "{answer}");
-    // The init's environment names the proxy (an exec's does not: issue 16 item 6).
+    // The init's environment names the proxy.
     let env = pod.exec_ok(&c, &["sh", "-c", "tr '\\0' '\\n' </proc/1/environ"]);
     assert!(
         env.contains("OPENAI_BASE_URL=http://127.0.0.1:8787"),
@@ -586,4 +586,64 @@ fn agent_api_of_a_pod_annotated_as_kubelet_passes_it_reaches_the_container() {
         .expect("ExecSync");
     assert_ne!(refused.exit_code, 0, "{:?}", out(&refused));
     assert!(out(&refused).1.contains("401"), "{:?}", out(&refused));
+}
+
+/// The port in a container's `OPENAI_BASE_URL` (`http://127.0.0.1:PORT/v1`).
+fn proxy_port(pod: &Pod, c: &str) -> u16 {
+    let env = pod.exec_ok(c, &["sh", "-c", "tr '\\0' '\\n' </proc/1/environ"]);
+    let url = env
+        .lines()
+        .find_map(|l| l.strip_prefix("OPENAI_BASE_URL=http://127.0.0.1:"))
+        .unwrap_or_else(|| panic!("no OPENAI_BASE_URL in {env}"));
+    url.trim_end_matches("/v1").parse().expect("a port")
+}
+
+#[test]
+fn two_proxied_containers_of_one_pod_each_get_their_own_proxy_port() {
+    let cri = Cri::connect();
+    // kubelet passes the pod's annotations to every container: both ask for a proxy
+    // at the same address, in the network namespace they share.
+    let pod = Pod::run_annotated(&cri, CRAB_HANDLER, &[UPSTREAM]);
+    let mut ids = Vec::new();
+    for name in ["first", "second"] {
+        let config = pod.container_config(name, BUSYBOX, SLEEP);
+        let c = cri
+            .create_container(&pod.id, &config, &pod.config)
+            .expect("CreateContainer");
+        let started = cri.start_container(&c);
+        assert!(started.is_ok(), "StartContainer of {name}: {started:?}");
+        ids.push(c);
+    }
+    let ports: Vec<u16> = ids.iter().map(|c| proxy_port(&pod, c)).collect();
+    assert_eq!(ports[0], 8787, "the first takes the configured port");
+    assert_ne!(ports[0], ports[1], "each container has its own port");
+    // Each proxy answers its own container's token, on its own port, and refuses
+    // the neighbour's: two proxies, not one reached twice.
+    let list = |c: &str, port: u16, token_of: &str| -> (i32, String) {
+        let token = pod.exec_ok(token_of, &["sh", "-c", "echo -n $CRAB_API_TOKEN"]);
+        let r = cri
+            .exec_sync(
+                c,
+                &[
+                    "wget",
+                    "-qO-",
+                    "--header",
+                    &format!("Authorization: Bearer {token}"),
+                    &format!("http://127.0.0.1:{port}/.crab/v1/checkpoints"),
+                ],
+                10,
+            )
+            .expect("ExecSync");
+        let (o, e) = out(&r);
+        (r.exit_code, format!("{o}{e}"))
+    };
+    for (i, c) in ids.iter().enumerate() {
+        let (rc, text) = list(c, ports[i], c);
+        assert_eq!(rc, 0, "{c} on its port {}: {text}", ports[i]);
+        assert!(text.contains("checkpoints"), "{text}");
+        let other = &ids[1 - i];
+        let (rc, text) = list(c, ports[i], other);
+        assert_ne!(rc, 0, "{other}'s token on {c}'s port");
+        assert!(text.contains("401"), "{text}");
+    }
 }

@@ -36,11 +36,8 @@ fn checkpointed_then_gone(g: &Guard) -> u64 {
 /// Creates (not starts) a task of `g` restored from its checkpoint `name`.
 fn create_from(client: &Client, g: &Guard, name: &str) -> Result<u32, Box<Status>> {
     let rootfs = client.mounts(&g.id).expect("the container's snapshot");
-    client.create_task(
-        &g.id,
-        rootfs,
-        Some(restore_from_history(&namespace(), &g.id, name)),
-    )
+    let (options, _request) = restore_from_history(&namespace(), &g.id, &g.id, name);
+    client.create_task(&g.id, rootfs, Some(options))
 }
 
 #[test]
@@ -97,5 +94,44 @@ fn a_restore_created_before_its_checkpoint_is_removed_still_starts() {
         "a pin of {} is left in {}",
         g.id,
         pins.display()
+    );
+}
+
+#[test]
+fn a_restore_request_for_another_container_is_refused_through_containerd() {
+    let client = Client::connect();
+    let victim = Guard::sh(COUNTER);
+    let at = checkpointed_then_gone(&victim);
+    let attacker = Guard::sh(COUNTER);
+    ctr_ok(&["task", "kill", "-s", "KILL", &attacker.id]);
+    assert!(wait_until(Duration::from_secs(10), || attacker
+        .status()
+        .as_deref()
+        == Some("STOPPED")));
+    ctr_ok(&["task", "rm", &attacker.id]);
+    // A request naming the victim's checkpoint, written for the victim, sent with the
+    // attacker's task: the shim reads whom it is for.
+    let (options, _request) = restore_from_history(&namespace(), &victim.id, &victim.id, "safe");
+    let rootfs = client
+        .mounts(&attacker.id)
+        .expect("the attacker's snapshot");
+    let err = client
+        .create_task(&attacker.id, rootfs, Some(options))
+        .expect_err("a task from another container's request");
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    assert!(
+        err.message()
+            .contains(&format!("is for {}/{}", namespace(), victim.id)),
+        "{}",
+        err.message()
+    );
+    assert_eq!(attacker.status(), None, "no task was left for the attacker");
+    // The victim's checkpoint is untouched.
+    create_from(&client, &victim, "safe").expect("the victim's own restore");
+    client.start_task(&victim.id).expect("start it");
+    let now = victim.number("/tmp/count");
+    assert!(
+        now >= at && now < at + 40,
+        "count {now}, {at} at the checkpoint"
     );
 }

@@ -11,8 +11,8 @@
 //! the caller's [`Sandbox`]. With a [`Journal`], each exchange is kept on disk,
 //! and a restored agent's repeated requests are answered from it.
 //!
-//! The listening socket is made inside the container's network namespace
-//! ([`netns::bind_in`]); the proxy itself runs on the host and connects
+//! The listening socket is made inside the container's network namespace (by
+//! the caller); the proxy itself runs on the host and connects
 //! upstream from there. One [`Proxy`] can serve several such listeners (a
 //! rolled-back container lives in a new namespace). This crate knows HTTP
 //! only: what a turn boundary or a sandbox call does is the caller's.
@@ -25,7 +25,6 @@ mod journal;
 mod limits;
 pub mod logfile;
 mod mcp;
-pub mod netns;
 mod server;
 pub mod target;
 mod turn;

@@ -166,7 +166,7 @@ impl Proxy {
     }
 
     /// Serves one already-bound listener (e.g. made in a container's network
-    /// namespace by [`crate::netns::bind_in`]) until the listener itself is
+    /// namespace) until the listener itself is
     /// unusable. Call it once per listener, each in a task of its own. A
     /// connection beyond the cap is answered 503 and closed at once; a
     /// failing accept (out of descriptors, say) is retried, not fatal.

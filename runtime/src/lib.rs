@@ -43,7 +43,7 @@ pub mod error;
 pub mod helper;
 pub mod inspect;
 pub mod metrics;
-pub(crate) mod netns;
+pub mod netns;
 pub mod oom;
 pub mod peer;
 pub mod sandbox;

@@ -43,6 +43,36 @@ pub fn joined_paths(spec: &Spec) -> Vec<(&'static str, String, std::path::PathBu
         .collect()
 }
 
+/// Binds a TCP listener at `addr` inside the network namespace at `path` (a
+/// `/proc/<pid>/ns/net` or a bound namespace file). A socket belongs to the
+/// namespace it was created in, whatever thread later uses it: a short-lived
+/// thread joins the namespace, binds, and ends. The listener is non-blocking.
+pub fn bind_in(
+    path: &std::path::Path,
+    addr: std::net::SocketAddr,
+) -> std::io::Result<std::net::TcpListener> {
+    let ns = File::open(path)
+        .map_err(|e| std::io::Error::new(e.kind(), format!("open {}: {e}", path.display())))?;
+    let shown = path.display().to_string();
+    std::thread::spawn(move || -> std::io::Result<std::net::TcpListener> {
+        // SAFETY: setns takes a namespace descriptor (valid for the call) and a
+        // type; it changes only this thread, which ends right after binding.
+        if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+            let e = std::io::Error::last_os_error();
+            return Err(std::io::Error::new(
+                e.kind(),
+                format!("join the network namespace {shown}: {e}"),
+            ));
+        }
+        let l = std::net::TcpListener::bind(addr)
+            .map_err(|e| std::io::Error::new(e.kind(), format!("bind {addr} in {shown}: {e}")))?;
+        l.set_nonblocking(true)?;
+        Ok(l)
+    })
+    .join()
+    .map_err(|_| std::io::Error::other("the bind thread panicked"))?
+}
+
 /// The key under which a dump records a joined network namespace.
 pub const EXTERNAL_NET_KEY: &str = "extRootNetNS";
 

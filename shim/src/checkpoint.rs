@@ -189,6 +189,7 @@ impl TaskService {
         bundle: PathBuf,
         restore: Option<RestoreOptions>,
         image_path: Option<PathBuf>,
+        proxy_listener: Option<std::net::TcpListener>,
     ) -> ShimResult<Instance> {
         let key = ContainerKey::new(&self.namespace, &req.id)?;
         let target = bundle.join("rootfs");
@@ -314,6 +315,7 @@ impl TaskService {
             restore: Some(pending),
             control,
             proxy: None,
+            proxy_listener,
             api_token: None,
         })
     }

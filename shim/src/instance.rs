@@ -39,6 +39,9 @@ pub struct Instance {
     pub control: Option<JoinHandle<()>>,
     /// The turn proxy, when the configuration asks for one.
     pub proxy: Option<crate::proxy::TurnProxy>,
+    /// The proxy's listener, bound at `Create` in a shared network namespace
+    /// ([`crate::proxy_listener`]), until a restored task's proxy starts with it.
+    pub proxy_listener: Option<std::net::TcpListener>,
     /// The agent API's token, when the proxy serves the agent API.
     pub api_token: Option<String>,
 }

@@ -26,6 +26,7 @@ pub mod oom;
 pub mod options;
 pub mod process;
 pub mod proxy;
+pub mod proxy_listener;
 pub mod rootfs;
 pub mod service;
 pub mod shim_cgroup;

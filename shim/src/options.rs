@@ -5,8 +5,11 @@
 //! the CRI plugin's `ConfigPath`/`ConfigBody`, and from Docker's runtime `options`. Its
 //! proto is not in the shim crate, so the three string fields are decoded here.
 
+use std::path::Path;
+
 use containerd_shim::protos::protobuf::well_known_types::any::Any;
 use containerd_shim::protos::protobuf::CodedInputStream;
+use crab_runtime::checkpoint::source::{RestoreOptions, RestoreRequest};
 
 /// The decoded options.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -40,17 +43,25 @@ impl RuntimeOptions {
     }
 }
 
-/// Crab's restore task option, when the request carries one.
-pub fn restore_options(
-    any: Option<&Any>,
-) -> Result<Option<crab_runtime::checkpoint::source::RestoreOptions>, String> {
-    use crab_runtime::checkpoint::source::{RestoreOptions, RESTORE_OPTIONS_TYPE};
-    match any {
-        Some(a) if a.type_url.ends_with(RESTORE_OPTIONS_TYPE) => {
-            RestoreOptions::decode(&a.value).map(Some)
-        }
-        _ => Ok(None),
-    }
+/// The restore request a `Create` names (see [`RestoreRequest`]), in runc's
+/// `criu_image_path` or, from containerd 2.x, as the task's checkpoint too; any other
+/// path there is a directory of CRIU images.
+pub fn restore_request(
+    runc: &RuncTaskOptions,
+    checkpoint: &str,
+    namespace: &str,
+    id: &str,
+) -> crab_runtime::Result<Option<RestoreOptions>> {
+    let named = runc
+        .criu_image_path
+        .as_deref()
+        .into_iter()
+        .chain(Some(checkpoint).filter(|c| !c.is_empty()))
+        .map(Path::new)
+        .find(|p| RestoreRequest::is_request_path(p));
+    named
+        .map(|path| RestoreRequest::read(path, namespace, id))
+        .transpose()
 }
 
 /// What Crab takes from runc's `CheckpointOptions` (containerd's Go client's

@@ -242,7 +242,13 @@ pub struct Launch<'a> {
     pub log: &'a Path,
     /// The agent API's token (given to the proxy in its environment).
     pub token: Option<&'a str>,
+    /// A listener bound already (see [`crate::proxy_listener`]), handed to the
+    /// proxy as its descriptor 3.
+    pub listener: Option<&'a std::net::TcpListener>,
 }
+
+/// The descriptor a passed listener has in the proxy.
+const LISTEN_FD: i32 = 3;
 
 /// Starts the proxy and waits until it listens in the container.
 pub fn start(config: &Config, l: &Launch) -> ShimResult<TurnProxy> {
@@ -270,6 +276,30 @@ pub fn start(config: &Config, l: &Launch) -> ShimResult<TurnProxy> {
     }
     if config.proxy.agent_api {
         cmd.arg("--agent-api");
+    }
+    if let Some(l) = l.listener {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::process::CommandExt;
+        let fd = l.as_raw_fd();
+        cmd.args(["--listen-fd", &LISTEN_FD.to_string()]);
+        // SAFETY: runs in the forked child before exec and calls only dup2 and
+        // fcntl, which are async-signal-safe; `fd` stays open in the parent (the
+        // listener is borrowed for the whole spawn). dup2 clears close-on-exec
+        // on the copy (fcntl does, when the socket is at LISTEN_FD already), so
+        // the proxy inherits the socket at LISTEN_FD alone.
+        unsafe {
+            cmd.pre_exec(move || {
+                let r = if fd == LISTEN_FD {
+                    libc::fcntl(fd, libc::F_SETFD, 0)
+                } else {
+                    libc::dup2(fd, LISTEN_FD)
+                };
+                if r < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
     }
     // Never on the command line, which every local user can read.
     cmd.env_remove(api_token::ENV);

@@ -87,8 +87,15 @@ impl TaskService {
     pub async fn create(&self, req: CreateTaskRequest) -> ShimResult<CreateTaskResponse> {
         let slot = self.containers.reserve(&req.id)?;
         let creating = Creating::new(&self.containers, &slot).await;
-        let restore = crate::options::restore_options(req.options.as_ref())
+        let runc = crate::options::RuncTaskOptions::from_any(req.options.as_ref())
             .map_err(ShimError::InvalidArgument)?;
+        let restore =
+            crate::options::restore_request(&runc, &req.checkpoint, &self.namespace, &req.id)?;
+        // A request's path is not a directory of images.
+        let image_path = match restore {
+            Some(_) => None,
+            None => runc.criu_image_path.map(PathBuf::from),
+        };
         let opts = match &restore {
             Some(r) => RuntimeOptions {
                 config_path: r.config_path.clone(),
@@ -105,6 +112,8 @@ impl TaskService {
         let spec = crab_runtime::container::load_spec(&bundle)?;
         config.storage.backend = rootfs::backend_for(&config, &spec)?;
         crate::proxy::configure(&mut config, &spec)?;
+        // Before the configuration is written: it may move the listener's port.
+        let proxy_listener = crate::proxy_listener::claim(&mut config, &spec)?;
         crate::checkpoint::configure_exit(&mut config, &spec)?;
         tracing::info!(id = %req.id, ?source, backend = ?config.storage.backend, "create");
         let key = ContainerKey::new(&self.namespace, &req.id)?;
@@ -113,12 +122,9 @@ impl TaskService {
         std::fs::write(bundle.join(BUNDLE_CONFIG), config.to_toml())
             .map_err(|e| ShimError::Other(format!("write {BUNDLE_CONFIG}: {e}")))?;
 
-        let runc = crate::options::RuncTaskOptions::from_any(req.options.as_ref())
-            .map_err(ShimError::InvalidArgument)?;
-        let image_path = runc.criu_image_path.map(PathBuf::from);
         if !req.checkpoint.is_empty() || restore.is_some() || image_path.is_some() {
             let instance = self
-                .create_restored(&req, config, bundle, restore, image_path)
+                .create_restored(&req, config, bundle, restore, image_path, proxy_listener)
                 .await?;
             let _held = creating.fill(instance);
             self.publish_create(&req, 0).await;
@@ -155,7 +161,13 @@ impl TaskService {
             }
         };
         let proxy = match self
-            .start_proxy(&config, &bundle, &req.id, api_token.as_deref())
+            .start_proxy(
+                &config,
+                &bundle,
+                &req.id,
+                api_token.as_deref(),
+                proxy_listener,
+            )
             .await
         {
             Ok(p) => p,
@@ -187,6 +199,7 @@ impl TaskService {
             restore: None,
             control,
             proxy,
+            proxy_listener: None,
             api_token,
         });
         self.publish_create(&req, pid).await;
@@ -203,6 +216,7 @@ impl TaskService {
         bundle: &Path,
         id: &str,
         token: Option<&str>,
+        listener: Option<std::net::TcpListener>,
     ) -> ShimResult<Option<crate::proxy::TurnProxy>> {
         if !config.proxy.enabled() {
             return Ok(None);
@@ -219,6 +233,7 @@ impl TaskService {
                 id: &id,
                 log: &log,
                 token: token.as_deref(),
+                listener: listener.as_ref(),
             };
             crate::proxy::start(&config, &launch).map(Some)
         })
@@ -263,6 +278,7 @@ impl TaskService {
             }
             if inst.restore.is_some() {
                 self.start_restored(inst).await?;
+                let listener = inst.proxy_listener.take();
                 inst.api_token = crate::proxy::token_for_restored(inst.config(), inst.init.pid)?;
                 // The restored processes are in a new network namespace.
                 match self
@@ -271,6 +287,7 @@ impl TaskService {
                         &inst.bundle,
                         &req.id,
                         inst.api_token.as_deref(),
+                        listener,
                     )
                     .await
                 {
