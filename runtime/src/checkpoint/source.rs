@@ -53,6 +53,10 @@ pub const REQUEST_DIR: &str = "/run/crab/restore-requests";
 /// The largest request read (a request is a few hundred bytes).
 const MAX_REQUEST_BYTES: u64 = 64 * 1024;
 
+/// A request older than this was left by a `crabctl` that died before it could
+/// remove it (a `CreateTask` takes seconds): the next write removes it.
+const STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(3600);
+
 /// A restore request: [`RestoreOptions`] for one container's new task.
 ///
 /// containerd 2.x accepts only runc's `containerd.runc.v1.Options` as task options
@@ -106,6 +110,7 @@ impl RestoreRequest {
         // A directory made by an older layout, or by hand, is closed to others too.
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
             .map_err(Error::io(format!("chmod {}", dir.display())))?;
+        remove_stale(dir, STALE_AFTER);
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -199,6 +204,24 @@ impl RestoreRequest {
     }
 }
 
+/// Removes the requests in `dir` last modified more than `age` ago.
+fn remove_stale(dir: &Path, age: std::time::Duration) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let old = e
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|elapsed| elapsed > age);
+        if old {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -279,6 +302,19 @@ mod tests {
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
         let err = RestoreRequest::read_in(&dir, written.path(), "ns", "c1").unwrap_err();
         assert!(err.to_string().contains("only its owner"), "{err}");
+    }
+
+    #[test]
+    fn a_request_left_behind_goes_with_a_later_write() {
+        let (_tmp, dir) = requests_dir();
+        let left = request("c1").write_in(&dir).unwrap();
+        let path = left.path().to_path_buf();
+        std::mem::forget(left); // its crabctl died
+        remove_stale(&dir, std::time::Duration::from_secs(3600));
+        assert!(path.exists(), "a fresh request stays");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        remove_stale(&dir, std::time::Duration::from_millis(10));
+        assert!(!path.exists(), "an old one goes");
     }
 
     #[test]
