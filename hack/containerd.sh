@@ -191,6 +191,15 @@ proxy_plugins() {
 EOF2
 }
 
+# This machine's architecture as containerd names platforms.
+go_arch() {
+    case "$(uname -m)" in
+        x86_64) echo amd64 ;;
+        aarch64) echo arm64 ;;
+        *) uname -m ;;
+    esac
+}
+
 # The CNI network of --cri.
 write_cni_config() {
     [ -x "$CNI_BIN_DIR/bridge" ] && [ -x "$CNI_BIN_DIR/loopback" ] ||
@@ -258,6 +267,16 @@ EOF
 # plugins of their own; the streaming server stays in io.containerd.grpc.v1.cri).
 write_cri_config_v3() {
     cat >>"$CONFIG.tmp" <<EOF
+
+  # containerd 2.x unpacks images (ctr's imports, CRI's pulls) through its transfer
+  # service, only for the snapshotters named here.
+  [plugins."io.containerd.transfer.v1.local"]
+    [[plugins."io.containerd.transfer.v1.local".unpack_config]]
+      platform = "linux/$(go_arch)"
+      snapshotter = "crab"
+    [[plugins."io.containerd.transfer.v1.local".unpack_config]]
+      platform = "linux/$(go_arch)"
+      snapshotter = "overlayfs"
 
   [plugins."io.containerd.cri.v1.images"]
     # Crab's snapshotter: the only one CRI asks for writable layers' usage.

@@ -36,6 +36,14 @@ pub enum Error {
         /// Why.
         message: String,
     },
+    /// A layer's usage could not be measured.
+    #[error("measure {path}: {message}")]
+    Measure {
+        /// The layer's directory.
+        path: PathBuf,
+        /// Why.
+        message: String,
+    },
     /// Crab's store could not tell what a crab container's tree wrote.
     #[error("usage of the tree for {layer}: {message}")]
     TreeUsage {
@@ -65,9 +73,10 @@ impl From<Error> for tonic::Status {
             Error::AlreadyExists(_) => tonic::Status::already_exists(msg),
             Error::InvalidArgument(_) => tonic::Status::invalid_argument(msg),
             Error::FailedPrecondition(_) => tonic::Status::failed_precondition(msg),
-            Error::Io { .. } | Error::Metadata { .. } | Error::TreeUsage { .. } => {
-                tonic::Status::internal(msg)
-            }
+            Error::Io { .. }
+            | Error::Metadata { .. }
+            | Error::Measure { .. }
+            | Error::TreeUsage { .. } => tonic::Status::internal(msg),
         }
     }
 }

@@ -172,11 +172,10 @@ impl Snapshots for Service {
         let all = self.run(|s| Ok(s.list())).await?;
         let chunks: Vec<_> = all
             .chunks(LIST_CHUNK)
-            .map(|c| {
-                Ok(api::ListSnapshotsResponse {
-                    info: c.iter().map(|(k, r)| info(k, r)).collect(),
-                })
+            .map(|c| api::ListSnapshotsResponse {
+                info: c.iter().map(|(k, r)| info(k, r)).collect(),
             })
+            .map(Result::Ok)
             .collect();
         Ok(Response::new(tokio_stream::iter(chunks)))
     }

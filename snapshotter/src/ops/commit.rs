@@ -25,9 +25,9 @@ impl Snapshotter {
         if meta.snapshots.contains_key(name) {
             return Err(Error::AlreadyExists(name.to_string()));
         }
-        let du = disk_usage(&self.fs(rec.id)).map_err(|e| Error::Io {
-            context: format!("measure {}", self.fs(rec.id).display()),
-            source: std::io::Error::other(e.to_string()),
+        let du = disk_usage(&self.fs(rec.id)).map_err(|e| Error::Measure {
+            path: self.fs(rec.id),
+            message: e.to_string(),
         })?;
         let mut committed = rec.clone();
         committed.kind = Kind::Committed;

@@ -23,9 +23,9 @@ impl Snapshotter {
             Kind::View => Ok(Measured::default()),
             Kind::Active => {
                 let upper = self.fs(rec.id);
-                let du = disk_usage(&upper).map_err(|e| Error::Io {
-                    context: format!("measure {}", upper.display()),
-                    source: std::io::Error::other(e.to_string()),
+                let du = disk_usage(&upper).map_err(|e| Error::Measure {
+                    path: upper.clone(),
+                    message: e.to_string(),
                 })?;
                 let tree = self
                     .trees
