@@ -46,9 +46,12 @@ impl Snapshotter {
             if known.contains(&name) {
                 continue;
             }
-            std::fs::remove_dir_all(e.path())
-                .map_err(Error::io(format!("remove {}", e.path().display())))?;
-            removed.push(name);
+            match std::fs::remove_dir_all(e.path()) {
+                Ok(()) => removed.push(name),
+                // A Remove that dropped its record is removing it too.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(err) => return Err(Error::io(format!("remove {}", e.path().display()))(err)),
+            }
         }
         Ok(removed)
     }
