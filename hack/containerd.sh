@@ -188,6 +188,8 @@ proxy_plugins() {
   [proxy_plugins.crab]
     type = "snapshot"
     address = "$SNAP_SOCK"
+    # Where CRI (and so kubelet) sizes the image and writable-layer file system.
+    exports = { root = "$SNAP_ROOT" }
 EOF2
 }
 

@@ -432,6 +432,23 @@ fn writable_layer_after_20_mib(handler: &str) -> (u64, u64) {
         "{handler}: writable layer before {before} bytes, after writing 20 MiB {written}, \
          after removing it {removed}"
     );
+    // Kubelet sizes the file system a writable layer and the images live on from
+    // these mount points: they must exist.
+    let layer_fs = cri
+        .container_stats(&c)
+        .unwrap()
+        .writable_layer
+        .and_then(|w| w.fs_id)
+        .map(|f| f.mountpoint)
+        .unwrap_or_default();
+    let image_fs = cri.image_fs_mountpoints().unwrap();
+    println!("{handler}: writable layer on {layer_fs:?}, image file systems {image_fs:?}");
+    for mountpoint in image_fs.iter().chain([&layer_fs]) {
+        assert!(
+            std::path::Path::new(mountpoint).is_dir(),
+            "{handler}: CRI names {mountpoint:?} as a file system's mount point"
+        );
+    }
     (written, removed)
 }
 
