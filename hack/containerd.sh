@@ -35,7 +35,8 @@
 #   CRAB_CONFIG            passed through to containerd, hence to the crab shim; with
 #                          --cri also the crab handler's ConfigPath
 #   CRAB_SHIM_DIR          a directory put first on containerd's PATH, where it
-#                          finds containerd-shim-crab-v2 (a build of one's own)
+#                          finds containerd-shim-crab-v2 (a build of one's own);
+#                          --cri takes crab-snapshotter from there too (else PATH)
 #   CRAB_CNI_BRIDGE, CRAB_CNI_SUBNET   [crab-cri0, 10.88.213.0/24] --cri's pod network
 #
 # The containerd run is the first on PATH; the directory it is in comes first on its
@@ -403,6 +404,8 @@ start_snapshotter() {
         die "crab-snapshotter not found (cargo build --release; install it beside the shim)"
     stop_snapshotter
     mkdir -p "$SNAP_ROOT" "$STATE_DIR"
+    # The wait below is for this run's socket, not the last one's.
+    rm -f "$SNAP_SOCK"
     log "starting crab-snapshotter (log: $SNAP_LOG)"
     env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
         RUST_LOG="${RUST_LOG:-info}" setsid nohup "$bin" --root "$SNAP_ROOT" \
