@@ -84,9 +84,17 @@ impl Trees {
             let Some(store) = &slot.store else {
                 continue;
             };
-            if let Some(key) = store.owned_by(owner)? {
-                let bytes = store.written(&key)?;
-                return Ok(Some(TreeWritten { key, bytes }));
+            // A store that cannot be searched (a ZFS daemon that does not answer)
+            // must not cost the layers of the others (and runc's) their usage.
+            match store.owned_by(owner) {
+                Ok(Some(key)) => {
+                    let bytes = store.written(&key)?;
+                    return Ok(Some(TreeWritten { key, bytes }));
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(backend = ?slot.backend, error = %e, "store not searched")
+                }
             }
         }
         Ok(None)
