@@ -11,7 +11,10 @@
 # and loopback, whose conflist is written here, pod network namespaces and CNI state
 # under its own directories, `restrict_oom_score_adj` (root here lacks
 # CAP_SYS_RESOURCE) and docker.io/crab/pause:latest (hack/build-images.sh) as the pod
-# sandbox image. The images go into the namespace CRI uses, k8s.io.
+# sandbox image. The images go into the namespace CRI uses, k8s.io. CRI's default
+# snapshotter there is Crab's (crab-snapshotter, a proxy plugin started here before
+# containerd and stopped after it): kubelet's view of a crab container's writable
+# layer is what its tree in Crab's store wrote (docs/kubernetes.md).
 #
 #   hack/containerd.sh [--cri] start     start it (if not already running) and import the
 #                                images built by hack/build-images.sh; prints the socket path
@@ -32,7 +35,8 @@
 #   CRAB_CONFIG            passed through to containerd, hence to the crab shim; with
 #                          --cri also the crab handler's ConfigPath
 #   CRAB_SHIM_DIR          a directory put first on containerd's PATH, where it
-#                          finds containerd-shim-crab-v2 (a build of one's own)
+#                          finds containerd-shim-crab-v2 (a build of one's own);
+#                          --cri takes crab-snapshotter from there too (else PATH)
 #   CRAB_CNI_BRIDGE, CRAB_CNI_SUBNET   [crab-cri0, 10.88.213.0/24] --cri's pod network
 #
 # The containerd run is the first on PATH; the directory it is in comes first on its
@@ -67,6 +71,11 @@ CNI_CONF_DIR="$ROOT_DIR/cni/net.d"
 CNI_DATA_DIR="$ROOT_DIR/cni/ipam"
 CNI_BRIDGE="${CRAB_CNI_BRIDGE:-crab-cri0}"
 CNI_SUBNET="${CRAB_CNI_SUBNET:-10.88.213.0/24}"
+# --cri: Crab's snapshotter (docs/kubernetes.md).
+SNAP_ROOT="$ROOT_DIR/crab-snapshotter"
+SNAP_SOCK="$STATE_DIR/crab-snapshotter/snapshotter.sock"
+SNAP_PIDFILE="$STATE_DIR/crab-snapshotter.pid"
+SNAP_LOG="$ROOT_DIR/crab-snapshotter.log"
 START_TIMEOUT=20
 STOP_TIMEOUT=10
 
@@ -158,6 +167,8 @@ $disabled
 [metrics]
   address = ""
 
+$(proxy_plugins)
+
 [plugins]
   # Default is /opt/containerd; keep everything under our own root.
   [plugins."io.containerd.internal.v1.opt"]
@@ -168,6 +179,28 @@ EOF
         if [ "$major" = 2 ]; then write_cri_config_v3; else write_cri_config; fi
     fi
     mv "$CONFIG.tmp" "$CONFIG"
+}
+
+# --cri: Crab's snapshotter as a proxy plugin named `crab`.
+proxy_plugins() {
+    [ "$CRI" = 1 ] || return 0
+    cat <<EOF2
+[proxy_plugins]
+  [proxy_plugins.crab]
+    type = "snapshot"
+    address = "$SNAP_SOCK"
+    # Where CRI (and so kubelet) sizes the image and writable-layer file system.
+    exports = { root = "$SNAP_ROOT" }
+EOF2
+}
+
+# This machine's architecture as containerd names platforms.
+go_arch() {
+    case "$(uname -m)" in
+        x86_64) echo amd64 ;;
+        aarch64) echo arm64 ;;
+        *) uname -m ;;
+    esac
 }
 
 # The CNI network of --cri.
@@ -214,7 +247,8 @@ write_cri_config() {
     stream_server_address = "127.0.0.1"
     stream_server_port = "0"
     [plugins."io.containerd.grpc.v1.cri".containerd]
-      snapshotter = "overlayfs"
+      # Crab's snapshotter: the only one CRI asks for writable layers' usage.
+      snapshotter = "crab"
       default_runtime_name = "runc"
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
         runtime_type = "io.containerd.runc.v2"
@@ -237,8 +271,19 @@ EOF
 write_cri_config_v3() {
     cat >>"$CONFIG.tmp" <<EOF
 
+  # containerd 2.x unpacks images (ctr's imports, CRI's pulls) through its transfer
+  # service, only for the snapshotters named here.
+  [plugins."io.containerd.transfer.v1.local"]
+    [[plugins."io.containerd.transfer.v1.local".unpack_config]]
+      platform = "linux/$(go_arch)"
+      snapshotter = "crab"
+    [[plugins."io.containerd.transfer.v1.local".unpack_config]]
+      platform = "linux/$(go_arch)"
+      snapshotter = "overlayfs"
+
   [plugins."io.containerd.cri.v1.images"]
-    snapshotter = "overlayfs"
+    # Crab's snapshotter: the only one CRI asks for writable layers' usage.
+    snapshotter = "crab"
     [plugins."io.containerd.cri.v1.images".pinned_images]
       sandbox = "docker.io/crab/pause:latest"
 
@@ -274,6 +319,8 @@ EOF
 # same manifest digest (a rebuilt archive is imported again).
 import_images() {
     local image tar name digest have
+    local SNAPSHOTTER_ARGS=()
+    [ "$CRI" = 1 ] && SNAPSHOTTER_ARGS=(--snapshotter crab)
     for image in "${IMAGES[@]}"; do
         tar="$IMAGE_DIR/$image.tar"
         [ -f "$tar" ] || { log "no $tar (run hack/build-images.sh); skipping"; continue; }
@@ -284,7 +331,7 @@ import_images() {
             continue
         fi
         log "importing $name into namespace $NAMESPACE"
-        ctr_ -n "$NAMESPACE" images import "$tar" >/dev/null
+        ctr_ -n "$NAMESPACE" images import "${SNAPSHOTTER_ARGS[@]}" "$tar" >/dev/null
         ctr_ -n "$NAMESPACE" images ls -q | grep -qxF "$name" || die "import of $tar did not create $name"
     done
 }
@@ -319,6 +366,7 @@ start() {
         die "something else answers on $SOCK; refusing to start a second containerd there"
     fi
     command -v containerd >/dev/null || die "containerd not found"
+    [ "$CRI" = 1 ] && start_snapshotter
     write_config
     rm -f "$PIDFILE"
     local path=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin bin
@@ -348,10 +396,45 @@ start() {
     echo "$SOCK"
 }
 
+# --cri: Crab's snapshotter, from the directory of the crab shim containerd uses.
+start_snapshotter() {
+    local bin pid
+    bin="${CRAB_SHIM_DIR:+$CRAB_SHIM_DIR/}crab-snapshotter"
+    [ -n "${CRAB_SHIM_DIR:-}" ] || bin=$(command -v crab-snapshotter) ||
+        die "crab-snapshotter not found (cargo build --release; install it beside the shim)"
+    stop_snapshotter
+    mkdir -p "$SNAP_ROOT" "$STATE_DIR"
+    # The wait below is for this run's socket, not the last one's.
+    rm -f "$SNAP_SOCK"
+    log "starting crab-snapshotter (log: $SNAP_LOG)"
+    env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+        RUST_LOG="${RUST_LOG:-info}" setsid nohup "$bin" --root "$SNAP_ROOT" \
+        --address "$SNAP_SOCK" --config "$CRAB_CONFIG" </dev/null >>"$SNAP_LOG" 2>&1 &
+    pid=$!
+    echo "$pid" >"$SNAP_PIDFILE"
+    local deadline=$((SECONDS + START_TIMEOUT))
+    until [ -S "$SNAP_SOCK" ]; do
+        kill -0 "$pid" 2>/dev/null || { tail -n 20 "$SNAP_LOG" >&2; die "crab-snapshotter exited"; }
+        [ $SECONDS -lt $deadline ] || die "crab-snapshotter did not listen on $SNAP_SOCK"
+        sleep 0.1
+    done
+}
+
+stop_snapshotter() {
+    local pid
+    pid=$(cat "$SNAP_PIDFILE" 2>/dev/null) || return 0
+    if [ -r "/proc/$pid/cmdline" ] && tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF -- "--address $SNAP_SOCK"; then
+        kill -TERM "$pid" 2>/dev/null || true
+        while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
+    fi
+    rm -f "$SNAP_PIDFILE"
+}
+
 stop() {
     local pid
     if ! pid=$(find_pid); then
         rm -f "$PIDFILE"
+        [ "$CRI" = 1 ] && stop_snapshotter
         log "not running"
         return 0
     fi
@@ -368,6 +451,8 @@ stop() {
         sleep 0.2
     done
     rm -f "$PIDFILE"
+    [ "$CRI" = 1 ] && stop_snapshotter
+    return 0
 }
 
 status() {

@@ -140,9 +140,11 @@ mount_kernel_fs() {
 build_shim() {
     [ "${CRAB_SKIP_BUILD:-0}" = 1 ] && return
     log "building the shim"
-    (cd "$ROOT" && cargo build --release -p crab-shim -p crabctl)
+    (cd "$ROOT" && cargo build --release -p crab-shim -p crabctl -p crab-snapshotter)
     install -m 0755 "$ROOT/target/release/containerd-shim-crab-v2" /usr/local/bin/containerd-shim-crab-v2
     install -m 0755 "$ROOT/target/release/crabctl" /usr/local/bin/crabctl
+    # Crab's snapshotter: CRI's default snapshotter of hack/containerd.sh --cri.
+    install -m 0755 "$ROOT/target/release/crab-snapshotter" /usr/local/bin/crab-snapshotter
     # An upgrade leaves the previous build's eBPF programs pinned and attached,
     # and every system call on the host pays for them: detach the unused ones.
     local root

@@ -93,7 +93,7 @@ if [ ${#FILTER[@]} -eq 0 ]; then
     cargo clippy --release --workspace --all-targets --all-features -- -D warnings
     log "unit tests, and the tests that need root, eBPF and the stores (host-tests)"
     cargo test --release --workspace --exclude crab-integration --exclude crab-runtime \
-        --features crab-bpf/host-tests
+        --features crab-bpf/host-tests,crab-snapshotter/host-tests
     cargo test --release -p crab-runtime --features host-tests \
         --lib --bins --test btrfs_store --test overlay_store
     # zfs-fuse: one test at a time (its daemon is the slow, fragile part)

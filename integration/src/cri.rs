@@ -133,6 +133,20 @@ impl Cri {
         })
     }
 
+    /// ImageFsInfo: the image file systems' mount points, as kubelet reads them.
+    pub fn image_fs_mountpoints(&self) -> CriResult<Vec<String>> {
+        let mut c = self.images.clone();
+        self.run(async move {
+            Ok(c.image_fs_info(api::ImageFsInfoRequest {})
+                .await?
+                .into_inner()
+                .image_filesystems
+                .into_iter()
+                .filter_map(|f| f.fs_id.map(|id| id.mountpoint))
+                .collect())
+        })
+    }
+
     /// RunPodSandbox.
     pub fn run_pod(&self, config: &api::PodSandboxConfig, handler: &str) -> CriResult<String> {
         let mut c = self.runtime.clone();

@@ -23,6 +23,11 @@ fn btrfs_store_passes_the_conformance_suite() {
 }
 
 #[test]
+fn btrfs_store_tells_what_the_tree_of_a_writable_layer_wrote() {
+    support::written::written_is_found_by_owner(|| Box::new(store()));
+}
+
+#[test]
 fn opening_a_directory_that_is_not_btrfs_fails_clearly() {
     let e = BtrfsStore::open("/proc").unwrap_err().to_string();
     assert!(e.contains("not a btrfs"), "{e}");

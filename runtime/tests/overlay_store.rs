@@ -25,6 +25,13 @@ fn overlay_store_passes_the_conformance_suite_with_reflinks() {
 }
 
 #[test]
+fn overlay_store_tells_what_the_tree_of_a_writable_layer_wrote() {
+    let dir = temp_dir("overlay-pool");
+    support::written::written_is_found_by_owner(|| Box::new(OverlayStore::open(&dir).unwrap()));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
 fn fifty_containers_snapshot_concurrently_and_every_snapshot_is_right() {
     let dir = temp_dir("overlay-pool");
     support::conformance::fifty_concurrent_snapshots(std::sync::Arc::new(

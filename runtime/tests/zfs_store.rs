@@ -254,6 +254,12 @@ fn zfs_store_passes_the_conformance_suite() {
 }
 
 #[test]
+fn zfs_store_tells_what_the_tree_of_a_writable_layer_wrote() {
+    let _l = shared();
+    support::written::written_is_found_by_owner(|| Box::new(store()));
+}
+
+#[test]
 fn fifty_containers_snapshot_concurrently_and_every_snapshot_is_right() {
     let _l = shared();
     support::conformance::fifty_concurrent_snapshots(std::sync::Arc::new(store()));

@@ -408,6 +408,44 @@ impl Store for BtrfsStore {
         Ok(work::read_owner(&self.owner_file(key)))
     }
 
+    fn owned_by(&self, owner: &Path) -> Result<Option<ContainerKey>> {
+        for (ns, e) in self.dirs.by_namespace(CONTAINERS) {
+            let file = e.file_name().to_string_lossy().into_owned();
+            let Some(id) = file.strip_suffix(".owner") else {
+                continue;
+            };
+            if work::read_owner(&e.path()).as_deref() == Some(owner) {
+                return ContainerKey::new(&ns, id).map(Some);
+            }
+        }
+        Ok(None)
+    }
+
+    fn written(&self, key: &ContainerKey) -> Result<u64> {
+        let live = self.rootfs(key)?;
+        if btrfs_quota::mode(self.dirs.root())?.as_deref() == Some("squota") {
+            return Ok(btrfs_quota::usage(self.dirs.root(), &live)?.0);
+        }
+        // Without simple quotas: the extents no image, snapshot or fork shares.
+        let out = cmd::run(
+            "btrfs",
+            &[
+                "filesystem",
+                "du",
+                "-s",
+                "--raw",
+                &live.display().to_string(),
+            ],
+        )?;
+        out.lines()
+            .nth(1)
+            .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+            .ok_or_else(|| Error::Storage {
+                operation: "written bytes",
+                message: format!("unexpected `btrfs filesystem du` output: {out}"),
+            })
+    }
+
     fn collect(&self, scope: &Path) -> Result<Vec<ContainerKey>> {
         let mut gone = Vec::new();
         for (ns, e) in self.dirs.by_namespace(CONTAINERS) {

@@ -31,6 +31,7 @@ pub(crate) mod btrfs_quota;
 mod btrfs_receive;
 pub(crate) mod cmd;
 mod dirs;
+pub mod du;
 pub mod fault;
 pub mod in_helper;
 pub mod layers;
@@ -41,6 +42,7 @@ mod overlay_quota;
 mod send_stream;
 mod send_stream_check;
 pub mod tree;
+pub mod usage;
 pub mod work;
 pub mod zfs;
 
@@ -128,6 +130,17 @@ pub trait Store: Send + Sync {
     /// Bytes of data the container's writable tree references (extents it shares with
     /// the image and its snapshots included), as cheaply as the backend can tell.
     fn space_used(&self, key: &ContainerKey) -> Result<u64>;
+
+    /// Bytes the container's tree holds beyond its image: what the container wrote
+    /// that the pool still keeps (btrfs: what its subvolume owns under simple quotas,
+    /// else its exclusive extents; ZFS: the clone's `used`; overlay: the upper
+    /// directory's blocks). Kubelet's ephemeral-storage accounting gets this figure
+    /// through Crab's snapshotter ([`usage`]).
+    fn written(&self, key: &ContainerKey) -> Result<u64>;
+
+    /// The container whose tree was made for containerd's writable layer `owner`
+    /// ([`Store::prepare`], [`Store::set_owner`]); `None`: none in this store.
+    fn owned_by(&self, owner: &std::path::Path) -> Result<Option<ContainerKey>>;
 
     /// What the container holds against its pool quota, as the backend accounts it
     /// (`None`: the backend does not account it as it goes, as overlay).

@@ -571,6 +571,23 @@ impl Store for OverlayStore {
         Ok(work::read_owner(&self.dir(key).join("owner")))
     }
 
+    fn owned_by(&self, owner: &Path) -> Result<Option<ContainerKey>> {
+        for (ns, c) in self.dirs.by_namespace(CONTAINERS) {
+            if work::read_owner(&c.path().join("owner")).as_deref() == Some(owner) {
+                return ContainerKey::new(&ns, &c.file_name().to_string_lossy()).map(Some);
+            }
+        }
+        Ok(None)
+    }
+
+    fn written(&self, key: &ContainerKey) -> Result<u64> {
+        let upper = self.dir(key).join("upper");
+        if !upper.is_dir() {
+            return Err(Error::NoTree(key.to_string()));
+        }
+        Ok(super::du::disk_usage(&upper)?.bytes)
+    }
+
     fn collect(&self, scope: &Path) -> Result<Vec<ContainerKey>> {
         let mut gone = Vec::new();
         for (ns, c) in self.dirs.by_namespace(CONTAINERS) {

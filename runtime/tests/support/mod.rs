@@ -265,6 +265,7 @@ pub fn turn_three(root: &Path) {
 }
 pub mod conformance;
 pub mod crafted;
+pub mod written;
 
 /// A pool of its own, small enough to fill.
 pub struct SmallPool {

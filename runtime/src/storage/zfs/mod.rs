@@ -395,4 +395,12 @@ impl Store for ZfsStore {
     fn collect(&self, scope: &Path) -> Result<Vec<ContainerKey>> {
         self.collect_orphans(scope)
     }
+
+    fn owned_by(&self, owner: &Path) -> Result<Option<ContainerKey>> {
+        self.owned_by_owner(owner)
+    }
+
+    fn written(&self, key: &ContainerKey) -> Result<u64> {
+        Ok(self.quota_usage(key)?.map_or(0, |q| q.used))
+    }
 }

@@ -54,6 +54,15 @@ impl ZfsStore {
         )
     }
 
+    /// The container whose dataset records `owner` ([`Store::owned_by`]).
+    pub(super) fn owned_by_owner(&self, owner: &Path) -> Result<Option<ContainerKey>> {
+        Ok(self
+            .marked(OWNER)?
+            .into_iter()
+            .find(|(_, o)| Path::new(o) == owner)
+            .and_then(|(ds, _)| self.key_of(&ds)))
+    }
+
     /// The key of a container dataset name.
     fn key_of(&self, ds: &str) -> Option<ContainerKey> {
         let rest = ds.strip_prefix(&format!("{}/", self.area(CONTAINERS)))?;
