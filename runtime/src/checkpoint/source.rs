@@ -101,15 +101,9 @@ impl RestoreRequest {
 
     fn write_in(&self, dir: &Path) -> Result<WrittenRequest> {
         use std::io::Write;
-        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-            .map_err(Error::io(format!("create {}", dir.display())))?;
-        // A directory made by an older layout, or by hand, is closed to others too.
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
-            .map_err(Error::io(format!("chmod {}", dir.display())))?;
+        use std::os::unix::fs::OpenOptionsExt;
+        // Made, or closed again if made by hand, 0700.
+        crate::checkpoint::history::create_private_dir(dir)?;
         remove_stale(dir, STALE_AFTER);
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let nanos = SystemTime::now()
