@@ -261,29 +261,34 @@ struct Listening(Mutex<Vec<u64>>);
 impl Listening {
     /// Binds in the container's current namespace unless already there.
     fn bind_current(&self, t: &Target, listen: SocketAddr, proxy: &Arc<Proxy>) -> Result<bool> {
-        let pid = Container::load(&t.config, &t.namespace, &t.id)?.init_pid()?;
-        let ns = netns_inode(&format!("/proc/{pid}/ns/net"))?;
+        let (path, ns) = current_netns(t)?;
         let mut seen = self.0.lock().unwrap_or_else(|e| e.into_inner());
         if seen.contains(&ns) {
             return Ok(false);
         }
-        let listener =
-            crab_runtime::netns::bind_in(Path::new(&format!("/proc/{pid}/ns/net")), listen)?;
+        let listener = crab_runtime::netns::bind_in(Path::new(&path), listen)?;
         seen.push(ns);
         serve(proxy, listener);
         Ok(true)
     }
 
     /// Serves `listener`, bound by the shim in the namespace the container joined
-    /// (a pod's: see the shim's `proxy::claim_listener`), as bound in the
+    /// (a pod's: see the shim's `proxy_listener::claim`), as bound in the
     /// container's current namespace.
     fn adopt(&self, t: &Target, listener: std::net::TcpListener, proxy: &Arc<Proxy>) -> Result<()> {
-        let pid = Container::load(&t.config, &t.namespace, &t.id)?.init_pid()?;
-        let ns = netns_inode(&format!("/proc/{pid}/ns/net"))?;
+        let (_, ns) = current_netns(t)?;
         self.0.lock().unwrap_or_else(|e| e.into_inner()).push(ns);
         serve(proxy, listener);
         Ok(())
     }
+}
+
+/// The path and inode of the network namespace the container's init is in now.
+fn current_netns(t: &Target) -> Result<(String, u64)> {
+    let pid = Container::load(&t.config, &t.namespace, &t.id)?.init_pid()?;
+    let path = format!("/proc/{pid}/ns/net");
+    let ns = netns_inode(&path)?;
+    Ok((path, ns))
 }
 
 fn serve(proxy: &Arc<Proxy>, listener: std::net::TcpListener) {
