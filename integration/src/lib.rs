@@ -427,15 +427,23 @@ pub fn shim_pids_of(binary: &str, id: &str) -> Vec<i32> {
     crab_eval::sandbox::shim_pids_of(binary, id)
 }
 
-/// Pids of the managed proxy of container `id`.
+/// Pids of the managed proxy of container `id` (`crabctl ... proxy ID --managed`).
 pub fn proxy_pids(id: &str) -> Vec<i32> {
-    let out = Command::new("pgrep")
-        .args(["-f", &format!("proxy {id} --managed")])
-        .output()
-        .expect("pgrep");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.trim().parse().ok())
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    procs
+        .flatten()
+        .filter_map(|e| {
+            let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            let args: Vec<&[u8]> = cmd.split(|&b| b == 0).collect();
+            let ours = args
+                .windows(2)
+                .any(|w| w[0] == b"proxy" && w[1] == id.as_bytes())
+                && args.contains(&&b"--managed"[..]);
+            ours.then_some(pid)
+        })
         .collect()
 }
 

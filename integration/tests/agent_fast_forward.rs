@@ -11,7 +11,9 @@
 use std::time::Duration;
 
 use crab_integration::anthropic::{Scripted, Step};
-use crab_integration::{claude, crabctl_ok, kill_shim_and_init, namespace, state_dir, Guard};
+use crab_integration::{
+    claude, crabctl_ok, kill_shim_and_init, namespace, proxy_pids, state_dir, wait_until, Guard,
+};
 use serde_json::{json, Value};
 
 const TASK: &str = "Look around, then write /root/notes.md.";
@@ -33,11 +35,16 @@ fn bash(command: &str) -> Step {
     )
 }
 
-/// Five read-only commands, a write, two reads, and the answer.
+/// Five read-only commands, a write, two reads, and the answer. The commands
+/// before the write print nothing that moves with the clock: a replayed agent
+/// runs them again, and an output holding a time (`ls -la` of a directory the
+/// agent writes in, in another minute) would make its next request differ
+/// from the journaled one, and the replay end there (docs/agents.md,
+/// "Divergence").
 fn script() -> Vec<Step> {
     vec![
         bash("cat /etc/os-release"),
-        bash("ls -la /root /usr/local/bin"),
+        bash("ls /root /usr/local/bin"),
         bash("grep -c root /etc/passwd"),
         bash("head -3 /etc/group && wc -l /etc/services"),
         bash("find /etc -maxdepth 1 -name '*.conf' | sort | head"),
@@ -82,6 +89,14 @@ fn run_until_held(llm: &Scripted, step: usize) -> Guard {
     g
 }
 
+/// What the sandbox's proxy logged (the journal's replays and divergences).
+fn proxy_log(g: &Guard) -> String {
+    let path = state_dir()
+        .join(namespace())
+        .join(format!("{}.proxy.log", g.id));
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
 /// Main-loop requests the server saw, by step.
 fn steps_seen(llm: &Scripted) -> Vec<usize> {
     llm.seen().iter().filter_map(|s| s.step).collect()
@@ -120,12 +135,7 @@ fn assert_both_finish_and_the_copy_replayed(llm: &Scripted, source: &Guard, copy
         assert_eq!(code, "0", "{who}: stdout: {out}\nstderr: {err}");
         assert_eq!(sandbox.exec_ok(&["cat", "/root/notes.md"]), NOTES, "{who}");
     }
-    let log = std::fs::read_to_string(
-        state_dir()
-            .join(namespace())
-            .join(format!("{}.proxy.log", copy.id)),
-    )
-    .unwrap_or_default();
+    let log = proxy_log(copy);
     let seen = steps_seen(llm);
     eprintln!("steps the server answered: {seen:?}\nthe copy's proxy log:\n{log}");
     assert!(log.contains("answers replayed"), "no replay in the copy");
@@ -175,6 +185,14 @@ fn after_a_crash_claude_code_is_fast_forwarded_from_the_journal_and_finishes() {
     let before = kinds(&g);
     eprintln!("history before the crash: {before:?}");
     kill_shim_and_init(&g);
+    // As in a host crash, the proxy goes too before the held answer comes: a
+    // proxy still running would journal it, and the restored agent would get
+    // step 5 from the journal instead of asking again.
+    assert!(
+        wait_until(Duration::from_secs(10), || proxy_pids(&g.id).is_empty()),
+        "the proxy outlived its shim: {:?}",
+        proxy_pids(&g.id)
+    );
     llm.let_go();
     let out = crabctl_ok(&["restore", &g.id]);
     eprintln!("{out}");
@@ -205,14 +223,16 @@ fn after_a_crash_claude_code_is_fast_forwarded_from_the_journal_and_finishes() {
     // journal. Step 5 twice (its answer was never released before the crash).
     let mut expected: Vec<usize> = (0..9).collect();
     expected.insert(6, 5);
-    assert_eq!(seen, expected, "{:#?}", claude::requests(&llm));
+    let log = proxy_log(&g);
+    assert_eq!(
+        seen,
+        expected,
+        "{:#?}\nthe proxy's log:\n{log}",
+        claude::requests(&llm)
+    );
     // The proxy says so: the restored agent got the answers of the turns from
     // its image's to the crash from the journal (all but the one in flight),
     // then went live at step 5.
-    let log = state_dir()
-        .join(namespace())
-        .join(format!("{}.proxy.log", g.id));
-    let log = std::fs::read_to_string(&log).unwrap_or_default();
     let line = log
         .lines()
         .find(|l| l.contains("fast-forward: ") && l.contains("answers replayed"))
@@ -249,8 +269,10 @@ fn a_rollback_from_outside_brings_claude_code_back_to_the_entry_by_fast_forward(
     assert_eq!(
         seen,
         [0, 1, 2, 3, 4, 5, 6, 4, 5, 6, 7, 8],
-        "{:#?}",
-        claude::requests(&llm)
+        "{:#?}\nhistory (seq, kind): {:?}\nthe proxy's log:\n{}",
+        claude::requests(&llm),
+        kinds(&g),
+        proxy_log(&g)
     );
 }
 

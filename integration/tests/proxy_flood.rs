@@ -129,18 +129,9 @@ fn monotonic_now() -> f64 {
     t.tv_sec() as f64 + t.tv_nsec() as f64 / 1e9
 }
 
-/// The pid of the turn proxy of container `id` (`crabctl proxy ID --managed`).
+/// The pid of the turn proxy of container `id`.
 fn proxy_pid(id: &str) -> Option<i32> {
-    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
-        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
-        let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-        let args: Vec<&[u8]> = cmd.split(|&b| b == 0).collect();
-        let ours = args
-            .windows(2)
-            .any(|w| w[0] == b"proxy" && w[1] == id.as_bytes())
-            && args.contains(&&b"--managed"[..]);
-        ours.then_some(pid)
-    })
+    crab_integration::proxy_pids(id).first().copied()
 }
 
 /// A process's resident memory, in KiB.
