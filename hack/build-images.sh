@@ -5,7 +5,7 @@
 #   docker.io/crab/busybox:latest  host's busybox-static + applet links, users root/nobody/crab
 #   docker.io/crab/python:latest   Debian bookworm minbase + python3, venv, git, make, tcc,
 #                                  sqlite3, patch (via debootstrap)
-#   docker.io/crab/agent:latest    Debian bookworm minbase + nodejs (18) and the pinned
+#   docker.io/crab/agent:latest    the python image's packages + nodejs (18) and the pinned
 #                                  Claude Code CLI (npm @anthropic-ai/claude-code, installed
 #                                  with the host's npm into /usr/local), for tests/claude_code.rs
 #   docker.io/crab/pause:latest    a Kubernetes pod's sandbox image for the CRI tests: the
@@ -240,9 +240,11 @@ build_python() {
 # The agent image: the real Claude Code CLI. Its last release that is plain JavaScript
 # for node >= 18 (later ones need node 22 or ship a native binary); bookworm's nodejs is
 # 18. Its optional dependencies (sharp, for images) are left out, as are the ripgrep
-# builds for other systems.
+# builds for other systems. Its system is the python image's (the evaluation's
+# task image: python, git, make, tcc, sqlite3) plus node, as a benchmark installs
+# Claude Code into its task container: one recorded task runs under every agent.
 CLAUDE_CODE_VERSION=2.1.112
-AGENT_INCLUDE=nodejs,ca-certificates
+AGENT_INCLUDE=$PY_INCLUDE,nodejs,ca-certificates
 
 build_agent() {
     local out="$IMAGE_DIR/agent.tar" rootfs="$WORK/agent" cached tgz pkg

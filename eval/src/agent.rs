@@ -26,7 +26,7 @@ use crate::trajectory::Trajectory;
 /// so that a replay writes the same bytes every time. The verification and
 /// the probe run with it too (without it, python writes bytecode caches that
 /// hold times, and git stamps the time).
-pub(crate) const TOOL_ENV: &str = "export HOME=/root LC_ALL=C.UTF-8 TZ=UTC SOURCE_DATE_EPOCH=0 \
+pub const TOOL_ENV: &str = "export HOME=/root LC_ALL=C.UTF-8 TZ=UTC SOURCE_DATE_EPOCH=0 \
 PYTHONHASHSEED=0 PYTHONDONTWRITEBYTECODE=1 GIT_AUTHOR_NAME=agent \
 GIT_AUTHOR_EMAIL=agent@example.com GIT_COMMITTER_NAME=agent \
 GIT_COMMITTER_EMAIL=agent@example.com GIT_AUTHOR_DATE=2026-01-01T00:00:00Z \

@@ -24,6 +24,7 @@ pub mod mini_swe_agent;
 pub mod openai;
 pub mod pty;
 pub mod scripted;
+pub mod trajectory;
 pub mod ttrpc;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};

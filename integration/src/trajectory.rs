@@ -1,0 +1,143 @@
+//! One evaluation trajectory (`eval/trajectories/`) as the script of a real
+//! agent: its turns become Claude Code's tool calls (`Bash`, `Read`, `Write`)
+//! or mini-swe-agent's commands, so the same recorded task drives every agent,
+//! and the run ends with the trajectory's own check and state digest
+//! (`crab_eval::state`).
+
+use std::path::PathBuf;
+
+use base64::Engine;
+use crab_eval::agent::TOOL_ENV;
+use crab_eval::sandbox::Ctr;
+use crab_eval::state::Ending;
+use crab_eval::trajectory::{Call, Trajectory};
+use serde_json::json;
+
+use crate::{anthropic, openai};
+
+/// The last answer of every script.
+const DONE: &str = "Done: the task is complete and checked.";
+
+/// mini-swe-agent's submission marker (its `mini` configuration's).
+const SUBMIT: &str = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT";
+
+/// Loads `eval/trajectories/<name>.json`.
+pub fn load(name: &str) -> Trajectory {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../eval/trajectories")
+        .join(format!("{name}.json"));
+    Trajectory::load(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// A shell turn as a command line an agent runs: the trajectory's environment,
+/// the workdir made current on a line of its own (the README's rule: a command
+/// may put jobs in the background), then the command.
+pub fn shell_command(t: &Trajectory, command: &str) -> String {
+    format!(
+        "{TOOL_ENV}; mkdir -p {wd} && cd {wd} || exit 125\n{command}",
+        wd = t.workdir
+    )
+}
+
+/// A `write_file` turn's path, absolute.
+fn absolute(t: &Trajectory, path: &str) -> String {
+    if path.starts_with('/') {
+        path.to_string()
+    } else {
+        format!("{}/{path}", t.workdir)
+    }
+}
+
+/// The `chmod` a write needs after it, if its mode is not the default.
+fn chmod(mode: &Option<String>, path: &str) -> Option<String> {
+    mode.as_deref()
+        .filter(|m| *m != "0644")
+        .map(|m| format!("chmod {m} '{path}'"))
+}
+
+/// Claude Code's script: a shell turn is a `Bash` call; a write is a `Read`
+/// of the file (Claude Code refuses to overwrite a file it has not read; for
+/// a new file the read answers "does not exist") then a `Write`, and a `Bash`
+/// `chmod` when the mode is not 0644; then the final answer.
+pub fn claude_steps(t: &Trajectory) -> Vec<anthropic::Step> {
+    let bash = |command: String| {
+        anthropic::Step::Tool(
+            "Bash",
+            json!({"command": command, "description": "the task's next step"}),
+        )
+    };
+    let mut steps = Vec::new();
+    for turn in &t.turns {
+        match &turn.call {
+            Call::Shell { command } => steps.push(bash(shell_command(t, command))),
+            Call::WriteFile {
+                path,
+                content,
+                mode,
+            } => {
+                let path = absolute(t, path);
+                steps.push(anthropic::Step::Tool("Read", json!({ "file_path": path })));
+                steps.push(anthropic::Step::Tool(
+                    "Write",
+                    json!({"file_path": path, "content": content}),
+                ));
+                if let Some(chmod) = chmod(mode, &path) {
+                    steps.push(bash(shell_command(t, &chmod)));
+                }
+            }
+        }
+    }
+    steps.push(anthropic::Step::Text(DONE));
+    steps
+}
+
+/// mini-swe-agent's script: every turn is a command (it has no other tool); a
+/// write is a quoted here-document, as an agent writes a file with a shell,
+/// or base64 when the content would not survive one; then the submission.
+pub fn mini_steps(t: &Trajectory) -> Vec<openai::Step> {
+    let mut steps = Vec::new();
+    for (i, turn) in t.turns.iter().enumerate() {
+        let command = match &turn.call {
+            Call::Shell { command } => command.clone(),
+            Call::WriteFile {
+                path,
+                content,
+                mode,
+            } => {
+                let path = absolute(t, path);
+                let mut write = format!("mkdir -p \"$(dirname '{path}')\" && ");
+                if content.ends_with('\n') && !content.lines().any(|l| l == "CRAB_EOF") {
+                    write.push_str(&format!("cat > '{path}' <<'CRAB_EOF'\n{content}CRAB_EOF"));
+                } else {
+                    let b64 = base64::engine::general_purpose::STANDARD.encode(content);
+                    write.push_str(&format!("echo {b64} | base64 -d > '{path}'"));
+                }
+                if let Some(chmod) = chmod(mode, &path) {
+                    write.push_str(&format!("\n{chmod}"));
+                }
+                write
+            }
+        };
+        steps.push(openai::Step::new(
+            &format!("Step {} of the task.", i + 1),
+            &shell_command(t, &command),
+        ));
+    }
+    steps.push(openai::Step::new(DONE, SUBMIT));
+    steps
+}
+
+/// The trajectory's check and state digest, taken in container `id` of
+/// containerd namespace `namespace` (a Docker container's is `moby`).
+pub fn ending(namespace: &str, id: &str, t: &Trajectory) -> Ending {
+    let ctr = Ctr {
+        address: crate::address(),
+        namespace: namespace.to_string(),
+    };
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+        .block_on(crab_eval::state::ending(&ctr, id, t))
+        .unwrap_or_else(|e| panic!("the ending of {} in {id}: {e:#}", t.name))
+}
