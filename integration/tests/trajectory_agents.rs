@@ -13,7 +13,10 @@ use std::time::Duration;
 
 use crab_integration::docker::{docker_inspect, DockerGuard, DOCKER_PYTHON, DOCKER_RUNTIME, MOBY};
 use crab_integration::mini_swe_agent::{Agent, Options, Proxy};
-use crab_integration::{anthropic, claude, crabctl_ok, namespace, openai, trajectory};
+use crab_integration::{
+    anthropic, claude, crabctl_ok, kill_shim_and_init, namespace, openai, proxy_pids, trajectory,
+    wait_until, Guard,
+};
 use serde_json::Value;
 
 /// Data cleaning with awk and python, three files written: no server, so the
@@ -55,13 +58,20 @@ fn failed_tools(llm: &anthropic::Scripted) -> Vec<String> {
     failed
 }
 
+/// Waits for Claude Code in `g` to finish the task `llm` scripts: it exited 0,
+/// and no tool call failed.
+fn claude_code_finishes(g: &Guard, llm: &anthropic::Scripted) {
+    let (code, out, err) = claude::finished(g, llm, Duration::from_secs(900));
+    assert_eq!(code, "0", "stdout: {out}\nstderr: {err}");
+    assert_eq!(failed_tools(llm), Vec::<String>::new());
+}
+
 fn claude_code_does(t: &crab_eval::trajectory::Trajectory) -> crab_eval::state::Ending {
     let steps = trajectory::claude_steps(t);
     let n = steps.len();
     let llm = anthropic::Scripted::start(steps);
     let g = claude::run(&llm, &t.title, AGENT_STATE);
-    let (code, out, err) = claude::finished(&g, &llm, Duration::from_secs(900));
-    assert_eq!(code, "0", "stdout: {out}\nstderr: {err}");
+    claude_code_finishes(&g, &llm);
     let asked: Vec<usize> = llm.seen().iter().filter_map(|s| s.step).collect();
     assert_eq!(
         asked,
@@ -69,7 +79,6 @@ fn claude_code_does(t: &crab_eval::trajectory::Trajectory) -> crab_eval::state::
         "{:#?}",
         claude::requests(&llm)
     );
-    assert_eq!(failed_tools(&llm), Vec::<String>::new());
     let ending = trajectory::ending(&namespace(), &g.id, t);
     let history: Vec<Value> =
         serde_json::from_str(&crabctl_ok(&["ls", &g.id, "--json"])).expect("crabctl ls --json");
@@ -146,4 +155,55 @@ fn one_recorded_task_ends_checked_and_the_same_under_claude_code_inside_and_mini
     let mini = mini_swe_agent_does(&t);
     assert!(mini.verified, "mini-swe-agent: {TASK}'s verify failed");
     assert_eq!(claude.digest, mini.digest, "the two agents' states differ");
+}
+
+/// The step whose answer the crash test holds: after three of the task's
+/// files were written and its data cleaned (turn 13 of 23).
+const CRASH_AT_STEP: usize = 15;
+
+#[test]
+fn claude_code_crashed_in_the_middle_of_a_recorded_task_is_restored_and_ends_as_without_the_crash()
+{
+    let t = trajectory::load(TASK);
+    let fault_free = claude_code_does(&t);
+    assert!(fault_free.verified, "Claude Code: {TASK}'s verify failed");
+
+    let llm = anthropic::Scripted::start(trajectory::claude_steps(&t));
+    llm.hold_step(CRASH_AT_STEP);
+    let g = claude::run(&llm, &t.title, AGENT_STATE);
+    assert!(
+        llm.wait_held(Duration::from_secs(600)),
+        "Claude Code never asked for step {CRASH_AT_STEP}: {:#?}",
+        claude::requests(&llm)
+    );
+    kill_shim_and_init(&g);
+    // The whole sandbox is gone, its proxy too, before the held answer comes.
+    assert!(
+        wait_until(Duration::from_secs(10), || proxy_pids(&g.id).is_empty()),
+        "the proxy outlived its shim"
+    );
+    llm.let_go();
+    let out = crabctl_ok(&["restore", &g.id]);
+    eprintln!("{out}");
+    claude_code_finishes(&g, &llm);
+    let recovered = trajectory::ending(&namespace(), &g.id, &t);
+    let log = std::fs::read_to_string(
+        crab_integration::state_dir()
+            .join(namespace())
+            .join(format!("{}.proxy.log", g.id)),
+    )
+    .unwrap_or_default();
+    let replay = log.lines().filter(|l| l.contains("fast-forward: "));
+    eprintln!(
+        "after the crash at step {CRASH_AT_STEP}: {recovered:?}\n{}",
+        replay.collect::<Vec<_>>().join("\n")
+    );
+    assert!(
+        recovered.verified,
+        "{TASK}'s verify failed after the restore"
+    );
+    assert_eq!(
+        recovered.digest, fault_free.digest,
+        "the restored run's state differs from the fault-free run's"
+    );
 }
