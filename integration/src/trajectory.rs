@@ -141,3 +141,74 @@ pub fn ending(namespace: &str, id: &str, t: &Trajectory) -> Ending {
         .block_on(crab_eval::state::ending(&ctr, id, t))
         .unwrap_or_else(|e| panic!("the ending of {} in {id}: {e:#}", t.name))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use serde_json::Value;
+
+    use super::*;
+
+    fn writes(workdir: &str) -> Trajectory {
+        serde_json::from_value(json!({"format": 1, "name": "t", "title": "x",
+        "category": "build", "image": "i", "workdir": workdir, "verify": "true",
+        "state": {"paths": []}, "turns": [
+            {"think_ms": 1000, "tool": "write_file", "path": "a/run.sh",
+             "content": "#!/bin/sh\necho 'it''s $HOME'\n", "mode": "0755"},
+            {"think_ms": 1000, "tool": "write_file", "path": "no-newline.txt",
+             "content": "last line\nCRAB_EOF"},
+            {"think_ms": 1000, "tool": "shell", "command": "cat no-newline.txt > copy.txt"}
+        ]}))
+        .expect("a trajectory")
+    }
+
+    #[test]
+    fn mini_swe_agents_commands_write_the_exact_bytes_and_modes_in_the_workdir() {
+        let dir = tempfile::tempdir().unwrap();
+        let wd = dir.path().join("task");
+        let t = writes(wd.to_str().unwrap());
+        let steps = mini_steps(&t);
+        assert_eq!(steps.len(), 4);
+        assert_eq!(steps[3].command, SUBMIT);
+        for step in &steps[..3] {
+            let out = std::process::Command::new("bash")
+                .args(["-lc", &step.command])
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{}: {out:?}", step.command);
+        }
+        let run = wd.join("a/run.sh");
+        assert_eq!(
+            std::fs::read_to_string(&run).unwrap(),
+            "#!/bin/sh\necho 'it''s $HOME'\n"
+        );
+        let mode = std::fs::metadata(&run).unwrap().permissions().mode();
+        assert_eq!(mode & 0o7777, 0o755);
+        assert_eq!(
+            std::fs::read_to_string(wd.join("copy.txt")).unwrap(),
+            "last line\nCRAB_EOF"
+        );
+    }
+
+    #[test]
+    fn claude_codes_write_reads_the_file_first_and_sets_a_mode_with_bash() {
+        let t = writes("/sandbox/t");
+        let steps = claude_steps(&t);
+        let calls: Vec<(&str, Value)> = steps
+            .iter()
+            .filter_map(|s| match s {
+                anthropic::Step::Tool(name, input) => Some((*name, input.clone())),
+                anthropic::Step::Text(_) => None,
+            })
+            .collect();
+        let names: Vec<&str> = calls.iter().map(|(n, _)| *n).collect();
+        assert_eq!(names, ["Read", "Write", "Bash", "Read", "Write", "Bash"]);
+        assert_eq!(calls[1].1["file_path"], "/sandbox/t/a/run.sh");
+        assert!(calls[2].1["command"]
+            .as_str()
+            .unwrap()
+            .ends_with("\nchmod 0755 '/sandbox/t/a/run.sh'"));
+        assert!(matches!(steps.last(), Some(anthropic::Step::Text(DONE))));
+    }
+}
