@@ -15,6 +15,10 @@ use crate::checkpoint::PendingRestore;
 use crate::error::{ShimError, ShimResult};
 use crate::process::Process;
 
+/// How long the init's exit waits for the processes it left to be gone
+/// ([`Instance::kill_orphans_of_init`]).
+const ORPHANS_GONE_WITHIN: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// A container and its processes.
 #[derive(Debug)]
 pub struct Instance {
@@ -74,8 +78,10 @@ impl Instance {
     /// After the init's exit: a container without a pid namespace of its own
     /// (`hostPID`, a pod's shared one) keeps its other processes, which the
     /// kernel kills with the init only inside a namespace it owns. They are
-    /// killed before the exit is reported, as runc's shim does.
-    pub fn kill_orphans_of_init(&self) {
+    /// killed, and gone, before the exit is reported, as runc's shim does: a
+    /// client that saw the exit counts on them being gone, and a killed
+    /// process ends only when it next runs, later on a busy host.
+    pub async fn kill_orphans_of_init(&self) {
         let own = crab_runtime::container::load_spec(&self.bundle)
             .map(|spec| {
                 crab_runtime::container::owns_namespace(
@@ -87,8 +93,19 @@ impl Instance {
         if own {
             return;
         }
-        if let Err(e) = self.container().tracking().kill_all() {
-            tracing::warn!(id = %self.container().id(), error = %e, "kill what the init left");
+        let id = self.container().id();
+        let tracking = self.container().tracking();
+        if let Err(e) = tracking.kill_all() {
+            tracing::warn!(%id, error = %e, "kill what the init left");
+            return;
+        }
+        let deadline = std::time::Instant::now() + ORPHANS_GONE_WITHIN;
+        while tracking.pids().is_ok_and(|pids| !pids.is_empty()) {
+            if std::time::Instant::now() >= deadline {
+                tracing::warn!(%id, "what the init left is killed but not gone after {ORPHANS_GONE_WITHIN:?}");
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
         }
     }
 

@@ -743,7 +743,7 @@ impl TaskService {
         proc.set_exited(exit);
         let exec_id = proc.exec_id.clone();
         if exec_id.is_empty() {
-            inst.kill_orphans_of_init();
+            inst.kill_orphans_of_init().await;
         }
         let policy = &inst.config().policy;
         if !exec_id.is_empty() && policy.turn_on_exec && policy.mode == PolicyMode::Adaptive {
