@@ -13,6 +13,9 @@ pub enum Error {
         /// libbpf's error.
         source: libbpf_rs::Error,
     },
+    /// The opened object has no read-only data section to set its flags in.
+    #[error("the eBPF object has no read-only data (its have_rdonly_cast flag)")]
+    NoReadOnlyData,
     /// The programs did not see the calibration opens as expected.
     #[error(
         "cannot tell which f_mode bit means created on this kernel \

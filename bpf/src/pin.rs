@@ -95,10 +95,23 @@ fn load_and_pin(dir: &Path) -> Result<()> {
     // Remains of a load that died half-way: start over.
     clear_dir(dir);
     fs::create_dir_all(dir).map_err(Error::io("create pin dir", dir))?;
+    // libbpf's warnings (a verifier's log among them) go to the log, not to stderr.
+    libbpf_rs::set_print(Some((libbpf_rs::PrintLevel::Warn, log_libbpf)));
     let mut obj = MaybeUninit::uninit();
-    let open = InspectorSkelBuilder::default()
+    let mut open = InspectorSkelBuilder::default()
         .open(&mut obj)
         .map_err(Error::bpf("open the eBPF object"))?;
+    let rdonly_cast = kernel_has_rdonly_cast();
+    let rodata = open
+        .maps
+        .rodata_data
+        .as_deref_mut()
+        .ok_or(Error::NoReadOnlyData)?;
+    rodata.have_rdonly_cast = rdonly_cast;
+    tracing::info!(
+        rdonly_cast,
+        "kernel reads: plain loads where true, else probe reads"
+    );
     let skel = open
         .load()
         .map_err(Error::bpf("load the eBPF programs (verifier)"))?;
@@ -124,6 +137,26 @@ fn load_and_pin(dir: &Path) -> Result<()> {
     }
     tracing::info!(dir = %dir.display(), "eBPF inspector loaded and pinned");
     Ok(())
+}
+
+fn log_libbpf(_level: libbpf_rs::PrintLevel, msg: String) {
+    tracing::warn!(target: "libbpf", "{}", msg.trim_end());
+}
+
+/// Whether the running kernel has the `bpf_rdonly_cast` kfunc (6.2 and later), as
+/// its BTF says: without it the programs read kernel memory through
+/// `bpf_probe_read_kernel` (the `have_rdonly_cast` flag in their read-only data).
+fn kernel_has_rdonly_cast() -> bool {
+    match libbpf_rs::btf::Btf::from_vmlinux() {
+        Ok(btf) => btf
+            .type_by_name::<libbpf_rs::btf::types::Func<'_>>("bpf_rdonly_cast")
+            .is_some(),
+        Err(e) => {
+            // libbpf fails the load itself without the kernel's BTF (CO-RE).
+            tracing::warn!(error = %e, "no kernel BTF: assuming no bpf_rdonly_cast");
+            false
+        }
+    }
 }
 
 /// Finds which f_mode bit means "created" on this kernel: opens a file that

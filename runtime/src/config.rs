@@ -30,7 +30,8 @@ pub struct Config {
     /// Where container state lives (`<state_dir>/<namespace>/<id>`); a tmpfs is right.
     pub state_dir: PathBuf,
     /// Parent of the per-container cgroup2 directories that identify a container's tasks
-    /// to eBPF. On hybrid hosts it must lie in the unified (cgroup2) hierarchy.
+    /// to eBPF. On hybrid hosts it must lie in the unified (cgroup2) hierarchy. Unused
+    /// on cgroup v2-only hosts, where each container's own cgroup identifies it.
     pub tracking_cgroup: PathBuf,
     /// Log level of the shim (`error`, `warn`, `info`, `debug`, `trace`).
     pub log_level: LogLevel,

@@ -83,7 +83,7 @@ impl Container {
                 ),
             });
         }
-        let (container, tracking) = Container::new_unsaved(config, &opts)?;
+        let (container, tracking) = Container::new_unsaved(config, &opts, None)?;
         let make = |stdio| Create {
             id: opts.id.clone(),
             root: container.root.clone(),
@@ -106,9 +106,12 @@ impl Container {
     }
 
     /// A container not made yet: its state dir is free, its tracking cgroup made.
+    /// `dumped_id`: for a restore, the id of the container the images are of (a copy
+    /// under another id gets a cgroup of its own).
     pub(crate) fn new_unsaved(
         config: &Config,
         opts: &CreateOpts,
+        dumped_id: Option<&str>,
     ) -> Result<(Container, TrackingCgroup)> {
         // Root-only: the containers' state, control sockets and proxy logs.
         let root = config.namespace_dir(&opts.namespace);
@@ -117,7 +120,7 @@ impl Container {
             return Err(Error::AlreadyExists(opts.id.clone()));
         }
         Container::discard_unrecorded(config, &opts.namespace, &opts.id)?;
-        let tracking = TrackingCgroup::new(&config.tracking_cgroup, &opts.namespace, &opts.id);
+        let tracking = tracking_cgroup(config, opts, dumped_id)?;
         let cgroup_id = tracking.create()?;
         crate::inspect::watch(config, cgroup_id, &opts.id);
         let state = CrabState {
@@ -142,7 +145,20 @@ impl Container {
             return Ok(false);
         }
         tracing::warn!(id, "removing an unrecorded container a dead shim left");
-        TrackingCgroup::new(&config.tracking_cgroup, namespace, id).destroy()?;
+        if crate::cgroup2::unified() {
+            // The tracking cgroup is the container's own: libcontainer's state names
+            // it once the helper got that far (before, the helper's own failure
+            // removed it).
+            let recorded = LcContainer::load(dir.clone())
+                .ok()
+                .and_then(|c| c.spec().ok())
+                .map(|s| crate::cgroup2::dir_of(&s.cgroup_path));
+            if let Some(path) = recorded {
+                TrackingCgroup::at(path).destroy()?;
+            }
+        } else {
+            TrackingCgroup::new(&config.tracking_cgroup, namespace, id).destroy()?;
+        }
         std::fs::remove_dir_all(&dir).map_err(Error::io(format!("remove {}", dir.display())))?;
         Ok(true)
     }
@@ -343,12 +359,18 @@ impl Container {
             .cgroup_path)
     }
 
-    /// cgroup statistics (cpu, memory, pids, ...).
-    pub fn stats(&self) -> Result<libcgroups::stats::Stats> {
-        self.cgroup_manager()?.stats().map_err(|e| Error::Cgroup {
+    /// cgroup statistics (cpu, memory, pids, ...): v2's on a cgroup v2-only host,
+    /// read from the container's cgroup, else v1's through libcgroups.
+    pub fn metrics(&self) -> Result<crate::metrics::Metrics> {
+        if crate::cgroup2::unified() {
+            let dir = crate::cgroup2::dir_of(&self.cgroup_path()?);
+            return crate::cgroup2::read_metrics(&dir).map(crate::metrics::Metrics::V2);
+        }
+        let stats = self.cgroup_manager()?.stats().map_err(|e| Error::Cgroup {
             operation: "read stats",
             message: e.to_string(),
-        })
+        })?;
+        Ok(crate::metrics::Metrics::V1(stats.into()))
     }
 
     /// Applies new resource limits.
@@ -403,6 +425,36 @@ impl Container {
             tracing::warn!(id = %self.state.id, error = %e, "cleanup after failed create");
         }
     }
+}
+
+/// The tracking cgroup of a new container. On a hybrid host, a directory of its own in
+/// the (controller-less) unified hierarchy below `tracking_cgroup`. On a cgroup v2-only
+/// host the container's tasks end in its own cgroup (its spec's cgroupsPath, which
+/// libcontainer's v2 manager makes if it is missing and joins), and a cgroup of
+/// Crab's beside it would lose them: the container's own cgroup is made first and
+/// the helper joins it, so no task of the container is ever outside it. A restored
+/// copy's is its own, as the restore's helper makes it (`own_cgroup_path`).
+fn tracking_cgroup(
+    config: &Config,
+    opts: &CreateOpts,
+    dumped_id: Option<&str>,
+) -> Result<TrackingCgroup> {
+    if !crate::cgroup2::unified() {
+        return Ok(TrackingCgroup::new(
+            &config.tracking_cgroup,
+            &opts.namespace,
+            &opts.id,
+        ));
+    }
+    let spec = load_spec(&opts.bundle)?;
+    let cgroups_path = spec.linux().as_ref().and_then(|l| l.cgroups_path().clone());
+    let mut path = libcontainer::utils::get_cgroup_path(&cgroups_path, &opts.id);
+    if let Some(dumped) = dumped_id {
+        path = crate::checkpoint::restore_helper::own_cgroup_path(&path, dumped, &opts.id);
+    }
+    let dir = crate::cgroup2::dir_of(&path);
+    crate::cgroup2::make_dir(&dir)?;
+    Ok(TrackingCgroup::at(dir))
 }
 
 /// What libcgroups applies for `resources`.

@@ -15,7 +15,8 @@
 //! - `tracking` (internal): the per-container cgroup2 directory that identifies its tasks to eBPF.
 //! - `cgroup_view` (internal): the cgroup file system a container sees (read-only, its own
 //!   cgroups only, external to CRIU).
-//! - [`metrics`]: cgroup statistics of a container; [`oom`]: its OOM events.
+//! - [`metrics`]: cgroup statistics of a container; [`oom`]: its OOM events;
+//!   [`cgroup2`]: its cgroup on a cgroup v2-only host (paths, interface files).
 //! - `netns` (internal): network namespaces (what a restore puts back in them).
 //! - [`checkpoint`]: checkpoint directories (CRIU images, the file-system delta applied
 //!   beneath the tree, the manifest), a container's history
@@ -33,6 +34,7 @@
 #![allow(rustdoc::private_intra_doc_links)]
 
 pub mod api_token;
+pub mod cgroup2;
 pub(crate) mod cgroup_view;
 pub mod checkpoint;
 pub mod config;

@@ -6,6 +6,10 @@
 //! enabled: its inode number is the cgroup id eBPF sees for all of the container's tasks,
 //! because children inherit it. The helper process moves itself in before it forks the
 //! container, so no task of the container is ever outside it.
+//!
+//! On cgroup v2-only hosts the container's own cgroup is its tracking cgroup
+//! (see `crate::cgroup2`): made here before the helper joins it, then used as it is
+//! by libcontainer's v2 manager, which enables the controllers in its parents.
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};

@@ -8,7 +8,8 @@ use tokio::task::JoinHandle;
 
 use crate::events::Events;
 
-/// Starts watching `container`'s memory cgroup; `None` where the host has no v1 memory
+/// Starts watching `container`'s memory cgroup (v1's memory controller, or v2's
+/// `memory.events` on a cgroup v2-only host); `None` where there is no memory
 /// controller to watch (the watch is best-effort and never fails a create).
 pub fn watch(container: &Container, events: Events) -> Option<JoinHandle<()>> {
     let path = container.cgroup_path().ok()?;
@@ -21,8 +22,8 @@ pub fn watch(container: &Container, events: Events) -> Option<JoinHandle<()>> {
     };
     let id = container.id().to_string();
     Some(tokio::spawn(async move {
-        // SAFETY: `OomWatch` owns its eventfd for its whole life and always returns the
-        // same fd from `as_raw_fd`; the AsyncFd owns the watch.
+        // SAFETY: `OomWatch` owns its eventfd or inotify fd for its whole life and
+        // always returns the same fd from `as_raw_fd`; the AsyncFd owns the watch.
         let Ok(fd) = (unsafe { AsyncFd::register(watch) }) else {
             return;
         };
@@ -32,11 +33,12 @@ pub fn watch(container: &Container, events: Events) -> Option<JoinHandle<()>> {
             };
             let count = guard.get_inner().drain();
             guard.clear_ready();
-            if count == 0 {
-                continue;
-            }
+            // The fd also wakes when the cgroup is removed: the watch is over.
             if !guard.get_inner().cgroup_exists() {
                 return;
+            }
+            if count == 0 {
+                continue;
             }
             tracing::info!(%id, "OOM");
             events

@@ -643,8 +643,8 @@ impl TaskService {
         let slot = self.containers.get(&req.id)?;
         let inst = slot.lock().await?;
         let c = inst.container().clone();
-        let stats = blocking(move || c.stats()).await?;
-        let any = metrics::to_any(&stats.into()).map_err(ShimError::Other)?;
+        let stats = blocking(move || c.metrics()).await?;
+        let any = metrics::to_any(&stats).map_err(ShimError::Other)?;
         Ok(StatsResponse {
             stats: MessageField::some(any),
             ..Default::default()

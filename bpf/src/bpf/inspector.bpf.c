@@ -28,8 +28,33 @@
 
 char LICENSE[] SEC("license") = "GPL";
 
-/* kfunc: lets the verifier type a pointer read from memory as a kernel struct */
-extern void *bpf_rdonly_cast(const void *obj, __u32 btf_id) __ksym;
+/* kfunc (kernel 6.2 and later): lets the verifier type a pointer read from
+ * memory as a kernel struct, whose fields are then read with plain loads (a
+ * fault reads as 0). Weak: where the kernel lacks it (Debian 12's 6.1), libbpf
+ * leaves it unresolved and the programs read through bpf_probe_read_kernel()
+ * instead (KREAD). */
+extern void *bpf_rdonly_cast(const void *obj, __u32 btf_id) __ksym __weak;
+
+/* Set by the loader from the kernel's BTF: whether bpf_rdonly_cast exists.
+ * Read-only data: the verifier knows its value, follows only the branch it
+ * selects and drops the other (with its unresolved kfunc call) as dead code. */
+const volatile bool have_rdonly_cast = true;
+
+/* Member `...` (a path such as f_path.mnt) of the kernel struct `type` at
+ * address `addr` (an integer), as a __u64: a plain load through
+ * bpf_rdonly_cast() where the kernel has it (no helper call: these run at every
+ * write of a watched container), else bpf_probe_read_kernel() at the member's
+ * offset in the running kernel (CO-RE). */
+#define KREAD(type, addr, ...)                                                               \
+	({                                                                                    \
+		/* outside the CO-RE access: `addr` may read a local struct */                \
+		__u64 __kaddr = (__u64)(addr);                                                \
+		have_rdonly_cast                                                              \
+			? (__u64)((type *)bpf_rdonly_cast((void *)__kaddr,                    \
+							  bpf_core_type_id_kernel(type)))     \
+				  ->__VA_ARGS__                                               \
+			: (__u64)BPF_CORE_READ((type *)__kaddr, __VA_ARGS__);                 \
+	})
 
 #define AT_FDCWD -100
 #define AT_REMOVEDIR 0x200
@@ -189,32 +214,26 @@ static __always_inline struct scratch *get_scratch(void)
 	return bpf_map_lookup_elem(&scratches, &zero);
 }
 
-/* The open file behind `fd` of the current task, as a BTF pointer: its fields
- * are read with plain loads (faults read as 0), not a helper call per field.
- * These run at every write of a watched container, so each helper counts. */
-static __always_inline struct file *file_of(int fd)
+/* The address of the open file behind `fd` of the current task (0: none); its
+ * members are read with KREAD. */
+static __always_inline __u64 file_of(int fd)
 {
 	struct task_struct *t = bpf_get_current_task_btf();
 	struct fdtable *fdt = t->files->fdt;
 	if (fd < 0 || fd >= fdt->max_fds)
 		return 0;
 	/* fdt->fd[fd]: the verifier types no load from an array of pointers, so
-	 * the slot is cast to a struct whose first member is a pointer. */
-	struct list_head *slot = bpf_rdonly_cast((void *)((__u64)fdt->fd + fd * sizeof(void *)),
-						 bpf_core_type_id_kernel(struct list_head));
-	struct list_head *f = slot->next;
-	if (!f)
-		return 0;
-	return bpf_rdonly_cast(f, bpf_core_type_id_kernel(struct file));
+	 * the slot is read as a struct whose first member is a pointer. */
+	return KREAD(struct list_head, (__u64)fdt->fd + fd * sizeof(void *), next);
 }
 
 /* A kernel pointer as the integer a global function takes (it takes no
  * untrusted pointers): a pointer stored in map memory reads back as a plain
  * number. A copy through memory costs next to nothing; reading the field with
  * bpf_probe_read_kernel() instead costs a helper call. */
-static __always_inline __u64 addr_of(struct scratch *s, const void *p)
+static __always_inline __u64 addr_of(struct scratch *s, __u64 p)
 {
-	*(volatile __u64 *)&s->addr = (__u64)p;
+	*(volatile __u64 *)&s->addr = p;
 	return *(volatile __u64 *)&s->addr;
 }
 
@@ -231,10 +250,9 @@ static __always_inline struct fs_path *slot_key(struct scratch *s, __u32 slot)
 }
 
 /* State of a path walk, one step per bpf_loop() iteration. Kernel pointers
- * are kept as integers and typed again at each step (as_*), so that their
- * fields are read with plain loads (a fault reads as 0) rather than a
- * bpf_probe_read_kernel() per field: a path walk runs at every open for
- * writing of a new file and at every name operation. */
+ * are kept as integers and read through KREAD at each step: plain loads where
+ * the kernel has bpf_rdonly_cast (a path walk runs at every open for writing
+ * of a new file and at every name operation). */
 struct walk {
 	struct scratch *s;
 	__u64 vmnt;
@@ -243,13 +261,6 @@ struct walk {
 	__u64 root_m;
 	__u32 off;
 };
-
-#define as_dentry(p) ((struct dentry *)bpf_rdonly_cast((void *)(p), \
-	bpf_core_type_id_kernel(struct dentry)))
-#define as_vfsmount(p) ((struct vfsmount *)bpf_rdonly_cast((void *)(p), \
-	bpf_core_type_id_kernel(struct vfsmount)))
-#define as_mount(p) ((struct mount *)bpf_rdonly_cast((void *)(p), \
-	bpf_core_type_id_kernel(struct mount)))
 
 /* One step up: a name, or a jump from a mount's root to its mount point.
  * Returns 1 when the walk is done. */
@@ -261,29 +272,27 @@ static long walk_step(__u32 i, void *arg)
 		return 1;
 	if (w->dentry == w->root_d && w->vmnt == w->root_m)
 		return 1;
-	struct vfsmount *vmnt = as_vfsmount(w->vmnt);
-	struct dentry *dentry = as_dentry(w->dentry);
-	if ((__u64)vmnt->mnt_root == w->dentry) {
+	if (KREAD(struct vfsmount, w->vmnt, mnt_root) == w->dentry) {
 		/* container_of, with the offset relocated for the running kernel */
 		__u64 mnt_addr = w->vmnt - bpf_core_field_offset(struct mount, mnt);
-		struct mount *mnt = as_mount(mnt_addr);
-		__u64 parent = (__u64)mnt->mnt_parent;
+		__u64 parent = KREAD(struct mount, mnt_addr, mnt_parent);
 		if (parent == mnt_addr)
 			return 1;
-		w->dentry = (__u64)mnt->mnt_mountpoint;
+		w->dentry = KREAD(struct mount, mnt_addr, mnt_mountpoint);
 		w->vmnt = parent + bpf_core_field_offset(struct mount, mnt);
 		return 0;
 	}
-	__u64 up = (__u64)dentry->d_parent;
+	__u64 up = KREAD(struct dentry, w->dentry, d_parent);
 	if (up == w->dentry)
 		return 1;
-	__u32 len = dentry->d_name.len & 255;
+	__u32 len = KREAD(struct dentry, w->dentry, d_name.len) & 255;
 	__u32 off = w->off;
 	if (len + 1 > off)
 		return 1;
 	off -= len;
 	/* the one copy left: a name of any length */
-	bpf_probe_read_kernel(&s->buf[off & BUF_MASK], len, dentry->d_name.name);
+	bpf_probe_read_kernel(&s->buf[off & BUF_MASK], len,
+			      (const void *)KREAD(struct dentry, w->dentry, d_name.name));
 	off -= 1;
 	s->buf[off & BUF_MASK] = '/';
 	w->off = off;
@@ -335,17 +344,20 @@ static __always_inline void clear_key(struct fs_path *k, __u64 cgid)
 }
 
 /* The key of an open file; returns the FS_* flags it implies (KEEP), or -1. */
-static __always_inline long key_of_file(struct scratch *s, __u64 cgid, struct file *f, __u32 *dev)
+static __always_inline long key_of_file(struct scratch *s, __u64 cgid, __u64 f, __u32 *dev)
 {
 	struct fs_path *k = &s->key;
 	clear_key(k, cgid);
-	if (path_into(s, SLOT_KEY, addr_of(s, f->f_path.mnt), addr_of(s, f->f_path.dentry)) < 0)
+	if (path_into(s, SLOT_KEY, addr_of(s, KREAD(struct file, f, f_path.mnt)),
+		      addr_of(s, KREAD(struct file, f, f_path.dentry))) < 0)
 		return -1;
-	*dev = f->f_inode->i_sb->s_dev;
+	__u64 ino = KREAD(struct file, f, f_inode);
+	__u64 sb = KREAD(struct inode, ino, i_sb);
+	*dev = KREAD(struct super_block, sb, s_dev);
 	/* Other hard links share what is written here: never cancel this name.
 	 * No link at all: an O_TMPFILE or deleted-but-open file, whose content is
 	 * process state (CRIU keeps it as a ghost file) if anyone still holds it. */
-	__u32 nlink = f->f_inode->__i_nlink;
+	__u32 nlink = KREAD(struct inode, ino, __i_nlink);
 	return nlink > 1 ? FS_KEEP : nlink == 0 ? FS_UNLINKED : 0;
 }
 
@@ -363,18 +375,18 @@ __noinline int key_of_arg(struct scratch *s, __u32 slot, __u64 cgid, int dirfd, 
 		return -1;
 	__u32 base = 0;
 	if (head[0] != '/') {
-		struct vfsmount *m;
-		struct dentry *d;
+		__u64 m;
+		__u64 d;
 		if (dirfd == AT_FDCWD) {
 			struct task_struct *t = bpf_get_current_task_btf();
-			m = t->fs->pwd.mnt;
-			d = t->fs->pwd.dentry;
+			m = (__u64)t->fs->pwd.mnt;
+			d = (__u64)t->fs->pwd.dentry;
 		} else {
-			struct file *f = file_of(dirfd);
+			__u64 f = file_of(dirfd);
 			if (!f)
 				return -1;
-			m = f->f_path.mnt;
-			d = f->f_path.dentry;
+			m = KREAD(struct file, f, f_path.mnt);
+			d = KREAD(struct file, f, f_path.dentry);
 		}
 		long n = path_into(s, slot, addr_of(s, m), addr_of(s, d));
 		if (n < 0)
@@ -490,23 +502,23 @@ static __always_inline void removed(struct cg_state *st, struct scratch *s, stru
 	note_at(st, s, &k, p, FS_REMOVED, 0);
 }
 
-static __always_inline bool seen_hit(struct seen_val *sv, struct cg_state *st, struct inode *ino,
+static __always_inline bool seen_hit(struct seen_val *sv, struct cg_state *st, __u64 ino,
 				     __u32 unlinked, __u32 flags)
 {
-	return sv->gen == st->gen && sv->inode == (__u64)ino && sv->unlinked == unlinked &&
+	return sv->gen == st->gen && sv->inode == ino && sv->unlinked == unlinked &&
 	       (sv->flags & flags) == flags;
 }
 
 /* Records `flags` for an open file, unless `seen` says they already are.
  * Returns 1 when nothing was new. The outcome is kept in this CPU's last_file. */
 static __always_inline int note_file(struct cg_state *st, struct scratch *s, __u64 cgid,
-				     struct file *f, __u32 flags)
+				     __u64 f, __u32 flags)
 {
-	struct dentry *d = f->f_path.dentry;
-	struct inode *ino = f->f_inode;
-	__u32 unlinked = ino->__i_nlink == 0;
+	__u64 d = KREAD(struct file, f, f_path.dentry);
+	__u64 ino = KREAD(struct file, f, f_inode);
+	__u32 unlinked = KREAD(struct inode, ino, __i_nlink) == 0;
 	struct last_file *last = &s->last;
-	if (last->cgid == cgid && last->dentry == (__u64)d &&
+	if (last->cgid == cgid && last->dentry == d &&
 	    seen_hit(&last->v, st, ino, unlinked, flags))
 		return 1;
 	/* A file this open created is only remembered on this CPU, not in
@@ -515,9 +527,9 @@ static __always_inline int note_file(struct cg_state *st, struct scratch *s, __u
 	 * file cost more than the walks it saved. Its dentry is fresh, or a
 	 * negative one made positive, so `seen` holds nothing valid for it. */
 	bool created = flags & FS_CREATED;
-	struct seen_key sk = {.cgid = cgid, .dentry = (__u64)d};
+	struct seen_key sk = {.cgid = cgid, .dentry = d};
 	struct seen_val *sv = created ? 0 : bpf_map_lookup_elem(&seen, &sk);
-	struct seen_val nv = {.gen = st->gen, .inode = (__u64)ino, .unlinked = unlinked};
+	struct seen_val nv = {.gen = st->gen, .inode = ino, .unlinked = unlinked};
 	/* same: the entry is this file's, still valid; hit: with these flags too */
 	bool same = sv && seen_hit(sv, st, ino, unlinked, 0);
 	bool hit = same && (sv->flags & flags) == flags;
@@ -541,7 +553,7 @@ static __always_inline int note_file(struct cg_state *st, struct scratch *s, __u
 			bpf_map_update_elem(&seen, &sk, &nv, BPF_ANY);
 	}
 	last->cgid = cgid;
-	last->dentry = (__u64)d;
+	last->dentry = d;
 	last->v = nv;
 	return hit;
 }
@@ -550,8 +562,11 @@ static __always_inline int note_file(struct cg_state *st, struct scratch *s, __u
 static __always_inline int note_fd(struct cg_state *st, struct scratch *s, __u64 cgid, int fd,
 				   __u32 flags)
 {
-	struct file *f = file_of(fd);
-	if (!f || !S_ISREG(f->f_inode->i_mode))
+	__u64 f = file_of(fd);
+	if (!f)
+		return 1;
+	__u64 ino = KREAD(struct file, f, f_inode);
+	if (!S_ISREG(KREAD(struct inode, ino, i_mode)))
 		return 1;
 	return note_file(st, s, cgid, f, flags);
 }
@@ -744,10 +759,11 @@ int BPF_PROG(sys_enter, struct pt_regs *regs, long id)
 
 static __always_inline void opened(struct cg_state *st, struct scratch *s, __u64 cgid, long fd)
 {
-	struct file *f = file_of(fd);
+	__u64 f = file_of(fd);
 	if (!f)
 		return;
-	__u32 mode = f->f_mode;
+	__u32 mode = KREAD(struct file, f, f_mode);
+	__u64 ino = KREAD(struct file, f, f_inode);
 	__u32 zero = 0;
 	struct config *cfg = bpf_map_lookup_elem(&configs, &zero);
 	if (!cfg)
@@ -756,7 +772,7 @@ static __always_inline void opened(struct cg_state *st, struct scratch *s, __u64
 		/* A fresh dentry, or a negative one made positive: never a cache hit
 		 * with the same inode, so the creation is always recorded. */
 		note_file(st, s, cgid, f, FS_CREATED | FS_WRITTEN);
-	} else if ((mode & FMODE_WRITE) && S_ISREG(f->f_inode->i_mode)) {
+	} else if ((mode & FMODE_WRITE) && S_ISREG(KREAD(struct inode, ino, i_mode))) {
 		note_file(st, s, cgid, f, FS_WRITTEN);
 	}
 }
@@ -769,12 +785,12 @@ static __always_inline void calibrate(long fd)
 	struct config *cfg = bpf_map_lookup_elem(&configs, &zero);
 	if (!cfg || !cfg->calib_tid || cfg->calib_tid != (__u32)bpf_get_current_pid_tgid())
 		return;
-	struct file *f = file_of(fd);
+	__u64 f = file_of(fd);
 	if (!f)
 		return;
 	__u64 i = __sync_fetch_and_add(&cfg->calib_count, 1);
 	if (i < 4)
-		cfg->calib_mode[i & 3] = f->f_mode;
+		cfg->calib_mode[i & 3] = KREAD(struct file, f, f_mode);
 }
 
 SEC("tp_btf/sys_exit")

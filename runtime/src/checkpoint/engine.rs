@@ -411,7 +411,7 @@ impl Container {
             });
         }
         load_spec(&opts.bundle)?;
-        let (container, _) = Container::new_unsaved(config, &opts)?;
+        let (container, _) = Container::new_unsaved(config, &opts, Some(&manifest.id))?;
         // containerd leaves the unpacked checkpoint in place until the shim is done
         // (runc's shim restores from it at Start). Moving it is free on the same file
         // system; across file systems it is used where it is, never copied. A
@@ -430,9 +430,10 @@ impl Container {
 
     /// The first half of a restore from a history (the images stay where they are):
     /// a container whose processes do not exist yet, with its tracking cgroup.
-    pub fn for_restore(config: &Config, opts: CreateOpts) -> Result<Self> {
+    /// `dumped_id`: the container whose history it is.
+    pub fn for_restore(config: &Config, opts: CreateOpts, dumped_id: &str) -> Result<Self> {
         load_spec(&opts.bundle)?;
-        let (container, _) = Container::new_unsaved(config, &opts)?;
+        let (container, _) = Container::new_unsaved(config, &opts, Some(dumped_id))?;
         std::fs::create_dir_all(container.dir())
             .map_err(Error::io(format!("create {}", container.dir().display())))?;
         Ok(container)

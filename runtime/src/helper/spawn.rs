@@ -135,7 +135,10 @@ impl Call for Exec {
 }
 
 /// Joins the tracking cgroup, then starts libcontainer's builder for container `id`
-/// with the process's stdio (or its console socket).
+/// with the process's stdio (or its console socket). On a cgroup v2-only host the
+/// tracking cgroup is the container's own, which libcontainer's intermediate process
+/// joins before the container's process exists: the helper stays out of it, as
+/// libcontainer's clean-up of a failed create kills everything in it.
 fn builder(
     id: &str,
     root: PathBuf,
@@ -143,7 +146,9 @@ fn builder(
     stdio: StdioFds,
     tracking: PathBuf,
 ) -> Result<ContainerBuilder> {
-    TrackingCgroup::at(tracking).add(std::process::id() as i32)?;
+    if !crate::cgroup2::unified() {
+        TrackingCgroup::at(tracking).add(std::process::id() as i32)?;
+    }
     let mut builder = ContainerBuilder::new(id.to_string(), SyscallType::Linux)
         .with_root_path(root)
         .map_err(Error::libcontainer("set root path"))?

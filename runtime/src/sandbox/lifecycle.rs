@@ -100,7 +100,7 @@ impl Sandbox {
         src: &ContainerKey,
         pinned: &PinnedImage,
     ) -> Result<Sandbox> {
-        let sandbox = Sandbox::new(Container::for_restore(&config, opts)?, config);
+        let sandbox = Sandbox::new(Container::for_restore(&config, opts, src.id())?, config);
         if *src == sandbox.container.key()? {
             let snapshot = pinned.entry.fs_snapshot.clone().unwrap_or_default();
             let rolled_back = sandbox
