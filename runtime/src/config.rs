@@ -59,6 +59,45 @@ pub struct Config {
     pub fault_file: Option<PathBuf>,
     /// How migration archives are signed and checked.
     pub archive: Archive,
+    /// Standby replicas for rollbacks in milliseconds (see `docs/standby.md`).
+    pub standby: Standby,
+}
+
+/// Standby replica settings: a checkpoint restored ahead of time, stopped.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Standby {
+    /// Whether containers keep one (the annotation `io.crab.standby` chooses per
+    /// container). Off by default: a standby costs the memory of its processes.
+    pub enabled: bool,
+    /// How many standbys the host keeps at most, over all containers; a container
+    /// beyond it rolls back the slow way.
+    pub max_per_host: u32,
+}
+
+impl Default for Standby {
+    fn default() -> Self {
+        Standby {
+            enabled: false,
+            max_per_host: 8,
+        }
+    }
+}
+
+/// The annotation by which a container asks for a standby replica (`true`) or
+/// declines one (`false`), whatever [`Standby::enabled`] says.
+pub const STANDBY_ANNOTATION: &str = "io.crab.standby";
+
+impl Standby {
+    /// Applies a container's [`STANDBY_ANNOTATION`].
+    pub fn choose(&mut self, value: &str) -> Result<(), String> {
+        self.enabled = match value {
+            "true" => true,
+            "false" => false,
+            other => return Err(format!("{other:?} is neither true nor false")),
+        };
+        Ok(())
+    }
 }
 
 /// Shim log levels.
@@ -360,6 +399,7 @@ impl Default for Config {
             quota: Quota::default(),
             fault_file: None,
             archive: Archive::default(),
+            standby: Standby::default(),
         }
     }
 }

@@ -115,6 +115,9 @@ pub struct Restore {
     /// Restore the mounts with CRIU's older engine, which does not rebuild their
     /// sharing ([`crate::checkpoint::engine::Dumped::foreign_mounts`]).
     pub mount_compat: bool,
+    /// Leave every restored task stopped (SIGSTOP) instead of running: a standby
+    /// replica, continued when it is adopted (`crate::standby`).
+    pub leave_stopped: bool,
 }
 
 /// Dumps the process tree.
@@ -179,6 +182,9 @@ pub fn restore(r: &Restore) -> Result<i32> {
     }
     if r.mount_compat {
         cmd.arg("--mntns-compat-mode");
+    }
+    if r.leave_stopped {
+        cmd.arg("--leave-stopped");
     }
     if let Some((script, env)) = &r.network_by_hooks {
         cmd.args(["--empty-ns", "net", "--action-script", script]);

@@ -49,6 +49,7 @@ pub mod netns;
 pub mod oom;
 pub mod peer;
 pub mod sandbox;
+pub mod standby;
 pub mod storage;
 pub(crate) mod tracking;
 

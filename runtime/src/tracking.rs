@@ -81,6 +81,20 @@ impl TrackingCgroup {
         Ok(text.lines().filter_map(|l| l.trim().parse().ok()).collect())
     }
 
+    /// Waits until it holds no process, at most `within`; answers whether it is
+    /// empty. A killed process ends when it next runs, which on a loaded host
+    /// can take milliseconds: whoever reports the processes gone waits here.
+    pub fn wait_empty(&self, within: std::time::Duration) -> Result<bool> {
+        let deadline = std::time::Instant::now() + within;
+        while !self.pids()?.is_empty() {
+            if std::time::Instant::now() >= deadline {
+                return Ok(false);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        Ok(true)
+    }
+
     /// SIGKILLs every process in it: at once with cgroup.kill where the kernel has
     /// it (no fork escapes it), else one by one.
     pub fn kill_all(&self) -> Result<()> {

@@ -317,6 +317,7 @@ impl TaskService {
             proxy: None,
             proxy_listener,
             api_token: None,
+            standby: Default::default(),
         })
     }
 

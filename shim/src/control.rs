@@ -179,6 +179,7 @@ impl TaskService {
         let (entry, _) = blocking(move || sandbox.checkpoint(req, &Priority::high())).await?;
         tracing::info!(%id, seq = entry.seq, kind = ?entry.kind, total_ms = entry.timings.total_ms,
             fs_ms = entry.timings.fs_ms, dump_ms = entry.timings.dump_ms, "checkpoint");
+        self.standby_after(id, &entry);
         Ok(entry)
     }
 
@@ -287,12 +288,21 @@ impl TaskService {
             });
         };
 
-        // A damaged image is refused while the old processes still run.
-        {
+        // A replica of the checkpoint, restored and stopped beforehand, is adopted
+        // in place of a restore ([`crate::standby`]).
+        let standby = inst.standby.take(entry.seq).await;
+        let verify = {
             let (images, files) = (images.clone(), dumped.files.clone());
-            blocking(move || crab_runtime::checkpoint::engine::verify_images(&images, &files))
-                .await?;
-        }
+            move || crab_runtime::checkpoint::engine::verify_images(&images, &files)
+        };
+        // A damaged image is refused while the old processes still run (a
+        // replica's restore read it whole already).
+        let verify = if standby.is_none() {
+            blocking(verify).await?;
+            None
+        } else {
+            Some(verify)
+        };
         // The client reading the output fifos must not see EOF while the old copy
         // tasks end and the new ones start: hold a writer open across the change.
         // And the client writing stdin must not find its fifo without a reader (its
@@ -316,11 +326,37 @@ impl TaskService {
         })
         .collect();
         let verified_ms = started.elapsed().as_millis() as u64;
-        // The old processes go first: their tree is replaced, not merged.
-        stop_processes(inst).await?;
+        // The old processes go first: their tree is replaced, not merged. A
+        // replica does not wait for them to be gone: it shares nothing with them.
+        let killed = kill_processes(inst).await?;
+        let adopted = match standby {
+            Some(ready) => {
+                let rootfs = inst.bundle.join("rootfs");
+                crate::standby::adopt(&sandbox, ready, rootfs, killed.pids.clone()).await
+            }
+            None => None,
+        };
+        match (&adopted, killed) {
+            (
+                Some(_),
+                Killed {
+                    io: Some(mut io), ..
+                },
+            ) => {
+                tokio::spawn(async move { io.finish(Duration::from_millis(200)).await });
+            }
+            (Some(_), _) => {}
+            (None, killed) => wait_gone(inst.container(), killed).await?,
+        }
         let stopped_ms = started.elapsed().as_millis() as u64;
         let mut fs_done_ms = 0;
         let restored = async {
+            if let Some(v) = adopted {
+                return Ok(v);
+            }
+            if let Some(verify) = verify {
+                blocking(verify).await?;
+            }
             blocking(rollback_fs).await?;
             fs_done_ms = started.elapsed().as_millis() as u64;
             let terminal = dumped.stdio.tty.is_some();
@@ -354,6 +390,9 @@ impl TaskService {
                     ms,
                     "rolled back"
                 );
+                // The next rollback most likely goes back here too (a search
+                // tries the node's next child).
+                self.refresh_standby(id, inst, entry.seq);
                 // The agent inside came back as it was at the process image:
                 // the proxy answers its repeated requests from the journal up to
                 // this entry (read at the relisten, before the new listener).
@@ -403,33 +442,51 @@ impl TaskService {
 /// copy tasks started: they open the fifos in the background, within milliseconds.
 const STDIN_HANDOVER: Duration = Duration::from_secs(5);
 
-/// Kills every process of the container and waits until none is left; the init's exit
-/// is then not reported (its pid is forgotten before the reaper sees it).
-async fn stop_processes(inst: &mut Instance) -> ShimResult<()> {
+/// The processes a rollback killed, and the old init's output, still draining.
+struct Killed {
+    pids: Vec<i32>,
+    io: Option<crate::io::ProcessIo>,
+}
+
+/// Sends SIGKILL to every process of the container (at once, through the
+/// tracking cgroup: no fork escapes it); the init's exit is then not reported (its
+/// pid is forgotten before the reaper sees it).
+async fn kill_processes(inst: &mut Instance) -> ShimResult<Killed> {
     let c = inst.container().clone();
     let paused = inst.init.status == Status::PAUSED;
     inst.init.pid = 0;
-    blocking(move || {
+    let pids = blocking(move || {
         if paused {
             c.resume()?;
         }
-        c.kill(Signal::SIGKILL, true)?;
         let tracking = c.tracking();
-        let deadline = Instant::now() + KILL_TIMEOUT;
-        while !tracking.pids()?.is_empty() {
-            if Instant::now() > deadline {
-                return Err(crab_runtime::Error::WrongState {
-                    id: c.id().to_string(),
-                    state: "still running processes after SIGKILL".into(),
-                    operation: "roll back",
-                });
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        Ok(())
+        let pids = tracking.pids()?;
+        tracking.kill_all()?;
+        Ok(pids)
     })
     .await?;
-    if let Some(mut io) = inst.init.io.take() {
+    Ok(Killed {
+        pids,
+        io: inst.init.io.take(),
+    })
+}
+
+/// Waits until none of the container's processes is left, then for the old
+/// init's output to drain.
+async fn wait_gone(c: &crab_runtime::container::Container, killed: Killed) -> ShimResult<()> {
+    let c = c.clone();
+    blocking(move || {
+        if c.tracking().wait_empty(KILL_TIMEOUT)? {
+            return Ok(());
+        }
+        Err(crab_runtime::Error::WrongState {
+            id: c.id().to_string(),
+            state: "still running processes after SIGKILL".into(),
+            operation: "roll back",
+        })
+    })
+    .await?;
+    if let Some(mut io) = killed.io {
         io.finish(Duration::from_millis(200)).await;
     }
     Ok(())

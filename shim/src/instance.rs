@@ -48,6 +48,8 @@ pub struct Instance {
     pub proxy_listener: Option<std::net::TcpListener>,
     /// The agent API's token, when the proxy serves the agent API.
     pub api_token: Option<String>,
+    /// Its standby replica, when it asks for one ([`crate::standby`]).
+    pub standby: crate::standby::Slot,
 }
 
 impl Instance {
@@ -99,13 +101,11 @@ impl Instance {
             tracing::warn!(%id, error = %e, "kill what the init left");
             return;
         }
-        let deadline = std::time::Instant::now() + ORPHANS_GONE_WITHIN;
-        while tracking.pids().is_ok_and(|pids| !pids.is_empty()) {
-            if std::time::Instant::now() >= deadline {
-                tracing::warn!(%id, "what the init left is killed but not gone after {ORPHANS_GONE_WITHIN:?}");
-                return;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        // Off the runtime's threads: the wait sleeps.
+        let gone =
+            tokio::task::spawn_blocking(move || tracking.wait_empty(ORPHANS_GONE_WITHIN)).await;
+        if !matches!(gone, Ok(Ok(true))) {
+            tracing::warn!(%id, "what the init left is killed but not gone after {ORPHANS_GONE_WITHIN:?}");
         }
     }
 

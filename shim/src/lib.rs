@@ -31,6 +31,7 @@ pub mod rootfs;
 pub mod service;
 pub mod shim_cgroup;
 pub mod spec_env;
+pub mod standby;
 pub mod task;
 pub mod task_impl;
 pub mod turn;

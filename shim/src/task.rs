@@ -115,6 +115,7 @@ impl TaskService {
         // Before the configuration is written: it may move the listener's port.
         let proxy_listener = crate::proxy_listener::claim(&mut config, &spec)?;
         crate::checkpoint::configure_exit(&mut config, &spec)?;
+        crate::standby::configure(&mut config, &spec)?;
         tracing::info!(id = %req.id, ?source, backend = ?config.storage.backend, "create");
         let key = ContainerKey::new(&self.namespace, &req.id)?;
         // Written before anything is made, so that `delete` after a shim crash knows
@@ -201,6 +202,7 @@ impl TaskService {
             proxy,
             proxy_listener: None,
             api_token,
+            standby: Default::default(),
         });
         self.publish_create(&req, pid).await;
         Ok(CreateTaskResponse {
@@ -500,6 +502,9 @@ impl TaskService {
         if let Some(p) = inst.proxy.take() {
             let _ = tokio::task::spawn_blocking(move || p.stop()).await;
             crate::proxy::remove_logs(inst.config(), &self.namespace, &req.id);
+        }
+        if let Some(ready) = inst.standby.clear() {
+            crate::standby::discard(inst.config(), ready).await;
         }
         if let Some(t) = inst.control.take() {
             t.abort();

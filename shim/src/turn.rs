@@ -100,6 +100,9 @@ impl TaskService {
         let (class, entry) = result?;
         tracing::info!(%id, kind = ?class.kind, reasons = ?class.reasons,
             classify_us = class.elapsed_us, total_ms, "turn");
+        if let Some((e, _)) = &entry {
+            self.standby_after(id, e);
+        }
         Ok((class, entry.map(|(e, _)| e)))
     }
 

@@ -458,6 +458,7 @@ impl Container {
             stdio,
             dumped: from.clone(),
             tracking: self.state.tracking_cgroup.clone(),
+            standby: None,
         };
         match helper::run(make, stdio).and_then(|restored| {
             let p = restored.phases;

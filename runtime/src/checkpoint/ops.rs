@@ -38,7 +38,7 @@ pub struct CheckpointRequest {
 }
 
 impl Container {
-    pub(super) fn open_store(config: &Config) -> Result<Box<dyn Store>> {
+    pub(crate) fn open_store(config: &Config) -> Result<Box<dyn Store>> {
         storage::open(config, config.storage.backend)?.ok_or_else(|| Error::Storage {
             operation: "checkpoint",
             message: "the passthrough backend keeps no snapshots: use btrfs, zfs or overlay".into(),

@@ -54,6 +54,13 @@ pub struct Restore {
     pub dumped: super::engine::Dumped,
     /// The tracking cgroup to join first.
     pub tracking: PathBuf,
+    /// A standby replica (`crate::standby`): the processes are restored into its
+    /// tree, stopped, in the cgroups beside the container's
+    /// ([`crate::standby::cgroup_path`]; `tracking` is the standby's), and
+    /// libcontainer's state is left as it is, the container's own processes
+    /// running on.
+    #[serde(default)]
+    pub standby: Option<crate::standby::Target>,
 }
 
 /// What a [`Restore`] answers.
@@ -93,7 +100,9 @@ fn serve(call: Restore) -> Result<Restored> {
         stdio,
         dumped,
         tracking,
+        standby: target,
     } = call;
+    let standby = target.is_some();
     TrackingCgroup::at(tracking).add(std::process::id() as i32)?;
     let spec = load_spec(&bundle)?;
     let mut youki = YoukiConfig::from_spec(&spec, &id).map_err(|e| Error::InvalidSpec {
@@ -101,9 +110,13 @@ fn serve(call: Restore) -> Result<Restored> {
         message: e.to_string(),
     })?;
     youki.cgroup_path = own_cgroup_path(&youki.cgroup_path, &dumped.id, &id);
+    let cgroup_path = match &target {
+        Some(t) => crate::standby::cgroup_path(&youki.cgroup_path, &t.suffix),
+        None => youki.cgroup_path.clone(),
+    };
     super::engine::verify_images(&images, &dumped.files)?;
-    join_cgroups(&id, &youki.cgroup_path, &spec)?;
-    crate::cgroup_view::join_systemd(&youki.cgroup_path)?;
+    join_cgroups(&id, &cgroup_path, &spec)?;
+    crate::cgroup_view::join_systemd(&cgroup_path)?;
 
     // The new pipes replace the dumped ones, by CRIU's key. A key seen twice (fd 2
     // duplicated from fd 1) is inherited once. A dumped terminal is replaced by the
@@ -183,12 +196,17 @@ fn serve(call: Restore) -> Result<Restored> {
         }
         external_mounts.push((super::tty::CONSOLE.to_string(), path));
     }
-    let rootfs = match spec.root().as_ref().map(|r| r.path().clone()) {
-        Some(p) if p.is_absolute() => p,
-        Some(p) => bundle.join(p),
-        None => bundle.join("rootfs"),
+    let dir = match &target {
+        Some(t) => crate::standby::work_dir(&root, &id, &t.suffix),
+        None => root.join(&id),
     };
-    let dir = root.join(&id);
+    let rootfs = match (target, spec.root().as_ref().map(|r| r.path().clone())) {
+        (Some(t), _) => t.rootfs,
+        (None, Some(p)) if p.is_absolute() => p,
+        (None, Some(p)) => bundle.join(p),
+        (None, None) => bundle.join("rootfs"),
+    };
+
     std::fs::create_dir_all(&dir).map_err(Error::io(format!("create {}", dir.display())))?;
     let prepare_ms = ms(started);
     let criu_started = std::time::Instant::now();
@@ -206,21 +224,15 @@ fn serve(call: Restore) -> Result<Restored> {
             super::hooks::action_script(&exe, &bundle, &id)
         }),
         mount_compat: dumped.foreign_mounts,
+        leave_stopped: standby,
     })?;
     drop(fds);
     drop(joined);
     let criu_ms = ms(criu_started);
     let finish_started = std::time::Instant::now();
-
-    let mut lc = LcContainer::new(&id, ContainerStatus::Running, Some(pid), &bundle, &dir)
-        .map_err(Error::libcontainer("record restored container"))?;
-    lc.set_systemd(false);
-    lc.save()
-        .map_err(Error::libcontainer("save restored container"))?;
-    youki.save(&dir).map_err(|e| Error::Io {
-        context: format!("save {}", dir.display()),
-        source: std::io::Error::other(e.to_string()),
-    })?;
+    if !standby {
+        save_state(&id, pid, &bundle, &dir, &youki)?;
+    }
     if netns::owns_network_namespace(&spec) {
         netns::loopback_up(pid)?;
     }
@@ -233,6 +245,26 @@ fn serve(call: Restore) -> Result<Restored> {
             criu_ms,
             finish_ms: ms(finish_started),
         },
+    })
+}
+
+/// Records the restored container in libcontainer's state, so that kill, pause,
+/// exec, stats and delete work on it as on any.
+pub(crate) fn save_state(
+    id: &str,
+    pid: i32,
+    bundle: &Path,
+    dir: &Path,
+    youki: &YoukiConfig,
+) -> Result<()> {
+    let mut lc = LcContainer::new(id, ContainerStatus::Running, Some(pid), bundle, dir)
+        .map_err(Error::libcontainer("record restored container"))?;
+    lc.set_systemd(false);
+    lc.save()
+        .map_err(Error::libcontainer("save restored container"))?;
+    youki.save(dir).map_err(|e| Error::Io {
+        context: format!("save {}", dir.display()),
+        source: std::io::Error::other(e.to_string()),
     })
 }
 

@@ -32,6 +32,7 @@ use crate::container::Container;
 use crate::control::AgentConn;
 use crate::helper::ChildStdio;
 use crate::inspect::{self, Classification};
+use crate::standby::{Leftovers, Standby};
 use crate::{criu, Result};
 
 /// A container and the configuration it was created with.
@@ -159,6 +160,45 @@ impl Sandbox {
         inspect::taint(&self.container);
         self.container
             .history(&self.config, RollbackFs(snapshot.to_string()))
+    }
+
+    /// Makes a standby replica of checkpoint `name` ([`crate::standby`]), in one of
+    /// the host's slots at low priority: a checkpoint or restore that somebody
+    /// waits for goes first. The init's stdio are `stdio`.
+    pub fn make_standby(&self, name: &str, stdio: ChildStdio) -> Result<Standby> {
+        let (entry, image) = self.find(name)?;
+        let no_image = || crate::Error::NoProcessImage {
+            container: self.container.id().to_string(),
+            checkpoint: entry.name.clone(),
+        };
+        let (images, dumped) = image.ok_or_else(no_image)?;
+        let snapshot = entry.fs_snapshot.clone().ok_or_else(no_image)?;
+        bounded_at(&self.config, &Priority::low(), || {
+            self.container
+                .make_standby(&self.config, entry.seq, &images, &dumped, &snapshot, stdio)
+        })
+        .map(|(s, _)| s)
+    }
+
+    /// Makes `standby` the container, whose processes `killed` were sent SIGKILL
+    /// ([`Container::adopt_standby`]); answers the new init's pid and what is
+    /// left to clean ([`Sandbox::clean_after_adoption`]). The state is then a
+    /// checkpoint's, which need not be the latest: the inspector is tainted, as
+    /// after any rollback.
+    pub fn adopt_standby(
+        &self,
+        standby: Standby,
+        rootfs: &std::path::Path,
+        killed: Vec<i32>,
+    ) -> Result<(i32, Leftovers)> {
+        inspect::taint(&self.container);
+        self.container
+            .adopt_standby(&self.config, standby, rootfs, killed)
+    }
+
+    /// Removes what an adoption left, once the processes it replaced are gone.
+    pub fn clean_after_adoption(&self, leftovers: Leftovers) -> Result<()> {
+        leftovers.clean(&self.config)
     }
 
     /// Restores the processes of a process image into the container (its old

@@ -315,6 +315,50 @@ impl Store for BtrfsStore {
         Ok(live)
     }
 
+    fn standby_tree(&self, key: &ContainerKey, name: &str) -> Result<PathBuf> {
+        let snap = self.existing_snapshot(key, name)?;
+        let tree = self.tmp("standby");
+        // Under the same limit as the container's own tree: it becomes that tree.
+        self.new_tree(&snap, &tree)?;
+        Ok(tree)
+    }
+
+    fn exchange_tree(&self, key: &ContainerKey, tree: &Path) -> Result<()> {
+        let live = self.rootfs(key)?;
+        if !ioctl::is_subvolume(tree) || !tree.starts_with(self.dirs.area(TMP)) {
+            return Err(Error::Storage {
+                operation: "exchange trees",
+                message: format!("{} is not a standby tree of this pool", tree.display()),
+            });
+        }
+        nix::fcntl::renameat2(
+            None,
+            tree,
+            None,
+            &live,
+            nix::fcntl::RenameFlags::RENAME_EXCHANGE,
+        )
+        .map_err(Error::sys(format!(
+            "exchange {} with {}",
+            tree.display(),
+            live.display()
+        )))
+    }
+
+    fn discard_tree(&self, tree: &Path) -> Result<()> {
+        if !tree.starts_with(self.dirs.area(TMP)) {
+            return Err(Error::Storage {
+                operation: "discard a standby tree",
+                message: format!("{} is not in this pool's in-flight area", tree.display()),
+            });
+        }
+        if !ioctl::is_subvolume(tree) {
+            return Ok(());
+        }
+        btrfs_nested::delete_nested(tree)?;
+        ioctl::delete(tree)
+    }
+
     fn delete_snapshot(&self, key: &ContainerKey, name: &str) -> Result<()> {
         let p = self.existing_snapshot(key, name)?;
         ioctl::delete(&p)

@@ -17,11 +17,11 @@
 //! second bookkeeping that could disagree with it.
 
 use std::io::{Read, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
 use crate::config::{Backend, Config};
-use crate::Result;
+use crate::{Error, Result};
 
 pub mod adopt;
 pub mod btrfs;
@@ -189,10 +189,43 @@ pub trait Store: Send + Sync {
         Ok(None)
     }
 
+    /// A writable tree made from snapshot `name` of the container, away from the
+    /// container's own place (a standby replica's root, see `crate::standby`). It
+    /// lives in the pool's in-flight area, so a crash of its maker leaves nothing
+    /// [`Store::reconcile`] does not remove. Backends that cannot exchange trees
+    /// atomically answer an error: the caller then keeps to the slow path.
+    fn standby_tree(&self, key: &ContainerKey, _name: &str) -> Result<PathBuf> {
+        Err(no_standby(self.backend(), key))
+    }
+
+    /// Exchanges the container's tree with `tree` (made by [`Store::standby_tree`])
+    /// in one step: the container's place then holds `tree`'s files, and `tree`'s
+    /// path the old ones, for [`Store::discard_tree`]. A crash leaves one or the
+    /// other in place, never neither.
+    fn exchange_tree(&self, key: &ContainerKey, _tree: &Path) -> Result<()> {
+        Err(no_standby(self.backend(), key))
+    }
+
+    /// Deletes a tree made by [`Store::standby_tree`] (or exchanged out by
+    /// [`Store::exchange_tree`]). Absent is not an error.
+    fn discard_tree(&self, _tree: &Path) -> Result<()> {
+        Ok(())
+    }
+
     /// Undoes what [`Store::prepare`] or [`Store::rootfs`] set up for a running
     /// container (such as a mount) when its task ends; the tree itself stays.
     fn release(&self, _key: &ContainerKey) -> Result<()> {
         Ok(())
+    }
+}
+
+/// A backend without standby trees.
+fn no_standby(backend: Backend, key: &ContainerKey) -> Error {
+    Error::Storage {
+        operation: "make a standby tree",
+        message: format!(
+            "the {backend:?} store cannot exchange trees ({key}): standbys need btrfs"
+        ),
     }
 }
 

@@ -1,0 +1,554 @@
+//! Standby replicas: a checkpoint restored ahead of time, its processes stopped,
+//! so that a rollback to it takes milliseconds instead of a CRIU restore.
+//!
+//! A standby of container `c` at checkpoint `n` is:
+//! - a writable clone of `n`'s file-system snapshot, in the pool's in-flight area
+//!   ([`crate::storage::Store::standby_tree`]);
+//! - `n`'s processes restored by CRIU into it, left stopped (SIGSTOP), in new
+//!   namespaces of their own, and in cgroups beside the container's
+//!   (`<path>@standby` in every hierarchy, and a tracking cgroup of their own), so
+//!   that nothing done to the live container (a kill of all its processes, its
+//!   limits, its statistics) reaches them.
+//!
+//! [`Container::adopt_standby`] makes it the container: the live processes are
+//! already gone (the caller killed them), the trees are exchanged in one step,
+//! `bundle/rootfs` is bound to the tree again, the stopped processes move into the
+//! container's cgroups, libcontainer's state names the new init, and they are
+//! continued. The replica is used once; the caller makes the next.
+//!
+//! What the figures do not cover: the pages CRIU restored stay charged to the
+//! standby's memory cgroup (v1 does not move charges unless asked, v2 never), so
+//! after an adoption the container's memory limit counts only what it touches
+//! anew; the standby's cgroup was given the same limits.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use libcgroups::common::{CgroupConfig, CgroupManager};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use oci_spec::runtime::LinuxNamespaceType;
+
+use crate::checkpoint::engine::Dumped;
+use crate::checkpoint::restore_helper::Restore;
+use crate::config::Config;
+use crate::container::Container;
+use crate::helper::{self, ChildStdio};
+use crate::tracking::TrackingCgroup;
+use crate::{criu, Error, Result};
+
+/// What the cgroups of a standby add to the container's path, before the
+/// standby's own name (`@standby-<shim pid>-<n>`: two standbys of a container, one
+/// still being cleaned and one being made, never share a cgroup). A container id
+/// cannot hold `@` (containerd's ids are letters, digits and `._-`), so no
+/// container's cgroup is ever named so.
+pub const CGROUP_SUFFIX: &str = "@standby";
+
+/// Standbys made by this process so far (for their names).
+static MADE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Where a standby is restored (the restore's helper reads it).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct Target {
+    /// Its root file system.
+    pub rootfs: PathBuf,
+    /// What its cgroups and work directory add to the container's names.
+    pub suffix: String,
+}
+
+/// A new standby's suffix, unique on the host while this process lives.
+fn next_suffix() -> String {
+    let n = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{CGROUP_SUFFIX}-{}-{n}", std::process::id())
+}
+
+/// How long a discard waits for the standby's processes to be gone.
+const GONE_WITHIN: Duration = Duration::from_secs(5);
+
+/// The cgroup of the standby `suffix` of the container whose cgroup is `path`.
+pub fn cgroup_path(path: &Path, suffix: &str) -> PathBuf {
+    let mut p = path.as_os_str().to_os_string();
+    p.push(suffix);
+    PathBuf::from(p)
+}
+
+/// CRIU's work directory for a standby's restore (its log and pid file), inside
+/// the container's state directory so that a delete removes it.
+pub fn work_dir(root: &Path, id: &str, suffix: &str) -> PathBuf {
+    root.join(id).join(suffix.trim_start_matches('@'))
+}
+
+/// A checkpoint restored and stopped, ready to become the container.
+#[derive(Debug)]
+pub struct Standby {
+    /// The history entry it is the state of.
+    pub seq: u64,
+    /// The restored init's host pid.
+    pub pid: i32,
+    /// How long making it took.
+    pub made_in: Duration,
+    id: String,
+    tree: PathBuf,
+    tracking: TrackingCgroup,
+    cgroup_path: PathBuf,
+    /// Its CRIU work directory.
+    work: PathBuf,
+    /// Its place in the host's budget ([`reserve`]), given back when it goes.
+    place: PathBuf,
+}
+
+impl Standby {
+    /// Its processes' host pids.
+    pub fn pids(&self) -> Result<Vec<i32>> {
+        self.tracking.pids()
+    }
+
+    /// Whether its init is still there (a standby can be killed, by the OOM
+    /// killer or by hand).
+    pub fn alive(&self) -> bool {
+        self.pids().map(|p| p.contains(&self.pid)).unwrap_or(false)
+    }
+
+    /// The memory its processes hold, as its memory cgroup counts it (0 when the
+    /// host does not say).
+    pub fn memory_bytes(&self) -> u64 {
+        memory_usage(&self.cgroup_path).unwrap_or(0)
+    }
+
+    /// Kills its processes and removes its cgroups and tree.
+    pub fn discard(self, config: &Config) -> Result<()> {
+        let started = Instant::now();
+        self.tracking.kill_all()?;
+        if !self.tracking.wait_empty(GONE_WITHIN)? {
+            return Err(Error::WrongState {
+                id: self.id.clone(),
+                state: "with standby processes that outlive SIGKILL".into(),
+                operation: "discard the standby",
+            });
+        }
+        remove_cgroups(&self.id, &self.cgroup_path, &self.tracking);
+        Container::open_store(config)?.discard_tree(&self.tree)?;
+        let _ = std::fs::remove_dir_all(&self.work);
+        let _ = std::fs::remove_file(&self.place);
+        tracing::debug!(id = %self.id, seq = self.seq, ms = started.elapsed().as_millis() as u64,
+            "standby discarded");
+        Ok(())
+    }
+}
+
+impl Container {
+    /// Makes a standby of checkpoint `seq` (process image `images`, file-system
+    /// snapshot `snapshot`) beside the running container. The init's stdio are
+    /// `stdio` (pipes the caller starts copying at adoption). Takes no slot: the
+    /// caller bounds it. On failure nothing of it is left.
+    pub fn make_standby(
+        &self,
+        config: &Config,
+        seq: u64,
+        images: &Path,
+        dumped: &Dumped,
+        snapshot: &str,
+        stdio: ChildStdio,
+    ) -> Result<Standby> {
+        let started = Instant::now();
+        if dumped.stdio.tty.is_some() {
+            return Err(refused("its processes have a terminal"));
+        }
+        let spec = crate::container::load_spec(&self.state.bundle)?;
+        let pid_ns = crate::container::owns_namespace(&spec, LinuxNamespaceType::Pid);
+        if !crate::netns::owns_network_namespace(&spec) || !pid_ns {
+            return Err(refused(
+                "it shares a network or pid namespace (the replica would meet the live processes there)",
+            ));
+        }
+        let key = self.key()?;
+        let suffix = next_suffix();
+        let tracking = TrackingCgroup::at(cgroup_path(&self.state.tracking_cgroup, &suffix));
+        let cgroup_path = cgroup_path(&self.cgroup_path()?, &suffix);
+        let record = Record {
+            holder: std::process::id() as i32,
+            id: self.state.id.clone(),
+            tracking: tracking.path().to_path_buf(),
+            cgroup: cgroup_path.clone(),
+        };
+        let place = reserve(config, &format!("{key}{suffix}"), &record)?;
+        let store = Container::open_store(config)?;
+        let tree = match store.standby_tree(&key, snapshot) {
+            Ok(t) => t,
+            Err(e) => {
+                let _ = std::fs::remove_file(&place);
+                return Err(e);
+            }
+        };
+        let work = work_dir(&self.root, &self.state.id, &suffix);
+        let made = (|| {
+            tracking.create()?;
+            std::fs::create_dir_all(&work)
+                .map_err(Error::io("create the standby's work directory"))?;
+            let make = |stdio| Restore {
+                id: self.state.id.clone(),
+                root: self.root.clone(),
+                bundle: self.state.bundle.clone(),
+                images: images.to_path_buf(),
+                criu: criu::Tool::from_config(config),
+                stdio,
+                dumped: dumped.clone(),
+                tracking: tracking.path().to_path_buf(),
+                standby: Some(Target {
+                    rootfs: tree.clone(),
+                    suffix: suffix.clone(),
+                }),
+            };
+            helper::run(make, stdio)
+        })();
+        match made {
+            Ok(restored) => Ok(Standby {
+                seq,
+                pid: restored.pid,
+                made_in: started.elapsed(),
+                id: self.state.id.clone(),
+                tree,
+                tracking,
+                cgroup_path,
+                work,
+                place,
+            }),
+            Err(e) => {
+                let _ = tracking.kill_all();
+                let _ = tracking.wait_empty(GONE_WITHIN);
+                remove_cgroups(&self.state.id, &cgroup_path, &tracking);
+                let _ = store.discard_tree(&tree);
+                let _ = std::fs::remove_dir_all(&work);
+                let _ = std::fs::remove_file(&place);
+                Err(e)
+            }
+        }
+    }
+
+    /// Makes `standby` the container. Its own processes `killed` were sent
+    /// SIGKILL by the caller and may still be ending: they are in the old tree,
+    /// namespaces and network, which nothing of the replica shares. `rootfs`:
+    /// where the container's tree is bound (`bundle/rootfs`). Answers the new
+    /// init's pid and what is left to clean ([`Leftovers::clean`], off the
+    /// caller's path). On an error the replica's processes are killed and nothing
+    /// of it runs: the caller restores the slow way into a container without
+    /// processes, never into a mix.
+    pub fn adopt_standby(
+        &self,
+        config: &Config,
+        standby: Standby,
+        rootfs: &Path,
+        killed: Vec<i32>,
+    ) -> Result<(i32, Leftovers)> {
+        let started = Instant::now();
+        let pids = standby.pids()?;
+        let leftovers = Leftovers {
+            id: self.state.id.clone(),
+            killed,
+            standby,
+        };
+        if !pids.contains(&leftovers.standby.pid) {
+            let seq = leftovers.standby.seq;
+            let _ = leftovers.clean(config);
+            return Err(Error::WrongState {
+                id: self.state.id.clone(),
+                state: format!("with a standby of checkpoint {seq} whose init is gone"),
+                operation: "adopt the standby",
+            });
+        }
+        let store = Container::open_store(config)?;
+        let key = self.key()?;
+        if let Err(e) = store.exchange_tree(&key, &leftovers.standby.tree) {
+            let _ = leftovers.clean(config);
+            return Err(e);
+        }
+        let exchanged_us = started.elapsed().as_micros() as u64;
+        // The replica's files are the container's now (and the old ones at the
+        // standby's path, deleted with the leftovers).
+        let taken = self.take_over(&leftovers.standby, &pids, &store.rootfs(&key)?, rootfs);
+        if let Err(e) = taken {
+            let _ = leftovers.standby.tracking.kill_all();
+            for &pid in &pids {
+                let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+            }
+            let mut leftovers = leftovers;
+            leftovers.killed.extend(pids);
+            let _ = leftovers.clean(config);
+            return Err(e);
+        }
+        tracing::debug!(id = %self.state.id, exchanged_us,
+            adopted_us = started.elapsed().as_micros() as u64, "standby adopted");
+        Ok((leftovers.standby.pid, leftovers))
+    }
+
+    /// The steps of an adoption after the trees were exchanged: `tree` (the
+    /// container's tree) bound on `rootfs` again, the processes `pids` moved into
+    /// the container's cgroups, libcontainer's state, then the processes continued.
+    fn take_over(&self, standby: &Standby, pids: &[i32], tree: &Path, rootfs: &Path) -> Result<()> {
+        rebind(tree, rootfs)?;
+        let cgroup = self.cgroup_path()?;
+        let procs = hierarchies(&standby.cgroup_path, &cgroup);
+        for &pid in pids {
+            self.tracking().add(pid)?;
+            for file in &procs {
+                std::fs::write(file, pid.to_string())
+                    .map_err(Error::io(format!("move pid {pid} into {}", file.display())))?;
+            }
+        }
+        let spec = crate::container::load_spec(&self.state.bundle)?;
+        let mut youki = libcontainer::config::YoukiConfig::from_spec(&spec, &self.state.id)
+            .map_err(|e| Error::InvalidSpec {
+                bundle: self.state.bundle.clone(),
+                message: e.to_string(),
+            })?;
+        youki.cgroup_path = cgroup;
+        crate::checkpoint::restore_helper::save_state(
+            &self.state.id,
+            standby.pid,
+            &self.state.bundle,
+            &self.dir(),
+            &youki,
+        )?;
+        for &pid in pids {
+            // A process that ended meanwhile is not an error.
+            let _ = kill(Pid::from_raw(pid), Signal::SIGCONT);
+        }
+        Ok(())
+    }
+}
+
+/// What an adoption leaves: the replaced processes (killed, perhaps not gone
+/// yet), and the standby's emptied cgroups, its place in the budget, and the old
+/// tree (at the standby's path since the exchange).
+#[derive(Debug)]
+pub struct Leftovers {
+    id: String,
+    killed: Vec<i32>,
+    standby: Standby,
+}
+
+impl Leftovers {
+    /// Waits (bounded) for the killed processes to be gone, then removes the rest.
+    pub fn clean(self, config: &Config) -> Result<()> {
+        let deadline = Instant::now() + GONE_WITHIN;
+        while self
+            .killed
+            .iter()
+            .any(|p| Path::new(&format!("/proc/{p}")).exists())
+        {
+            if Instant::now() > deadline {
+                tracing::warn!(id = %self.id, "processes a standby replaced outlive SIGKILL");
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        self.standby.discard(config)
+    }
+}
+
+/// The `cgroup.procs` files of the container's cgroup `to`, in every hierarchy
+/// in which the standby's cgroup `from` exists (the v1 controllers and named
+/// hierarchies the restore joined, or the one v2 hierarchy): writing a pid there
+/// moves it as the kernel sees it, without a cgroup manager's probing.
+fn hierarchies(from: &Path, to: &Path) -> Vec<PathBuf> {
+    let root = Path::new(CGROUP_ROOT);
+    let (from, to) = (
+        from.strip_prefix("/").unwrap_or(from),
+        to.strip_prefix("/").unwrap_or(to),
+    );
+    let mut bases = vec![root.to_path_buf()];
+    if let Ok(entries) = std::fs::read_dir(root) {
+        // Mount points only: `cpu,cpuacct`-style symlinks name one twice.
+        bases.extend(
+            entries
+                .flatten()
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .map(|e| e.path()),
+        );
+    }
+    bases
+        .into_iter()
+        .filter(|b| b.join(from).join("cgroup.procs").is_file() && b.join(to).is_dir())
+        .map(|b| b.join(to).join("cgroup.procs"))
+        .collect()
+}
+
+/// Where the cgroup hierarchies are mounted.
+const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+
+/// What the host's budget records of a standby: enough to remove it when its
+/// maker is gone (a shim that crashed leaves its standbys' processes stopped).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct Record {
+    /// The process that made it (its shim).
+    holder: i32,
+    /// The container's id.
+    id: String,
+    /// Its tracking cgroup.
+    tracking: PathBuf,
+    /// Its cgroup path (relative to each hierarchy's root).
+    cgroup: PathBuf,
+}
+
+/// Takes a place named `name` for a standby in the host's budget
+/// ([`crate::config::Standby::max_per_host`]): a file per standby under the state
+/// directory, recording it. The standbys of processes that are gone (a crashed
+/// shim) are killed and their places freed first.
+fn reserve(config: &Config, name: &str, record: &Record) -> Result<PathBuf> {
+    let dir = config.state_dir.join("standbys");
+    crate::checkpoint::history::create_private_dir(&dir)?;
+    let lock = std::fs::File::create(dir.join(".lock"))
+        .map_err(Error::io(format!("open {}/.lock", dir.display())))?;
+    // SAFETY: flock on an fd this function owns; no memory is passed. The lock
+    // goes with the file when it is dropped.
+    if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) } != 0 {
+        return Err(Error::sys("lock the standby budget")(nix::Error::last()));
+    }
+    let held = reconcile_in(&dir);
+    if held >= config.standby.max_per_host as usize {
+        return Err(refused(&format!(
+            "the host keeps {held} standbys already (standby.max_per_host)"
+        )));
+    }
+    let mine = dir.join(name.replace('/', "."));
+    let json = serde_json::to_vec(record).expect("a record serializes");
+    std::fs::write(&mine, json).map_err(Error::io(format!("write {}", mine.display())))?;
+    Ok(mine)
+}
+
+/// Kills and removes the standbys whose maker is gone, as recorded in the
+/// budget directory `dir` (the caller holds its lock); answers how many standbys
+/// live ones hold. Their trees are the store's in-flight work, which its own
+/// reconciliation removes.
+fn reconcile_in(dir: &Path) -> usize {
+    let mut held = 0;
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    for e in entries.flatten() {
+        if e.file_name().to_string_lossy().starts_with('.') {
+            continue;
+        }
+        let path = e.path();
+        let record: Option<Record> = std::fs::read(&path)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok());
+        match record {
+            Some(r) if Path::new(&format!("/proc/{}", r.holder)).exists() => held += 1,
+            Some(r) => {
+                let tracking = TrackingCgroup::at(r.tracking);
+                let _ = tracking.kill_all();
+                let _ = tracking.wait_empty(GONE_WITHIN);
+                remove_cgroups(&r.id, &r.cgroup, &tracking);
+                tracing::info!(id = %r.id, holder = r.holder, "standby of a process that is gone: removed");
+                let _ = std::fs::remove_file(&path);
+            }
+            None => {
+                let _ = std::fs::remove_file(&path);
+            }
+        }
+    }
+    held
+}
+
+/// Removes the standbys of shims that are gone (see [`reserve`]).
+pub fn reconcile(config: &Config) {
+    let dir = config.state_dir.join("standbys");
+    let Ok(lock) = std::fs::File::open(dir.join(".lock")) else {
+        return; // never made one
+    };
+    // SAFETY: flock on an fd this function owns; no memory is passed.
+    if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) } == 0 {
+        reconcile_in(&dir);
+    }
+}
+
+fn refused(why: &str) -> Error {
+    Error::Storage {
+        operation: "make a standby",
+        message: format!("no standby for this container: {why}"),
+    }
+}
+
+fn cgroup_manager(id: &str, path: &Path) -> Result<libcgroups::common::AnyCgroupManager> {
+    libcgroups::common::create_cgroup_manager(CgroupConfig {
+        cgroup_path: path.to_path_buf(),
+        systemd_cgroup: false,
+        container_name: id.to_string(),
+    })
+    .map_err(|e| Error::Cgroup {
+        operation: "open manager",
+        message: e.to_string(),
+    })
+}
+
+/// Removes a standby's (empty) cgroups; a failure is logged, as a leftover
+/// empty cgroup costs nothing but a name.
+fn remove_cgroups(id: &str, path: &Path, tracking: &TrackingCgroup) {
+    match cgroup_manager(id, path) {
+        Ok(m) => {
+            if let Err(e) = m.remove() {
+                tracing::warn!(%id, error = %e, "remove a standby's cgroups");
+            }
+        }
+        Err(e) => tracing::warn!(%id, error = %e, "remove a standby's cgroups"),
+    }
+    crate::cgroup_view::leave_systemd(path);
+    if let Err(e) = tracking.destroy() {
+        tracing::warn!(%id, error = %e, "remove a standby's tracking cgroup");
+    }
+}
+
+/// Binds `tree` on `target` again, in place of what was bound there (the tree
+/// the exchange moved away, which is then deleted).
+fn rebind(tree: &Path, target: &Path) -> Result<()> {
+    use nix::mount::{mount, umount2, MntFlags, MsFlags};
+    umount2(target, MntFlags::MNT_DETACH)
+        .map_err(Error::sys(format!("unmount {}", target.display())))?;
+    mount(
+        Some(tree),
+        target,
+        None::<&str>,
+        MsFlags::MS_BIND | MsFlags::MS_REC,
+        None::<&str>,
+    )
+    .map_err(Error::sys(format!(
+        "bind {} on {}",
+        tree.display(),
+        target.display()
+    )))
+}
+
+/// `memory.usage_in_bytes` (v1) or `memory.current` (v2) of the cgroup `path`.
+fn memory_usage(path: &Path) -> Option<u64> {
+    let rel = path.strip_prefix("/").unwrap_or(path);
+    let candidates = if crate::cgroup2::unified() {
+        vec![crate::cgroup2::dir_of(path).join("memory.current")]
+    } else {
+        vec![Path::new("/sys/fs/cgroup/memory")
+            .join(rel)
+            .join("memory.usage_in_bytes")]
+    };
+    candidates.iter().find_map(|f| {
+        std::fs::read_to_string(f)
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_standbys_cgroup_sits_beside_the_containers_and_no_container_can_be_named_so() {
+        assert_eq!(
+            cgroup_path(Path::new("/default/web"), "@standby-7-1"),
+            Path::new("/default/web@standby-7-1")
+        );
+        assert!(next_suffix().starts_with("@standby-"));
+        assert_ne!(next_suffix(), next_suffix());
+        // containerd's identifiers: letters, digits and . _ - only.
+        assert!(crate::storage::ContainerKey::new("default", "web@standby").is_err());
+    }
+}

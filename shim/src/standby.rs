@@ -1,0 +1,237 @@
+//! The shim's standby replica of each container ([`crab_runtime::standby`]), for
+//! containers that ask for one (`[standby] enabled`, or the annotation
+//! `io.crab.standby=true`).
+//!
+//! One per container: the state a rollback most likely goes back to. It is made in
+//! the background after each checkpoint with a process image (while the agent
+//! waits for its LLM, or a search runs its next child) and after each rollback (a
+//! tree search goes back to the same node once per child). A rollback to that
+//! checkpoint adopts it; to any other, it runs the slow way. A slot's generation
+//! makes a replica finished after a newer one was asked for discard itself.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crab_runtime::checkpoint::history::Entry;
+use crab_runtime::config::STANDBY_ANNOTATION;
+use crab_runtime::sandbox::Sandbox;
+use crab_runtime::standby::Standby;
+
+use crate::instance::Instance;
+use crate::io::{PipeIo, ProcessIo};
+use crate::task::{blocking, TaskService};
+
+/// A replica, and the pipes of its init's stdio, whose copying starts at adoption.
+pub struct Ready {
+    /// The stopped processes.
+    pub standby: Standby,
+    /// Their stdio, not yet copied to the task's fifos.
+    pub pipes: PipeIo,
+}
+
+#[derive(Default)]
+struct State {
+    /// Bumped by every request for a new replica: one made for an older request
+    /// is discarded when it is done.
+    generation: u64,
+    /// The checkpoint a replica is being made of.
+    making: Option<u64>,
+    ready: Option<Ready>,
+}
+
+/// A container's standby replica, shared by the operations and the task making it.
+#[derive(Clone, Default)]
+pub struct Slot(Arc<Mutex<State>>);
+
+/// How long a rollback waits for a replica of its checkpoint that is being made
+/// before it restores the slow way (a restore takes about as long).
+const WAIT_FOR_MAKING: Duration = Duration::from_millis(500);
+
+impl std::fmt::Debug for Slot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = self.state();
+        f.debug_struct("Slot")
+            .field("making", &s.making)
+            .field("ready", &s.ready.as_ref().map(|r| r.standby.seq))
+            .finish()
+    }
+}
+
+impl Slot {
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        // A panic while the lock was held leaves nothing half-written here.
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Takes the replica of checkpoint `seq`, waiting a moment for one being made.
+    pub async fn take(&self, seq: u64) -> Option<Ready> {
+        let deadline = Instant::now() + WAIT_FOR_MAKING;
+        loop {
+            {
+                let mut s = self.state();
+                if s.ready.as_ref().is_some_and(|r| r.standby.seq == seq) {
+                    return s.ready.take();
+                }
+                if s.making != Some(seq) || Instant::now() > deadline {
+                    return None;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
+    /// Starts a new generation for a replica of `seq`; answers it and the replica
+    /// it replaces.
+    fn begin(&self, seq: u64) -> (u64, Option<Ready>) {
+        let mut s = self.state();
+        s.generation += 1;
+        s.making = Some(seq);
+        (s.generation, s.ready.take())
+    }
+
+    /// Keeps `ready` if it is of the newest generation; else hands it back.
+    fn fill(&self, generation: u64, ready: Option<Ready>) -> Option<Ready> {
+        let mut s = self.state();
+        if s.generation != generation {
+            return ready;
+        }
+        s.making = None;
+        s.ready = ready;
+        None
+    }
+
+    /// Takes whatever replica there is and stops one being made from being kept.
+    pub fn clear(&self) -> Option<Ready> {
+        let mut s = self.state();
+        s.generation += 1;
+        s.making = None;
+        s.ready.take()
+    }
+}
+
+/// Kills a replica's processes and removes its cgroups and tree, off the async
+/// threads.
+pub async fn discard(config: &crab_runtime::config::Config, ready: Ready) {
+    let config = config.clone();
+    let (seq, id) = (ready.standby.seq, ready.standby.pid);
+    let done = blocking(move || ready.standby.discard(&config)).await;
+    if let Err(e) = done {
+        tracing::warn!(seq, pid = id, error = %e, "discard a standby");
+    }
+}
+
+/// Applies the container's `io.crab.standby` annotation to `config`.
+pub fn configure(
+    config: &mut crab_runtime::config::Config,
+    spec: &oci_spec::runtime::Spec,
+) -> crate::error::ShimResult<()> {
+    let annotations = spec.annotations().as_ref();
+    match annotations.and_then(|a| a.get(STANDBY_ANNOTATION)) {
+        None => Ok(()),
+        Some(v) => config.standby.choose(v).map_err(|m| {
+            crate::error::ShimError::InvalidArgument(format!("{STANDBY_ANNOTATION}: {m}"))
+        }),
+    }
+}
+
+impl TaskService {
+    /// After a checkpoint with a process image: a replica of it, in the
+    /// background (the container's lock is taken there, not here).
+    pub(crate) fn standby_after(&self, id: &str, entry: &Entry) {
+        if !entry.kind.dumps_processes() {
+            return;
+        }
+        let (service, id, seq) = (self.clone(), id.to_string(), entry.seq);
+        tokio::spawn(async move {
+            let Ok(slot) = service.containers.get(&id) else {
+                return;
+            };
+            let Ok(inst) = slot.lock().await else {
+                return;
+            };
+            service.refresh_standby(&id, &inst, seq);
+        });
+    }
+
+    /// Makes a replica of checkpoint `seq` of the container in the background,
+    /// in place of the one it has, if the container asks for replicas.
+    pub(crate) fn refresh_standby(&self, id: &str, inst: &Instance, seq: u64) {
+        if !inst.config().standby.enabled {
+            return;
+        }
+        let (slot, sandbox, stdio) = (
+            inst.standby.clone(),
+            inst.sandbox.clone(),
+            inst.init.stdio.clone(),
+        );
+        let id = id.to_string();
+        tokio::spawn(async move {
+            let config = sandbox.config().clone();
+            let (generation, old) = slot.begin(seq);
+            if let Some(old) = old {
+                discard(&config, old).await;
+            }
+            let made = async {
+                let (pipes, child) = PipeIo::new(&stdio)?;
+                let standby =
+                    blocking(move || sandbox.make_standby(&seq.to_string(), child)).await?;
+                Ok::<_, crate::error::ShimError>(Ready { standby, pipes })
+            }
+            .await;
+            match made {
+                Ok(ready) => {
+                    tracing::info!(%id, seq, pid = ready.standby.pid,
+                        ms = ready.standby.made_in.as_millis() as u64, "standby ready");
+                    if let Some(stale) = slot.fill(generation, Some(ready)) {
+                        discard(&config, stale).await;
+                    }
+                }
+                Err(e) => {
+                    tracing::info!(%id, seq, error = %e,
+                        "no standby");
+                    slot.fill(generation, None);
+                }
+            }
+        });
+    }
+}
+
+/// Adopts `ready` as the container, whose processes `killed` were sent SIGKILL
+/// ([`Sandbox::adopt_standby`]); answers the new init's pid and its stdio. `None`
+/// (logged) when it could not be adopted: nothing of the replica runs then, and
+/// the caller restores the slow way. The leftovers are cleaned in the background.
+pub async fn adopt(
+    sandbox: &Sandbox,
+    ready: Ready,
+    rootfs: PathBuf,
+    killed: Vec<i32>,
+) -> Option<(i32, ProcessIo)> {
+    let Ready { standby, pipes } = ready;
+    let (seq, id) = (standby.seq, sandbox.container().id().to_string());
+    let s = sandbox.clone();
+    let adopted = blocking(move || s.adopt_standby(standby, &rootfs, killed)).await;
+    let (pid, leftovers) = match adopted {
+        Ok(v) => v,
+        Err(e) => {
+            tracing::warn!(%id, seq, error = %e, "standby not adopted: restoring from the images");
+            return None;
+        }
+    };
+    let s = sandbox.clone();
+    tokio::task::spawn_blocking(move || {
+        if let Err(e) = s.clean_after_adoption(leftovers) {
+            tracing::warn!(id = %s.container().id(), error = %e, "clean after a standby's adoption");
+        }
+    });
+    match pipes.start() {
+        Ok(io) => Some((pid, io)),
+        Err(e) => {
+            // Without its stdio the replica is no use: it goes, as a failed
+            // adoption's does.
+            tracing::warn!(%id, seq, error = %e, "standby's stdio: restoring from the images");
+            let _ = sandbox.container().tracking().kill_all();
+            None
+        }
+    }
+}
