@@ -144,10 +144,10 @@ pub fn rollback(config: &Config, namespace: &str, id: &str, checkpoint: &str) ->
             report.checkpoint.name,
             report.checkpoint.seq,
             report.ms,
-            if report.processes {
-                "processes and files restored"
-            } else {
-                "files restored, processes kept"
+            match (report.processes, report.standby) {
+                (true, true) => "processes and files restored (standby adopted)",
+                (true, false) => "processes and files restored",
+                _ => "files restored, processes kept",
             },
             report.pid
         );

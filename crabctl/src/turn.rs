@@ -72,6 +72,12 @@ pub fn stats(config: &Config, namespace: &str, id: &str, json: bool) -> Result<(
             d.p50, d.p95, d.p99, d.max, d.count
         );
     }
+    if let Some(sb) = &s.standby {
+        println!(
+            "  standby: checkpoint seq {}, init pid {}, {} bytes of memory, made in {} ms",
+            sb.seq, sb.pid, sb.memory_bytes, sb.made_ms
+        );
+    }
     Ok(())
 }
 

@@ -172,6 +172,10 @@ pub struct Rollback {
     pub processes: bool,
     /// How long it took.
     pub ms: u64,
+    /// Whether a standby replica was adopted (else the processes were restored
+    /// from the images).
+    #[serde(default)]
+    pub standby: bool,
 }
 
 /// The answer.

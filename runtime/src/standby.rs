@@ -97,7 +97,30 @@ pub struct Standby {
     place: PathBuf,
 }
 
+/// What `crabctl stats` shows of a standby.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Info {
+    /// The checkpoint it is the state of.
+    pub seq: u64,
+    /// Its init's host pid.
+    pub pid: i32,
+    /// The memory its processes hold.
+    pub memory_bytes: u64,
+    /// How long making it took.
+    pub made_ms: u64,
+}
+
 impl Standby {
+    /// What `crabctl stats` shows of it.
+    pub fn info(&self) -> Info {
+        Info {
+            seq: self.seq,
+            pid: self.pid,
+            memory_bytes: self.memory_bytes(),
+            made_ms: self.made_in.as_millis() as u64,
+        }
+    }
+
     /// Its processes' host pids.
     pub fn pids(&self) -> Result<Vec<i32>> {
         self.tracking.pids()
@@ -263,9 +286,16 @@ impl Container {
             return Err(e);
         }
         let exchanged_us = started.elapsed().as_micros() as u64;
+        crate::storage::fault::shim_point("standby.exchanged", config.fault_file.as_deref());
         // The replica's files are the container's now (and the old ones at the
         // standby's path, deleted with the leftovers).
-        let taken = self.take_over(&leftovers.standby, &pids, &store.rootfs(&key)?, rootfs);
+        let taken = self.take_over(
+            config,
+            &leftovers.standby,
+            &pids,
+            &store.rootfs(&key)?,
+            rootfs,
+        );
         if let Err(e) = taken {
             let _ = leftovers.standby.tracking.kill_all();
             for &pid in &pids {
@@ -284,7 +314,14 @@ impl Container {
     /// The steps of an adoption after the trees were exchanged: `tree` (the
     /// container's tree) bound on `rootfs` again, the processes `pids` moved into
     /// the container's cgroups, libcontainer's state, then the processes continued.
-    fn take_over(&self, standby: &Standby, pids: &[i32], tree: &Path, rootfs: &Path) -> Result<()> {
+    fn take_over(
+        &self,
+        config: &Config,
+        standby: &Standby,
+        pids: &[i32],
+        tree: &Path,
+        rootfs: &Path,
+    ) -> Result<()> {
         rebind(tree, rootfs)?;
         let cgroup = self.cgroup_path()?;
         let procs = hierarchies(&standby.cgroup_path, &cgroup);
@@ -309,6 +346,7 @@ impl Container {
             &self.dir(),
             &youki,
         )?;
+        crate::storage::fault::shim_point("standby.moved", config.fault_file.as_deref());
         for &pid in pids {
             // A process that ended meanwhile is not an error.
             let _ = kill(Pid::from_raw(pid), Signal::SIGCONT);
@@ -434,7 +472,8 @@ fn reconcile_in(dir: &Path) -> usize {
             .ok()
             .and_then(|b| serde_json::from_slice(&b).ok());
         match record {
-            Some(r) if Path::new(&format!("/proc/{}", r.holder)).exists() => held += 1,
+            // A killed shim stays a zombie until its parent reaps it: gone.
+            Some(r) if crate::storage::work::pid_alive(r.holder) => held += 1,
             Some(r) => {
                 let tracking = TrackingCgroup::at(r.tracking);
                 let _ = tracking.kill_all();

@@ -137,9 +137,14 @@ impl TaskService {
                 self.turns.gated(&id, us);
                 Ok(Response::Done { changed: true })
             }
-            Request::Stats { id, .. } => Ok(Response::Stats {
-                stats: self.turns.stats(&id),
-            }),
+            Request::Stats { id, .. } => {
+                let mut stats = self.turns.stats(&id);
+                stats.standby = match self.containers.get(&id) {
+                    Ok(slot) => slot.lock().await.ok().and_then(|i| i.standby.info()),
+                    Err(_) => None,
+                };
+                Ok(Response::Stats { stats })
+            }
             Request::Rollback {
                 id,
                 checkpoint,
@@ -285,6 +290,7 @@ impl TaskService {
                 pid: inst.init.pid,
                 processes: false,
                 ms: started.elapsed().as_millis() as u64,
+                standby: false,
             });
         };
 
@@ -329,6 +335,7 @@ impl TaskService {
         // The old processes go first: their tree is replaced, not merged. A
         // replica does not wait for them to be gone: it shares nothing with them.
         let killed = kill_processes(inst).await?;
+        let from_standby = standby.is_some();
         let adopted = match standby {
             Some(ready) => {
                 let rootfs = inst.bundle.join("rootfs");
@@ -350,6 +357,7 @@ impl TaskService {
         }
         let stopped_ms = started.elapsed().as_millis() as u64;
         let mut fs_done_ms = 0;
+        let adopted_ok = adopted.is_some();
         let restored = async {
             if let Some(v) = adopted {
                 return Ok(v);
@@ -388,6 +396,8 @@ impl TaskService {
                     stopped_ms,
                     fs_done_ms,
                     ms,
+                    from_standby,
+                    adopted = adopted_ok,
                     "rolled back"
                 );
                 // The next rollback most likely goes back here too (a search
@@ -412,6 +422,7 @@ impl TaskService {
                     pid,
                     processes: true,
                     ms,
+                    standby: adopted_ok,
                 })
             }
             Err(e) => {

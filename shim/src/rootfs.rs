@@ -147,9 +147,6 @@ fn reconcile(config: &Config) {
     }
     let config = config.clone();
     tokio::spawn(async move {
-        // Standbys of a shim that crashed: their processes are stopped, not gone.
-        let c = config.clone();
-        let _ = tokio::task::spawn_blocking(move || crab_runtime::standby::reconcile(&c)).await;
         match store_op(&config, Reconcile).await {
             Ok(report) => {
                 if !report.removed.is_empty() || !report.completed.is_empty() {

@@ -101,6 +101,11 @@ impl Slot {
         None
     }
 
+    /// What `crabctl stats` shows of the replica ready, if one is.
+    pub fn info(&self) -> Option<crab_runtime::standby::Info> {
+        self.state().ready.as_ref().map(|r| r.standby.info())
+    }
+
     /// Takes whatever replica there is and stops one being made from being kept.
     pub fn clear(&self) -> Option<Ready> {
         let mut s = self.state();

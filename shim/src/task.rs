@@ -116,6 +116,10 @@ impl TaskService {
         let proxy_listener = crate::proxy_listener::claim(&mut config, &spec)?;
         crate::checkpoint::configure_exit(&mut config, &spec)?;
         crate::standby::configure(&mut config, &spec)?;
+        // Standbys of a shim that crashed: their processes are stopped, not gone.
+        // A read of one directory, at every create (a restore's too).
+        let c = config.clone();
+        tokio::task::spawn_blocking(move || crab_runtime::standby::reconcile(&c));
         tracing::info!(id = %req.id, ?source, backend = ?config.storage.backend, "create");
         let key = ContainerKey::new(&self.namespace, &req.id)?;
         // Written before anything is made, so that `delete` after a shim crash knows

@@ -54,6 +54,9 @@ pub struct TurnStats {
     pub queue_ms: Summary,
     /// How long agents' answers were held for their turn's checkpoint.
     pub gating_ms: Summary,
+    /// The container's standby replica, when it has one ready.
+    #[serde(default)]
+    pub standby: Option<crate::standby::Info>,
 }
 
 /// Recent samples of one quantity.

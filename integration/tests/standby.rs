@@ -1,0 +1,252 @@
+//! Standby replicas (docs/standby.md): a container that asks for one keeps its
+//! newest checkpoint (or the one it last rolled back to) restored and stopped,
+//! and a rollback to that checkpoint adopts it. Every check of the slow path
+//! holds: the counter in memory and the files are the checkpoint's, the task
+//! keeps its id, and nothing of a replica outlives its container or its shim.
+
+// Needs root and the private containerd: built only with the `host-tests` feature (hack/test.sh enables it).
+#![cfg(feature = "host-tests")]
+
+use std::time::Duration;
+
+use crab_integration::crash::Crashable;
+use crab_integration::*;
+
+/// Counts in memory and writes the count to a file, five times a second.
+const COUNTER: &str = "i=0; while true; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.2; done";
+
+const ASK_FOR_STANDBY: &[&str] = &["--annotation", "io.crab.standby=true"];
+
+fn count(g: &Guard) -> u64 {
+    g.number("/tmp/count")
+}
+
+fn counter(flags: &[&str]) -> Guard {
+    let g = Guard::run_detached(CRAB, BUSYBOX, flags, &["sh", "-c", COUNTER]);
+    assert!(
+        wait_until(Duration::from_secs(10), || count(&g) >= 3),
+        "counter did not count"
+    );
+    g
+}
+
+/// The standby `crabctl stats` shows: (checkpoint seq, init pid).
+fn standby(id: &str) -> Option<(u64, i32)> {
+    let out = crabctl_ok(&["stats", id, "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let s = &v["standby"];
+    Some((s["seq"].as_u64()?, s["pid"].as_i64()? as i32))
+}
+
+fn wait_for_standby(id: &str, seq: u64) -> i32 {
+    let mut pid = 0;
+    assert!(
+        wait_until(Duration::from_secs(20), || match standby(id) {
+            Some((s, p)) if s == seq => {
+                pid = p;
+                true
+            }
+            _ => false,
+        }),
+        "no standby of checkpoint {seq} for {id}: {:?}",
+        standby(id)
+    );
+    pid
+}
+
+/// The seq of the newest checkpoint.
+fn newest_seq(id: &str) -> u64 {
+    let out = crabctl_ok(&["ls", id, "--json"]);
+    let v: Vec<serde_json::Value> =
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    v.last()
+        .and_then(|e| e["seq"].as_u64())
+        .expect("a checkpoint")
+}
+
+/// Host pids of processes in a standby cgroup of container `id`.
+fn standby_processes(id: &str) -> Vec<i32> {
+    let needle = format!("/{id}@standby-");
+    std::fs::read_dir("/proc")
+        .expect("read /proc")
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+                .is_ok_and(|c| c.contains(&needle))
+        })
+        .collect()
+}
+
+/// State letter of process `pid` (`T`: stopped).
+fn state_of(pid: i32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit(')').next()?.trim().chars().next()
+}
+
+/// Rolls `g` back to `name` and checks what the slow path's tests check: the
+/// count is the dumped one (within `range`), `/mark` holds `mark`, the process
+/// counts on. Answers whether a standby was adopted.
+fn roll_back_and_check(g: &Guard, name: &str, range: std::ops::Range<u64>, mark: &str) -> bool {
+    let out = crabctl_ok(&["rollback", &g.id, name]);
+    assert!(out.contains("processes and files restored"), "{out}");
+    assert_eq!(g.status().as_deref(), Some("RUNNING"));
+    let now = count(g);
+    assert!(
+        range.contains(&now),
+        "count {now} after the rollback to {name}: expected {range:?} ({out})"
+    );
+    assert_eq!(g.exec_ok(&["cat", "/mark"]).trim(), mark, "{out}");
+    assert!(
+        wait_until(Duration::from_secs(5), || count(g) > now),
+        "the process does not count after the rollback to {name} ({out})"
+    );
+    out.contains("standby adopted")
+}
+
+#[test]
+fn a_rollback_to_the_checkpoint_a_standby_holds_adopts_it_and_restores_memory_and_files() {
+    let g = counter(ASK_FOR_STANDBY);
+    g.exec_ok(&["sh", "-c", "echo base > /mark"]);
+    let before = count(&g);
+    crabctl_ok(&["checkpoint", &g.id, "--name", "base"]);
+    let seq = newest_seq(&g.id);
+    for round in 0..5 {
+        let standby_pid = wait_for_standby(&g.id, seq);
+        assert_eq!(
+            state_of(standby_pid),
+            Some('T'),
+            "the standby is not stopped"
+        );
+        g.exec_ok(&["sh", "-c", "echo later > /mark; echo x > /later.txt"]);
+        let old_pid = g.pid();
+        let later = count(&g) + 5;
+        assert!(wait_until(Duration::from_secs(10), || count(&g) >= later));
+        let adopted = roll_back_and_check(&g, "base", before..later, "base");
+        assert!(
+            adopted,
+            "round {round}: the rollback did not adopt the standby"
+        );
+        assert_eq!(g.pid(), standby_pid, "the task's init is not the standby's");
+        assert_ne!(g.pid(), old_pid);
+        assert_eq!(g.exec(&["test", "-e", "/later.txt"]).status.code(), Some(1));
+    }
+}
+
+#[test]
+fn twenty_rollbacks_between_two_checkpoints_land_on_each_with_or_without_a_standby() {
+    let g = counter(ASK_FOR_STANDBY);
+    g.exec_ok(&["sh", "-c", "echo a > /mark"]);
+    let at_a = count(&g);
+    crabctl_ok(&["checkpoint", &g.id, "--name", "a"]);
+    let seq_a = newest_seq(&g.id);
+    // The count in memory may be one ahead of the file's.
+    let after_a = count(&g) + 2;
+    assert!(wait_until(Duration::from_secs(10), || count(&g) >= after_a + 3));
+    g.exec_ok(&["sh", "-c", "echo b > /mark"]);
+    let at_b = count(&g);
+    crabctl_ok(&["checkpoint", &g.id, "--name", "b"]);
+    let seq_b = newest_seq(&g.id);
+    let after_b = count(&g) + 2;
+    let mut adopted = 0;
+    // a a b b a a ...: the first of each pair restores from the images (the
+    // standby holds the other checkpoint), the second adopts the replica made
+    // after the first.
+    for i in 0..20 {
+        let (name, seq, range) = if (i / 2) % 2 == 0 {
+            ("a", seq_a, at_a..after_a)
+        } else {
+            ("b", seq_b, at_b..after_b)
+        };
+        if i % 2 == 1 {
+            wait_for_standby(&g.id, seq);
+        }
+        g.exec_ok(&["sh", "-c", "echo moved > /mark"]);
+        let was = roll_back_and_check(&g, name, range, name);
+        if i % 2 == 1 {
+            assert!(was, "rollback {i} to {name}: the standby was not adopted");
+            adopted += 1;
+        }
+    }
+    assert_eq!(adopted, 10);
+}
+
+#[test]
+fn a_container_that_does_not_ask_keeps_no_standby() {
+    let g = counter(&[]);
+    g.exec_ok(&["sh", "-c", "echo base > /mark"]);
+    let before = count(&g);
+    crabctl_ok(&["checkpoint", &g.id, "--name", "base"]);
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(standby(&g.id), None);
+    assert!(standby_processes(&g.id).is_empty());
+    let adopted = roll_back_and_check(&g, "base", before..before + 50, "base");
+    assert!(!adopted);
+}
+
+#[test]
+fn deleting_a_container_kills_its_standby() {
+    let g = counter(ASK_FOR_STANDBY);
+    crabctl_ok(&["checkpoint", &g.id]);
+    let pid = wait_for_standby(&g.id, newest_seq(&g.id));
+    assert!(standby_processes(&g.id).contains(&pid));
+    let id = g.id.clone();
+    drop(g);
+    assert!(
+        wait_until(Duration::from_secs(10), || standby_processes(&id)
+            .is_empty()),
+        "the standby's processes outlived their container: {:?}",
+        standby_processes(&id)
+    );
+    assert!(
+        state_of(pid).is_none(),
+        "the standby's init {pid} is still there"
+    );
+}
+
+/// The shim dies at `point` while it adopts a standby (rolling back to `base`
+/// while a newer checkpoint exists): `crabctl restore` brings back the newest
+/// durable checkpoint whole, never a mix of the two, and the replica's stopped
+/// processes are gone once a shim starts again.
+fn shim_killed_while_adopting(point: &str) {
+    let c = Crashable::start_with("[standby]\nenabled = true\n");
+    let g = &c.guard;
+    g.exec_ok(&["sh", "-c", "echo base > /mark"]);
+    crabctl_ok(&["checkpoint", &g.id, "--name", "base"]);
+    let base = newest_seq(&g.id);
+    g.exec_ok(&["sh", "-c", "echo newer > /mark"]);
+    let at_newer = c.count();
+    crabctl_ok(&["checkpoint", &g.id, "--name", "newer"]);
+    // After the newer checkpoint's replica, a rollback to base makes base's.
+    wait_for_standby(&g.id, newest_seq(&g.id));
+    crabctl_ok(&["rollback", &g.id, "base"]);
+    wait_for_standby(&g.id, base);
+    let out = c.crash_during(&format!("shim:{point}"), &["rollback", &g.id, "base"]);
+    assert!(!out.status.success(), "the rollback survived the crash");
+    c.wait_gone();
+    let out = crabctl_ok(&["restore", &g.id]);
+    assert!(out.contains("restored from checkpoint newer"), "{out}");
+    assert_eq!(g.exec_ok(&["cat", "/mark"]).trim(), "newer");
+    let now = c.count();
+    assert!(
+        now >= at_newer && now < at_newer + 25,
+        "count {now}, {at_newer} at newer"
+    );
+    c.assert_runs("the restore");
+    assert!(
+        wait_until(Duration::from_secs(10), || standby_processes(&g.id)
+            .is_empty()),
+        "stopped standby processes outlived the crashed shim: {:?}",
+        standby_processes(&g.id)
+    );
+}
+
+#[test]
+fn a_shim_killed_after_the_trees_were_exchanged_restores_the_newest_checkpoint_whole() {
+    shim_killed_while_adopting("standby.exchanged");
+}
+
+#[test]
+fn a_shim_killed_after_the_processes_moved_restores_the_newest_checkpoint_whole() {
+    shim_killed_while_adopting("standby.moved");
+}
