@@ -590,4 +590,38 @@ mod tests {
         // containerd's identifiers: letters, digits and . _ - only.
         assert!(crate::storage::ContainerKey::new("default", "web@standby").is_err());
     }
+
+    fn record(holder: i32) -> Record {
+        Record {
+            holder,
+            id: "web".into(),
+            tracking: PathBuf::from("/nonexistent/crab-test/tracking"),
+            cgroup: PathBuf::from("/crab-test-nonexistent/web@standby-1-1"),
+        }
+    }
+
+    #[test]
+    fn the_host_budget_counts_live_makers_and_frees_the_places_of_dead_ones() {
+        let dir = std::env::temp_dir().join(format!("crab-standby-{}", std::process::id()));
+        let mut config = Config {
+            state_dir: dir.clone(),
+            ..Config::default()
+        };
+        config.standby.max_per_host = 2;
+        let me = std::process::id() as i32;
+        let a = reserve(&config, "ns/a@standby-1-1", &record(me)).unwrap();
+        // A place whose maker is gone (no such pid) counts for nothing.
+        let dead = config
+            .state_dir
+            .join("standbys")
+            .join("ns.gone@standby-9-9");
+        std::fs::write(&dead, serde_json::to_vec(&record(i32::MAX)).unwrap()).unwrap();
+        reserve(&config, "ns/b@standby-1-2", &record(me)).unwrap();
+        assert!(!dead.exists(), "the dead maker's place was not freed");
+        let refused = reserve(&config, "ns/c@standby-1-3", &record(me)).unwrap_err();
+        assert!(refused.to_string().contains("max_per_host"), "{refused}");
+        std::fs::remove_file(a).unwrap();
+        reserve(&config, "ns/c@standby-1-3", &record(me)).unwrap();
+        std::fs::remove_dir_all(dir).unwrap();
+    }
 }

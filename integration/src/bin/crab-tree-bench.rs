@@ -52,21 +52,66 @@ trait Search {
     fn name(&self) -> &'static str;
     fn checkpoint(&mut self, g: &Guard, node: usize);
     fn rollback(&mut self, g: &Guard, node: usize);
+    /// Flags of `ctr run` for the sandbox.
+    fn flags(&self) -> &'static [&'static str] {
+        &[]
+    }
+    /// Reads what it reports about the sandbox, before it is removed.
+    fn at_end(&mut self, _g: &Guard) {}
+    /// A line under the table.
+    fn note(&self) -> Option<String> {
+        None
+    }
     /// Removes what the search left outside the container.
     fn finish(&mut self) {}
 }
 
-struct Crab;
+/// Crab, with or without a standby replica (`io.crab.standby=true`).
+struct Crab {
+    standby: bool,
+    /// Rollbacks that adopted a replica.
+    adopted: usize,
+    /// The replica's memory at the end (`crabctl stats`).
+    standby_bytes: u64,
+}
 
 impl Search for Crab {
     fn name(&self) -> &'static str {
-        "crab (`crabctl checkpoint` / `rollback`)"
+        if self.standby {
+            "crab with a standby (`io.crab.standby=true`)"
+        } else {
+            "crab (`crabctl checkpoint` / `rollback`)"
+        }
     }
     fn checkpoint(&mut self, g: &Guard, node: usize) {
         crabctl_ok(&["checkpoint", &g.id, "--name", &format!("n{node}")]);
     }
     fn rollback(&mut self, g: &Guard, node: usize) {
-        crabctl_ok(&["rollback", &g.id, &format!("n{node}")]);
+        let out = crabctl_ok(&["rollback", &g.id, &format!("n{node}")]);
+        if out.contains("standby adopted") {
+            self.adopted += 1;
+        }
+    }
+    fn flags(&self) -> &'static [&'static str] {
+        if self.standby {
+            &["--annotation", "io.crab.standby=true"]
+        } else {
+            &[]
+        }
+    }
+    fn at_end(&mut self, g: &Guard) {
+        let out = crabctl_ok(&["stats", &g.id, "--json"]);
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_default();
+        self.standby_bytes = v["standby"]["memory_bytes"].as_u64().unwrap_or(0);
+    }
+    fn note(&self) -> Option<String> {
+        self.standby.then(|| {
+            format!(
+                "{} rollbacks adopted a standby; the standby held {:.1} MiB at the end",
+                self.adopted,
+                self.standby_bytes as f64 / (1 << 20) as f64
+            )
+        })
     }
 }
 
@@ -169,16 +214,25 @@ fn main() {
     let script = sandbox_script(cli.heap_mb);
     let unpacked = unpacked_checkpoints();
     let mut runs = Vec::new();
-    let systems: [(&str, Box<dyn Search>); 2] = [
-        (CRAB, Box::new(Crab)),
+    let crab = |standby| Crab {
+        standby,
+        adopted: 0,
+        standby_bytes: 0,
+    };
+    let systems: [(&str, Box<dyn Search>); 3] = [
+        (CRAB, Box::new(crab(true))),
+        (CRAB, Box::new(crab(false))),
         (RUNC, Box::new(Runc { image: None })),
     ];
+    let mut notes = Vec::new();
     for (runtime, mut system) in systems {
-        let g = Guard::run_detached(runtime, PYTHON, &[], &["python3", "-c", &script]);
+        let g = Guard::run_detached(runtime, PYTHON, system.flags(), &["python3", "-c", &script]);
         // The heap written before the first node.
         std::thread::sleep(Duration::from_secs(2));
         let run = search(system.as_mut(), &g, &cli);
+        system.at_end(&g);
         runs.push((system.name(), run));
+        notes.extend(system.note());
         drop(g);
         system.finish();
     }
@@ -213,4 +267,7 @@ fn main() {
         cli.heap_mb,
         cores()
     );
+    for n in notes {
+        println!("{n}.");
+    }
 }
