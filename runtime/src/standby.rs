@@ -93,6 +93,9 @@ pub struct Standby {
     cgroup_path: PathBuf,
     /// Its CRIU work directory.
     work: PathBuf,
+    /// The `cgroup.procs` files of the container's cgroups its processes move to
+    /// ([`hierarchies`]), found when it was made.
+    moves: Vec<PathBuf>,
     /// Its place in the host's budget ([`reserve`]), given back when it goes.
     place: PathBuf,
 }
@@ -187,7 +190,8 @@ impl Container {
         let key = self.key()?;
         let suffix = next_suffix();
         let tracking = TrackingCgroup::at(cgroup_path(&self.state.tracking_cgroup, &suffix));
-        let cgroup_path = cgroup_path(&self.cgroup_path()?, &suffix);
+        let own_cgroup = self.cgroup_path()?;
+        let cgroup_path = cgroup_path(&own_cgroup, &suffix);
         let record = Record {
             holder: std::process::id() as i32,
             id: self.state.id.clone(),
@@ -232,6 +236,7 @@ impl Container {
                 id: self.state.id.clone(),
                 tree,
                 tracking,
+                moves: hierarchies(&cgroup_path, &own_cgroup),
                 cgroup_path,
                 work,
                 place,
@@ -322,30 +327,26 @@ impl Container {
         tree: &Path,
         rootfs: &Path,
     ) -> Result<()> {
+        let t = Instant::now();
         rebind(tree, rootfs)?;
-        let cgroup = self.cgroup_path()?;
-        let procs = hierarchies(&standby.cgroup_path, &cgroup);
+        let rebound_us = t.elapsed().as_micros() as u64;
         for &pid in pids {
             self.tracking().add(pid)?;
-            for file in &procs {
+            for file in &standby.moves {
                 std::fs::write(file, pid.to_string())
                     .map_err(Error::io(format!("move pid {pid} into {}", file.display())))?;
             }
         }
-        let spec = crate::container::load_spec(&self.state.bundle)?;
-        let mut youki = libcontainer::config::YoukiConfig::from_spec(&spec, &self.state.id)
-            .map_err(|e| Error::InvalidSpec {
-                bundle: self.state.bundle.clone(),
-                message: e.to_string(),
-            })?;
-        youki.cgroup_path = cgroup;
-        crate::checkpoint::restore_helper::save_state(
-            &self.state.id,
-            standby.pid,
-            &self.state.bundle,
-            &self.dir(),
-            &youki,
-        )?;
+        let moved_us = t.elapsed().as_micros() as u64;
+        // The container's libcontainer configuration (its cgroup path) stays; the
+        // init is the replica's.
+        let mut lc = self.lc()?;
+        lc.state.pid = Some(standby.pid);
+        lc.state.status = libcontainer::container::ContainerStatus::Running;
+        lc.save()
+            .map_err(Error::libcontainer("record the adopted init"))?;
+        tracing::debug!(id = %self.state.id, rebound_us, moved_us,
+            recorded_us = t.elapsed().as_micros() as u64, "standby taken over");
         crate::storage::fault::shim_point("standby.moved", config.fault_file.as_deref());
         for &pid in pids {
             // A process that ended meanwhile is not an error.
