@@ -411,6 +411,25 @@ enum DumpCrash {
     /// SIGKILL from outside while CRIU is writing the images: the helper and
     /// CRIU die with the shim.
     KilledWhileCriuWrites,
+    /// At the fault point `checkpoint.recorded`: the turn's checkpoint is
+    /// durable, its answer not yet released to the agent.
+    AfterRecorded,
+}
+
+impl DumpCrash {
+    /// The fault point armed for it, if any.
+    fn point(self) -> Option<&'static str> {
+        match self {
+            DumpCrash::FaultPoint => Some("shim:checkpoint.dumped"),
+            DumpCrash::KilledWhileCriuWrites => None,
+            DumpCrash::AfterRecorded => Some("shim:checkpoint.recorded"),
+        }
+    }
+
+    /// Whether the crashed turn's checkpoint became durable.
+    fn recorded(self) -> bool {
+        matches!(self, DumpCrash::AfterRecorded)
+    }
 }
 
 /// The CRIU that dumps a checkpoint of container `id` (its images go under
@@ -439,13 +458,16 @@ fn criu_writing_images(id: &str) -> Option<i32> {
 }
 
 /// The shim dies (as `crash` says) during the turn checkpoint after step
-/// [`WRITES_AFTER_READS`]'s tool. The checkpoint leaves no entry, only its
-/// half-made images; `crabctl restore` brings back the previous checkpoint,
-/// the turn that asked for that step; Claude Code is fast-forwarded, runs the
-/// tool again, and asks the LLM again for the step whose answer the dead
-/// checkpoint held back. The next checkpoint of that seq clears what the dead
-/// one left, and the task ends as without the crash.
-fn shim_killed_in_a_turns_dump_restores_the_previous_checkpoint(crash: DumpCrash) {
+/// [`WRITES_AFTER_READS`]'s tool. A checkpoint that died before it was
+/// recorded leaves no entry, only its half-made images; `crabctl restore`
+/// brings back the previous checkpoint, the turn that asked for that step;
+/// Claude Code is fast-forwarded, runs the tool again, and asks the LLM again
+/// for the step whose answer the dead checkpoint held back. The next
+/// checkpoint of that seq clears what the dead one left. One that was
+/// recorded is restored itself, with nothing to replay: Claude Code comes back
+/// waiting for the answer it never got, and asks again. Either way the task
+/// ends as without the crash.
+fn shim_killed_in_a_turns_checkpoint_restores_the_newest_durable_one(crash: DumpCrash) {
     let t = trajectory::load(TASK);
     let fault_free = claude_code_does(&t);
     assert!(fault_free.verified, "Claude Code: {TASK}'s verify failed");
@@ -472,10 +494,17 @@ fn shim_killed_in_a_turns_dump_restores_the_previous_checkpoint(crash: DumpCrash
         "Claude Code never asked for step {WRITES_AFTER_READS}: {:#?}",
         claude::requests(&llm)
     );
-    // The turn asking for it ran read-only tools: a skip, which dumps
-    // nothing, so the next dump is the next turn's.
-    if let DumpCrash::FaultPoint = crash {
-        std::fs::write(&fault_file, "shim:checkpoint.dumped").expect("arm the fault");
+    // The turn asking for it (a skip: its tools were read-only) is recorded
+    // before the fault is armed, for a skip passes `checkpoint.recorded` too;
+    // each Messages request is a turn, the held one included.
+    let asking = llm.seen().iter().filter(|s| s.is_message()).count() as u64 + 1;
+    assert!(
+        wait_until(Duration::from_secs(30), || newest_seq(&g.id) == asking),
+        "the turn asking for step {WRITES_AFTER_READS} is not seq {asking}: {:#?}",
+        history(&g.id)
+    );
+    if let Some(point) = crash.point() {
+        std::fs::write(&fault_file, point).expect("arm the fault");
     }
     llm.hold_step(WRITES_AFTER_READS + 1);
     // The proxy sends the turn's request on while the turn's checkpoint runs.
@@ -506,30 +535,51 @@ fn shim_killed_in_a_turns_dump_restores_the_previous_checkpoint(crash: DumpCrash
     }
     let crashed = wait_until(Duration::from_secs(60), || shim_pids(&g.id).is_empty());
     let _ = std::fs::remove_file(&fault_file);
-    assert!(crashed, "the shim did not die in the checkpoint's dump");
+    assert!(crashed, "the shim did not die in the turn's checkpoint");
     assert!(
         wait_until(Duration::from_secs(10), || proxy_pids(&g.id).is_empty()),
         "the proxy outlived its shim"
     );
-    // The dead checkpoint recorded nothing: the newest is the turn that asked
-    // for step WRITES_AFTER_READS, whose answer is journaled under it.
+    // The answer to step WRITES_AFTER_READS is journaled under the turn that
+    // asked for it; the crashed turn's never reached the agent.
     let asked_at = journaled_seq_of_step(&g.id, WRITES_AFTER_READS)
         .expect("the answer to the step before the crash is journaled");
-    assert_eq!(newest_seq(&g.id), asked_at, "{:#?}", history(&g.id));
     assert_eq!(journaled_seq_of_step(&g.id, WRITES_AFTER_READS + 1), None);
-    // What the dump wrote is left, under the seq it would have had.
-    let half_made = history_dir(&g.id).join(format!(".{}.tmp", asked_at + 1));
-    assert!(
-        half_made.join("criu").is_dir(),
-        "no images of the dead dump at {}",
-        half_made.display()
-    );
+    let crashed_turn = asked_at + 1;
+    let newest = if crash.recorded() {
+        // Durable: the crashed turn's own full checkpoint.
+        let entries = history(&g.id);
+        let last = entries.last().expect("a checkpoint");
+        assert_eq!(last["seq"], crashed_turn, "{entries:#?}");
+        assert_eq!(last["kind"], "full", "{entries:#?}");
+        crashed_turn
+    } else {
+        // The dead checkpoint recorded nothing; what the dump wrote is left,
+        // under the seq it would have had.
+        assert_eq!(newest_seq(&g.id), asked_at, "{:#?}", history(&g.id));
+        let half_made = history_dir(&g.id).join(format!(".{crashed_turn}.tmp"));
+        assert!(
+            half_made.join("criu").is_dir(),
+            "no images of the dead dump at {}",
+            half_made.display()
+        );
+        asked_at
+    };
     llm.let_go();
     let out = crabctl_ok(&["restore", &g.id]);
     eprintln!("{out}");
-    assert_eq!(restored_from(&out), asked_at);
+    assert_eq!(restored_from(&out), newest);
     claude_code_finishes(&g, &llm);
-    assert_fast_forwarded(&g);
+    if crash.recorded() {
+        // Its own image: nothing to replay.
+        let lines = fast_forward_lines(&g);
+        assert!(
+            !lines.iter().any(|l| l.contains("answers replayed")),
+            "{lines:#?}"
+        );
+    } else {
+        assert_fast_forwarded(&g);
+    }
     // Asked twice: the step whose request the dead checkpoint's turn sent
     // (its answer was held by the gate, never released), once more live.
     let mut expected = vec![1; n];
@@ -542,7 +592,11 @@ fn shim_killed_in_a_turns_dump_restores_the_previous_checkpoint(crash: DumpCrash
     );
     // The dead dump's images and snapshot went when its seq was used again.
     assert_nothing_left_over(&g.id);
-    let recovered = recovered(&g, &t, &format!("the crash in the turn's dump ({crash:?})"));
+    let recovered = recovered(
+        &g,
+        &t,
+        &format!("the crash in the turn's checkpoint ({crash:?})"),
+    );
     assert_eq!(
         recovered.digest, fault_free.digest,
         "the restored run's state differs from the fault-free run's"
@@ -552,11 +606,19 @@ fn shim_killed_in_a_turns_dump_restores_the_previous_checkpoint(crash: DumpCrash
 #[test]
 fn claude_codes_shim_killed_after_criu_dumped_a_turn_is_restored_from_the_previous_checkpoint_and_ends_as_without_the_crash(
 ) {
-    shim_killed_in_a_turns_dump_restores_the_previous_checkpoint(DumpCrash::FaultPoint);
+    shim_killed_in_a_turns_checkpoint_restores_the_newest_durable_one(DumpCrash::FaultPoint);
 }
 
 #[test]
 fn claude_codes_shim_killed_while_criu_writes_a_turns_images_is_restored_from_the_previous_checkpoint_and_ends_as_without_the_crash(
 ) {
-    shim_killed_in_a_turns_dump_restores_the_previous_checkpoint(DumpCrash::KilledWhileCriuWrites);
+    shim_killed_in_a_turns_checkpoint_restores_the_newest_durable_one(
+        DumpCrash::KilledWhileCriuWrites,
+    );
+}
+
+#[test]
+fn claude_codes_shim_killed_after_a_turns_checkpoint_is_recorded_and_before_its_answer_is_restored_from_that_checkpoint_and_ends_as_without_the_crash(
+) {
+    shim_killed_in_a_turns_checkpoint_restores_the_newest_durable_one(DumpCrash::AfterRecorded);
 }
