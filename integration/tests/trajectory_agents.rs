@@ -16,8 +16,8 @@ use crab_integration::crash::{assert_nothing_left_over, history_dir};
 use crab_integration::docker::{docker_inspect, DockerGuard, DOCKER_PYTHON, DOCKER_RUNTIME, MOBY};
 use crab_integration::mini_swe_agent::{Agent, Options, Proxy};
 use crab_integration::{
-    anthropic, claude, crabctl_ok, journal_dir, kill_shim_and_init, namespace, openai, proxy_pids,
-    shim_pids, trajectory, unique_id, wait_until, Guard,
+    anthropic, claude, crabctl_ok, journal_dir, kill_shim_and_init, kill_shim_of, namespace,
+    openai, proxy_pids, shim_pids, trajectory, unique_id, wait_until, Guard,
 };
 use serde_json::Value;
 
@@ -520,13 +520,7 @@ fn shim_killed_in_a_turns_checkpoint_restores_the_newest_durable_one(crash: Dump
                 .is_some()),
             "no dump of the turn after step {WRITES_AFTER_READS}"
         );
-        let shims = shim_pids(&g.id);
-        assert_eq!(shims.len(), 1, "one shim serves {}", g.id);
-        let killed = std::process::Command::new("kill")
-            .args(["-9", &shims[0].to_string()])
-            .status()
-            .expect("kill");
-        assert!(killed.success());
+        kill_shim_of(&g.id);
         assert!(
             wait_until(Duration::from_secs(5), || criu_writing_images(&g.id)
                 .is_none()),
