@@ -1,15 +1,18 @@
 //! `crabctl checkpoint / ls / rm / rollback`: a running container's checkpoint history,
-//! through its shim's control socket.
+//! through its shim's control socket (`ls` of a container whose shim is gone
+//! reads the history itself).
 
 use std::time::Duration;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use crab_runtime::checkpoint::history::Entry;
+use crab_runtime::checkpoint::history_store::HistoryStore;
 use crab_runtime::checkpoint::ops::CheckpointRequest;
 use crab_runtime::checkpoint::Kind;
 use crab_runtime::config::Config;
 use crab_runtime::control::{self, Request, Response};
 use crab_runtime::error::Failure;
+use crab_runtime::storage::ContainerKey;
 
 /// Longest a request may take (a large dump).
 const TIMEOUT: Duration = Duration::from_secs(600);
@@ -76,16 +79,7 @@ pub fn take_full(config: &Config, namespace: &str, id: &str) -> Result<String> {
 
 /// `crabctl ls`.
 pub fn list(config: &Config, namespace: &str, id: &str, json: bool) -> Result<()> {
-    let r = call(
-        config,
-        Request::List {
-            namespace: namespace.into(),
-            id: id.into(),
-        },
-    )?;
-    let Response::Entries { entries } = r else {
-        bail!("unexpected answer {r:?}");
-    };
+    let entries = entries(config, namespace, id)?;
     if json {
         println!("{}", serde_json::to_string_pretty(&entries)?);
         return Ok(());
@@ -95,6 +89,33 @@ pub fn list(config: &Config, namespace: &str, id: &str, json: bool) -> Result<()
         print_entry(e);
     }
     Ok(())
+}
+
+/// The checkpoints of container `namespace/id`, from its shim; when no shim
+/// answers (it crashed, or the task is gone), from the history on disk, under
+/// its lock as the shim reads it: after a crash, the history is what one
+/// chooses the checkpoint to restore from.
+fn entries(config: &Config, namespace: &str, id: &str) -> Result<Vec<Entry>> {
+    let request = Request::List {
+        namespace: namespace.into(),
+        id: id.into(),
+    };
+    match control::call(config, &request, TIMEOUT) {
+        Ok(Response::Entries { entries }) => Ok(entries),
+        Ok(Response::Error { kind, message }) => Err(Failure::new(kind, message).into()),
+        Ok(r) => bail!("unexpected answer {r:?}"),
+        Err(crab_runtime::Error::NotFound(why)) => {
+            let key = ContainerKey::new(namespace, id)?;
+            if !HistoryStore::exists(config, &key) {
+                bail!("container {why} not found, and it has no checkpoint history");
+            }
+            tracing::debug!(%key, "no shim answers: the history is read from disk");
+            let history = HistoryStore::open(config, &key)
+                .with_context(|| format!("read the checkpoint history of {key}"))?;
+            Ok(history.history().entries.clone())
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 fn print_entry(e: &Entry) {
@@ -153,4 +174,48 @@ pub fn rollback(config: &Config, namespace: &str, id: &str, checkpoint: &str) ->
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crab_runtime::checkpoint::Timings;
+
+    fn entry(seq: u64) -> Entry {
+        Entry {
+            seq,
+            name: seq.to_string(),
+            parent: seq.checked_sub(1).filter(|p| *p > 0),
+            kind: Kind::Full,
+            fs_snapshot: Some(format!("ckpt-{seq}")),
+            process_image: Some(seq),
+            created_ms: 0,
+            process_bytes: 1,
+            timings: Timings::default(),
+            marked: false,
+        }
+    }
+
+    #[test]
+    fn test_ls_of_a_container_whose_shim_is_gone_reads_its_history_from_disk() {
+        let dir = std::env::temp_dir().join(format!("crabctl-ls-{}", std::process::id()));
+        let mut config = Config {
+            state_dir: dir.join("run"),
+            ..Config::default()
+        };
+        config.checkpoint.store = dir.join("store");
+        let key = ContainerKey::new("ns", "crashed").unwrap();
+        let mut h = HistoryStore::open(&config, &key).unwrap();
+        h.history_mut().entries = vec![entry(1), entry(2)];
+        h.history_mut().next_seq = 3;
+        h.save().unwrap();
+        drop(h);
+        // No control socket: no shim serves the container.
+        let listed = entries(&config, "ns", "crashed").unwrap();
+        assert_eq!(listed, vec![entry(1), entry(2)]);
+        // A container that never had a history is still not found.
+        let e = entries(&config, "ns", "never").unwrap_err().to_string();
+        assert!(e.contains("not found"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -81,7 +81,8 @@ impl Hold {
         }
         s.2 += 1;
         self.changed.notify_all();
-        while !s.1 {
+        // Until let go, or until the test holds another step instead.
+        while s.0 == Some(step) && !s.1 {
             s = self.changed.wait(s).unwrap();
         }
     }
@@ -106,9 +107,12 @@ impl Scripted {
         Scripted { port, seen, hold }
     }
 
-    /// From now on, answers to step `step` wait until [`Scripted::let_go`].
+    /// From now on, answers to step `step` wait until [`Scripted::let_go`],
+    /// or until another step is held: holding the next step lets the one
+    /// held before go, so a test can stop the agent at two places in a row.
     pub fn hold_step(&self, step: usize) {
         *self.hold.state.lock().unwrap() = (Some(step), false, 0);
+        self.hold.changed.notify_all();
     }
 
     /// Waits until a request for the held step waits (false after `timeout`).
@@ -345,6 +349,24 @@ mod tests {
             messages.push(json!({"role": "user", "content": "result"}));
         }
         json!({"model": "m", "tools": [{"name": "Bash"}], "messages": messages})
+    }
+
+    #[test]
+    fn test_holding_the_next_step_lets_the_held_one_go_and_holds_the_next() {
+        let s = Scripted::start(vec![Step::Text("first"), Step::Text("second")]);
+        let port = s.port;
+        s.hold_step(0);
+        let first = std::thread::spawn(move || post(port, &main_loop(0)));
+        assert!(s.wait_held(std::time::Duration::from_secs(10)));
+        assert!(!first.is_finished(), "step 0 was answered while held");
+        s.hold_step(1);
+        assert!(first.join().unwrap().contains("\"first\""));
+        let second = std::thread::spawn(move || post(port, &main_loop(1)));
+        assert!(s.wait_held(std::time::Duration::from_secs(10)));
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        assert!(!second.is_finished(), "step 1 was answered while held");
+        s.let_go();
+        assert!(second.join().unwrap().contains("\"second\""));
     }
 
     #[test]

@@ -18,13 +18,21 @@ pub const INIT: &str = "cd /root && \
 /// Claude Code running `task` in a sandbox whose proxy goes to `llm`, with
 /// these extra `ctr run` arguments (annotations).
 pub fn run(llm: &Scripted, task: &str, extra: &[&str]) -> Guard {
+    run_configured(llm, task, extra, "")
+}
+
+/// [`run`], with `config` (TOML) added to the shim's configuration: say a
+/// `fault_file` for a test that crashes the shim at a chosen point.
+pub fn run_configured(llm: &Scripted, task: &str, extra: &[&str], config: &str) -> Guard {
     let images = ctr_ok(&["images", "ls", "-q"]);
     assert!(
         images.lines().any(|l| l == AGENT),
         "{AGENT} is not imported: run `hack/build-images.sh agent`, then `hack/containerd.sh start`"
     );
     let upstream = llm.url();
-    let config = config_with(&format!("[proxy]\nupstreams = [\"{upstream}\"]\n"));
+    let config = config_with(&format!(
+        "{config}\n[proxy]\nupstreams = [\"{upstream}\"]\n"
+    ));
     let task = format!("TASK={task}");
     let upstream_annotation = format!("io.crab.proxy.upstream={upstream}");
     let mut args = vec![

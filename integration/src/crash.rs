@@ -83,35 +83,10 @@ impl Crashable {
         serde_json::from_str(&out).expect("crabctl ls --json")
     }
 
-    /// Nothing but the recorded checkpoints' parts is left: no process image
-    /// directory (or temporary one) and no checkpoint snapshot that no entry names.
+    /// Nothing but the recorded checkpoints' parts is left (see
+    /// [`assert_nothing_left_over`]).
     pub fn assert_nothing_left_over(&self) {
-        let entries = self.entries();
-        let images: BTreeSet<String> = entries
-            .iter()
-            .filter_map(|e| e["process_image"].as_u64())
-            .map(|s| s.to_string())
-            .collect();
-        let snapshots: BTreeSet<String> = entries
-            .iter()
-            .filter_map(|e| e["fs_snapshot"].as_str().map(String::from))
-            .collect();
-        let dir = history_dir(self.id());
-        let on_disk: BTreeSet<String> = std::fs::read_dir(&dir)
-            .expect("history dir")
-            .flatten()
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .filter(|n| n.starts_with('.') || n.parse::<u64>().is_ok())
-            .collect();
-        assert_eq!(on_disk, images, "process images in {}", dir.display());
-        let listed = crabctl_ok(&["fs", "ls", self.id()]);
-        let in_store: BTreeSet<String> = listed
-            .lines()
-            .filter_map(|l| l.split('\t').next())
-            .filter(|n| n.starts_with("ckpt-"))
-            .map(String::from)
-            .collect();
-        assert_eq!(in_store, snapshots, "checkpoint snapshots in the store");
+        assert_nothing_left_over(self.id());
     }
 
     /// A file written after checkpoint `name`, then a rollback to it: the file and
@@ -156,6 +131,39 @@ impl Drop for Crashable {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.fault_file);
     }
+}
+
+/// Nothing but the recorded checkpoints' parts of container `id` is left: no
+/// process image directory (or temporary one) and no checkpoint snapshot that no
+/// entry names.
+pub fn assert_nothing_left_over(id: &str) {
+    let entries: Vec<serde_json::Value> =
+        serde_json::from_str(&crabctl_ok(&["ls", id, "--json"])).expect("crabctl ls --json");
+    let images: BTreeSet<String> = entries
+        .iter()
+        .filter_map(|e| e["process_image"].as_u64())
+        .map(|s| s.to_string())
+        .collect();
+    let snapshots: BTreeSet<String> = entries
+        .iter()
+        .filter_map(|e| e["fs_snapshot"].as_str().map(String::from))
+        .collect();
+    let dir = history_dir(id);
+    let on_disk: BTreeSet<String> = std::fs::read_dir(&dir)
+        .expect("history dir")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with('.') || n.parse::<u64>().is_ok())
+        .collect();
+    assert_eq!(on_disk, images, "process images in {}", dir.display());
+    let listed = crabctl_ok(&["fs", "ls", id]);
+    let in_store: BTreeSet<String> = listed
+        .lines()
+        .filter_map(|l| l.split('\t').next())
+        .filter(|n| n.starts_with("ckpt-"))
+        .map(String::from)
+        .collect();
+    assert_eq!(in_store, snapshots, "checkpoint snapshots in the store");
 }
 
 /// Runs crabctl with `CRAB_FAULT=point`: it must die of SIGKILL there (a point it

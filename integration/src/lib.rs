@@ -499,17 +499,48 @@ pub fn interfaces(pid: i32) -> Vec<String> {
         .collect()
 }
 
+/// The parent of process `pid`, from `/proc/<pid>/stat`.
+fn parent_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the command name, which may hold spaces and parentheses.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Kills the shim of container `id` with SIGKILL. A child the shim has just
+/// forked and that has not yet exec'd (a helper starting for a turn's
+/// checkpoint) still shows the shim's command line: it is killed too, and not
+/// taken for a second shim.
+pub fn kill_shim_of(id: &str) {
+    let matching = shim_pids(id);
+    let shims: Vec<i32> = matching
+        .iter()
+        .copied()
+        .filter(|pid| parent_of(*pid).is_none_or(|parent| !matching.contains(&parent)))
+        .collect();
+    assert_eq!(shims.len(), 1, "one shim serves {id}: {matching:?}");
+    let status = std::process::Command::new("kill")
+        .args(["-9", &shims[0].to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success(), "kill -9 {}", shims[0]);
+    for child in matching.iter().filter(|pid| **pid != shims[0]) {
+        // It may have exec'd or died meanwhile.
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(*child),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+}
+
 /// Kills container `g`'s shim and init with SIGKILL (the kernel kills the rest of
 /// its pid namespace), and waits for nobody to notice: a crash.
 pub fn kill_shim_and_init(g: &Guard) {
-    let mut victims = shim_pids(&g.id);
-    assert_eq!(victims.len(), 1, "one shim serves {}", g.id);
-    victims.push(g.pid());
-    for pid in victims {
-        let status = std::process::Command::new("kill")
-            .args(["-9", &pid.to_string()])
-            .status()
-            .expect("kill");
-        assert!(status.success(), "kill -9 {pid}");
-    }
+    let init = g.pid();
+    kill_shim_of(&g.id);
+    let status = std::process::Command::new("kill")
+        .args(["-9", &init.to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success(), "kill -9 {init}");
 }

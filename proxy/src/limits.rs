@@ -110,6 +110,8 @@ pub(crate) struct GuardedBody {
     sleep: Option<Pin<Box<tokio::time::Sleep>>>,
     cut: Cut,
     digest: Option<(Hasher, oneshot::Sender<String>)>,
+    /// Told when the body has come whole (dropped unsent if it never does).
+    end: Option<oneshot::Sender<()>>,
 }
 
 /// Where a guarded body's bytes come from.
@@ -140,6 +142,7 @@ impl GuardedBody {
             sleep: None,
             cut,
             digest: None,
+            end: None,
         }
     }
 
@@ -152,10 +155,21 @@ impl GuardedBody {
         (self, rx)
     }
 
+    /// Tells the receiver when the body has come whole from the client; the
+    /// receiver gets an error instead if the body fails or is dropped first.
+    pub(crate) fn ending(mut self) -> (GuardedBody, oneshot::Receiver<()>) {
+        let (tx, rx) = oneshot::channel();
+        self.end = Some(tx);
+        (self, rx)
+    }
+
     /// The body's end: the digest, if one is asked for, is complete.
     fn ended(&mut self) {
         if let Some((hasher, tx)) = self.digest.take() {
             let _ = tx.send(hasher.finish());
+        }
+        if let Some(tx) = self.end.take() {
+            let _ = tx.send(());
         }
     }
 }
@@ -222,10 +236,11 @@ impl Body for GuardedBody {
         }
     }
 
-    // Not claiming the end early when digesting: the digest completes only
-    // when a poll sees the end.
+    // Not claiming the end early when digesting or telling the end: either
+    // happens only when a poll sees the end.
     fn is_end_stream(&self) -> bool {
         self.digest.is_none()
+            && self.end.is_none()
             && match &self.inner {
                 Source::Live(inner) => inner.is_end_stream(),
                 Source::Whole(bytes) => bytes.is_none(),

@@ -23,7 +23,7 @@ use crate::journal::{self, Journal, Prepared, Recording};
 use crate::limits::{self, Cut, GuardedBody, Limits};
 use crate::ratelimit::limited;
 use crate::target;
-use crate::turn::{Boundary, TurnContext};
+use crate::turn::{Boundary, Gate, TurnContext};
 use crate::upstream::Upstream;
 use crate::{is_turn_boundary, Error, Result};
 
@@ -313,7 +313,25 @@ impl Proxy {
             }
             j.barrier().await;
         }
-        let gate = turn.then(|| self.boundary.turn(&ctx));
+        // The turn starts once the agent's request has come whole, not at its
+        // head: a checkpoint started at the head could freeze the agent half
+        // way through writing a body larger than the socket buffers, and the
+        // request would reach the LLM only after the dump (not beside it), or
+        // never if the sandbox crashed in it. The body still streams.
+        let (mut req, turn_started) = if turn {
+            let (parts, body) = req.into_parts();
+            let (body, whole) = body.ending();
+            let boundary = self.boundary.clone();
+            let started = tokio::spawn(async move {
+                // A body that failed or was dropped (the upstream answered
+                // early) starts the turn too, as the head did before.
+                let _ = whole.await;
+                boundary.turn(&ctx)
+            });
+            (Request::from_parts(parts, body), Some(started))
+        } else {
+            (req, None)
+        };
         let upstream = &self.upstream;
         let limits = &self.limits;
         let failed = |why: String| {
@@ -353,7 +371,11 @@ impl Proxy {
             }
         };
         let mut seq = None;
-        if let Some(gate) = gate {
+        if let Some(started) = turn_started {
+            let gate = match started.await {
+                Ok(gate) => gate,
+                Err(e) => Gate::new(async move { Err(format!("the turn did not start: {e}")) }),
+            };
             // The answer waits for the turn's checkpoint: the agent must not act
             // on it before the state it acts on is safe.
             let (result, held) = gate.hold().await;

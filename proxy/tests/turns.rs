@@ -175,3 +175,32 @@ async fn a_turn_names_the_connection_its_request_came_on() {
     let peer = ctx.peer.expect("a TCP client has a peer address");
     assert!(peer.ip().is_loopback() && peer.port() != proxy.port());
 }
+
+/// An agent frozen by its turn's checkpoint half way through its request's
+/// body would send the rest only after the dump: the turn starts when the
+/// body has come whole, not at the request's head.
+#[tokio::test]
+async fn a_turn_starts_once_the_request_body_has_come_whole() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (up, seen) = start_stub().await;
+    let boundary = TestBoundary::new(GateKind::Open);
+    let proxy = start_proxy(up, boundary.clone(), None, true);
+
+    let mut s = tokio::net::TcpStream::connect(proxy).await.unwrap();
+    let (first, rest) = REQUEST.split_at(REQUEST.len() / 2);
+    let head = format!(
+        "POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n",
+        REQUEST.len()
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    s.write_all(first.as_bytes()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(boundary.turns(), 0, "the turn started before the body came");
+    s.write_all(rest.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).await.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert_eq!(boundary.turns(), 1);
+    assert_eq!(seen.lock().unwrap()[0].body, REQUEST.as_bytes());
+}
