@@ -78,6 +78,16 @@ fn standby_processes(id: &str) -> Vec<i32> {
         .collect()
 }
 
+/// The options of the container's root mount, as its processes see it.
+fn root_mount_options(g: &Guard) -> String {
+    let info = g.exec_ok(&["cat", "/proc/self/mountinfo"]);
+    info.lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|f| f.get(4) == Some(&"/"))
+        .and_then(|f| f.get(5).map(|s| s.to_string()))
+        .unwrap_or_else(|| panic!("no root mount in {info}"))
+}
+
 /// State letter of process `pid` (`T`: stopped).
 fn state_of(pid: i32) -> Option<char> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -128,6 +138,9 @@ fn a_rollback_to_the_checkpoint_a_standby_holds_adopts_it_and_restores_memory_an
             "round {round}: the rollback did not adopt the standby"
         );
         assert_eq!(g.pid(), standby_pid, "the task's init is not the standby's");
+        // As every container's root: setuid programs work (the pool is nosuid).
+        let options = root_mount_options(&g);
+        assert!(!options.contains("nosuid"), "root mounted {options}");
         assert_ne!(g.pid(), old_pid);
         assert_eq!(g.exec(&["test", "-e", "/later.txt"]).status.code(), Some(1));
     }

@@ -93,6 +93,8 @@ pub struct Standby {
     cgroup_path: PathBuf,
     /// Its CRIU work directory.
     work: PathBuf,
+    /// Where its tree is bound as CRIU's root.
+    root: PathBuf,
     /// The `cgroup.procs` files of the container's cgroups its processes move to
     /// ([`hierarchies`]), found when it was made.
     moves: Vec<PathBuf>,
@@ -153,6 +155,7 @@ impl Standby {
             });
         }
         remove_cgroups(&self.id, &self.cgroup_path, &self.tracking);
+        unmount(&self.root);
         Container::open_store(config)?.discard_tree(&self.tree)?;
         let _ = std::fs::remove_dir_all(&self.work);
         let _ = std::fs::remove_file(&self.place);
@@ -192,13 +195,19 @@ impl Container {
         let tracking = TrackingCgroup::at(cgroup_path(&self.state.tracking_cgroup, &suffix));
         let own_cgroup = self.cgroup_path()?;
         let cgroup_path = cgroup_path(&own_cgroup, &suffix);
+        let name = format!("{key}{suffix}").replace('/', ".");
+        // CRIU's root: the tree bound as the container's own is (the pool is
+        // nosuid,nodev; a container's view of its tree is not). Outside the
+        // container's state directory, which a restore after a crash removes.
+        let root = config.state_dir.join(ROOTS).join(&name);
         let record = Record {
             holder: std::process::id() as i32,
             id: self.state.id.clone(),
             tracking: tracking.path().to_path_buf(),
             cgroup: cgroup_path.clone(),
+            root: root.clone(),
         };
-        let place = reserve(config, &format!("{key}{suffix}"), &record)?;
+        let place = reserve(config, &name, &record)?;
         let store = Container::open_store(config)?;
         let tree = match store.standby_tree(&key, snapshot) {
             Ok(t) => t,
@@ -210,8 +219,7 @@ impl Container {
         let work = work_dir(&self.root, &self.state.id, &suffix);
         let made = (|| {
             tracking.create()?;
-            std::fs::create_dir_all(&work)
-                .map_err(Error::io("create the standby's work directory"))?;
+            crate::storage::in_helper::bind_at(&tree, &root)?;
             let make = |stdio| Restore {
                 id: self.state.id.clone(),
                 root: self.root.clone(),
@@ -222,7 +230,7 @@ impl Container {
                 dumped: dumped.clone(),
                 tracking: tracking.path().to_path_buf(),
                 standby: Some(Target {
-                    rootfs: tree.clone(),
+                    rootfs: root.clone(),
                     suffix: suffix.clone(),
                 }),
             };
@@ -239,12 +247,14 @@ impl Container {
                 moves: hierarchies(&cgroup_path, &own_cgroup),
                 cgroup_path,
                 work,
+                root,
                 place,
             }),
             Err(e) => {
                 let _ = tracking.kill_all();
                 let _ = tracking.wait_empty(GONE_WITHIN);
                 remove_cgroups(&self.state.id, &cgroup_path, &tracking);
+                unmount(&root);
                 let _ = store.discard_tree(&tree);
                 let _ = std::fs::remove_dir_all(&work);
                 let _ = std::fs::remove_file(&place);
@@ -427,6 +437,8 @@ struct Record {
     tracking: PathBuf,
     /// Its cgroup path (relative to each hierarchy's root).
     cgroup: PathBuf,
+    /// Where its tree is bound.
+    root: PathBuf,
 }
 
 /// Takes a place named `name` for a standby in the host's budget
@@ -480,6 +492,7 @@ fn reconcile_in(dir: &Path) -> usize {
                 let _ = tracking.kill_all();
                 let _ = tracking.wait_empty(GONE_WITHIN);
                 remove_cgroups(&r.id, &r.cgroup, &tracking);
+                unmount(&r.root);
                 tracing::info!(id = %r.id, holder = r.holder, "standby of a process that is gone: removed");
                 let _ = std::fs::remove_file(&path);
             }
@@ -540,23 +553,23 @@ fn remove_cgroups(id: &str, path: &Path, tracking: &TrackingCgroup) {
 }
 
 /// Binds `tree` on `target` again, in place of what was bound there (the tree
-/// the exchange moved away, which is then deleted).
+/// the exchange moved away, which is then deleted), as the store binds it.
 fn rebind(tree: &Path, target: &Path) -> Result<()> {
-    use nix::mount::{mount, umount2, MntFlags, MsFlags};
+    use nix::mount::{umount2, MntFlags};
     umount2(target, MntFlags::MNT_DETACH)
         .map_err(Error::sys(format!("unmount {}", target.display())))?;
-    mount(
-        Some(tree),
-        target,
-        None::<&str>,
-        MsFlags::MS_BIND | MsFlags::MS_REC,
-        None::<&str>,
-    )
-    .map_err(Error::sys(format!(
-        "bind {} on {}",
-        tree.display(),
-        target.display()
-    )))
+    crate::storage::in_helper::bind_at(tree, target)
+}
+
+/// Where standbys' trees are bound, under the state directory.
+const ROOTS: &str = "standby-roots";
+
+/// Detaches whatever is mounted at `target` (a standby's root: its processes'
+/// own mount namespace keeps its copy) and removes the mount point; nothing
+/// mounted is not an error.
+fn unmount(target: &Path) {
+    let _ = nix::mount::umount2(target, nix::mount::MntFlags::MNT_DETACH);
+    let _ = std::fs::remove_dir(target);
 }
 
 /// `memory.usage_in_bytes` (v1) or `memory.current` (v2) of the cgroup `path`.
@@ -598,6 +611,7 @@ mod tests {
             id: "web".into(),
             tracking: PathBuf::from("/nonexistent/crab-test/tracking"),
             cgroup: PathBuf::from("/crab-test-nonexistent/web@standby-1-1"),
+            root: PathBuf::from("/nonexistent/crab-test/root"),
         }
     }
 

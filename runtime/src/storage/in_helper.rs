@@ -343,7 +343,7 @@ fn forget_history(config: &Config, key: &ContainerKey) -> Result<()> {
 }
 
 /// Bind-mounts the store's tree `live` on `target` (made if missing).
-fn bind_at(live: &Path, target: &Path) -> Result<()> {
+pub(crate) fn bind_at(live: &Path, target: &Path) -> Result<()> {
     std::fs::create_dir_all(target).map_err(Error::io(format!("create {}", target.display())))?;
     mount(
         Some(live),
