@@ -340,15 +340,7 @@ impl Container {
     fn cgroup_manager(&self) -> Result<libcgroups::common::AnyCgroupManager> {
         let c = self.lc()?;
         let spec = c.spec().map_err(Error::libcontainer("load config"))?;
-        libcgroups::common::create_cgroup_manager(CgroupConfig {
-            cgroup_path: spec.cgroup_path,
-            systemd_cgroup: false,
-            container_name: self.state.id.clone(),
-        })
-        .map_err(|e| Error::Cgroup {
-            operation: "open manager",
-            message: e.to_string(),
-        })
+        cgroup_manager_at(&self.state.id, &spec.cgroup_path)
     }
 
     /// The container's cgroup path (relative to each hierarchy's root).
@@ -478,6 +470,23 @@ pub fn owns_namespace(spec: &Spec, typ: oci_spec::runtime::LinuxNamespaceType) -
         .as_ref()
         .and_then(|l| l.namespaces().as_ref())
         .is_some_and(|nss| nss.iter().any(|n| n.typ() == typ && n.path().is_none()))
+}
+
+/// libcgroups' manager of the cgroup `path` (relative to each hierarchy's root)
+/// of container `id`.
+pub(crate) fn cgroup_manager_at(
+    id: &str,
+    path: &Path,
+) -> Result<libcgroups::common::AnyCgroupManager> {
+    libcgroups::common::create_cgroup_manager(CgroupConfig {
+        cgroup_path: path.to_path_buf(),
+        systemd_cgroup: false,
+        container_name: id.to_string(),
+    })
+    .map_err(|e| Error::Cgroup {
+        operation: "open manager",
+        message: e.to_string(),
+    })
 }
 
 /// Reads and checks `config.json`.

@@ -24,7 +24,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use libcgroups::common::{CgroupConfig, CgroupManager};
+use libcgroups::common::CgroupManager;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use oci_spec::runtime::LinuxNamespaceType;
@@ -523,22 +523,10 @@ fn refused(why: &str) -> Error {
     }
 }
 
-fn cgroup_manager(id: &str, path: &Path) -> Result<libcgroups::common::AnyCgroupManager> {
-    libcgroups::common::create_cgroup_manager(CgroupConfig {
-        cgroup_path: path.to_path_buf(),
-        systemd_cgroup: false,
-        container_name: id.to_string(),
-    })
-    .map_err(|e| Error::Cgroup {
-        operation: "open manager",
-        message: e.to_string(),
-    })
-}
-
 /// Removes a standby's (empty) cgroups; a failure is logged, as a leftover
 /// empty cgroup costs nothing but a name.
 fn remove_cgroups(id: &str, path: &Path, tracking: &TrackingCgroup) {
-    match cgroup_manager(id, path) {
+    match crate::container::cgroup_manager_at(id, path) {
         Ok(m) => {
             if let Err(e) = m.remove() {
                 tracing::warn!(%id, error = %e, "remove a standby's cgroups");

@@ -10,7 +10,7 @@
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 
-use libcgroups::common::{CgroupConfig, CgroupManager};
+use libcgroups::common::CgroupManager;
 use libcontainer::config::YoukiConfig;
 use libcontainer::container::{Container as LcContainer, ContainerStatus};
 use oci_spec::runtime::LinuxResources;
@@ -275,15 +275,7 @@ fn join_cgroups(id: &str, path: &Path, spec: &oci_spec::runtime::Spec) -> Result
             message: e.to_string(),
         }
     };
-    let manager = libcgroups::common::create_cgroup_manager(CgroupConfig {
-        cgroup_path: path.to_path_buf(),
-        systemd_cgroup: false,
-        container_name: id.to_string(),
-    })
-    .map_err(|e| Error::Cgroup {
-        operation: "open manager",
-        message: e.to_string(),
-    })?;
+    let manager = crate::container::cgroup_manager_at(id, path)?;
     manager
         .add_task(nix::unistd::Pid::this())
         .map_err(cgroup_err("join the container's cgroups"))?;
