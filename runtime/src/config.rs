@@ -91,12 +91,17 @@ pub const STANDBY_ANNOTATION: &str = "io.crab.standby";
 impl Standby {
     /// Applies a container's [`STANDBY_ANNOTATION`].
     pub fn choose(&mut self, value: &str) -> Result<(), String> {
-        self.enabled = match value {
-            "true" => true,
-            "false" => false,
-            other => return Err(format!("{other:?} is neither true nor false")),
-        };
+        self.enabled = switch(value)?;
         Ok(())
+    }
+}
+
+/// The value of an on/off annotation: `true` or `false`, nothing else.
+pub fn switch(value: &str) -> Result<bool, String> {
+    match value {
+        "true" => Ok(true),
+        "false" => Ok(false),
+        other => Err(format!("{other:?} is neither true nor false")),
     }
 }
 
@@ -200,11 +205,7 @@ pub const CHECKPOINT_EXIT_ANNOTATION: &str = "io.crab.checkpoint.exit";
 impl Checkpoint {
     /// Applies a container's [`CHECKPOINT_EXIT_ANNOTATION`] (`true` or `false`).
     pub fn choose_exit(&mut self, value: &str) -> Result<(), String> {
-        self.exit_when_unspecified = match value {
-            "true" => true,
-            "false" => false,
-            other => return Err(format!("{other:?} is neither true nor false")),
-        };
+        self.exit_when_unspecified = switch(value)?;
         Ok(())
     }
 

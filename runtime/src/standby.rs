@@ -131,12 +131,6 @@ impl Standby {
         self.tracking.pids()
     }
 
-    /// Whether its init is still there (a standby can be killed, by the OOM
-    /// killer or by hand).
-    pub fn alive(&self) -> bool {
-        self.pids().map(|p| p.contains(&self.pid)).unwrap_or(false)
-    }
-
     /// The memory its processes hold, as its memory cgroup counts it (0 when the
     /// host does not say).
     pub fn memory_bytes(&self) -> u64 {
@@ -447,14 +441,7 @@ struct Record {
 /// shim) are killed and their places freed first.
 fn reserve(config: &Config, name: &str, record: &Record) -> Result<PathBuf> {
     let dir = config.state_dir.join("standbys");
-    crate::checkpoint::history::create_private_dir(&dir)?;
-    let lock = std::fs::File::create(dir.join(".lock"))
-        .map_err(Error::io(format!("open {}/.lock", dir.display())))?;
-    // SAFETY: flock on an fd this function owns; no memory is passed. The lock
-    // goes with the file when it is dropped.
-    if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) } != 0 {
-        return Err(Error::sys("lock the standby budget")(nix::Error::last()));
-    }
+    let _lock = crate::checkpoint::history_store::lock(&dir.join(".lock"))?;
     let held = reconcile_in(&dir);
     if held >= config.standby.max_per_host as usize {
         return Err(refused(&format!(
@@ -507,12 +494,14 @@ fn reconcile_in(dir: &Path) -> usize {
 /// Removes the standbys of shims that are gone (see [`reserve`]).
 pub fn reconcile(config: &Config) {
     let dir = config.state_dir.join("standbys");
-    let Ok(lock) = std::fs::File::open(dir.join(".lock")) else {
-        return; // never made one
-    };
-    // SAFETY: flock on an fd this function owns; no memory is passed.
-    if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) } == 0 {
-        reconcile_in(&dir);
+    if !dir.exists() {
+        return; // the host never made one
+    }
+    match crate::checkpoint::history_store::lock(&dir.join(".lock")) {
+        Ok(_lock) => {
+            reconcile_in(&dir);
+        }
+        Err(e) => tracing::warn!(error = %e, "lock the standby budget"),
     }
 }
 
@@ -562,19 +551,16 @@ fn unmount(target: &Path) {
 
 /// `memory.usage_in_bytes` (v1) or `memory.current` (v2) of the cgroup `path`.
 fn memory_usage(path: &Path) -> Option<u64> {
-    let rel = path.strip_prefix("/").unwrap_or(path);
-    let candidates = if crate::cgroup2::unified() {
-        vec![crate::cgroup2::dir_of(path).join("memory.current")]
+    let file = if crate::cgroup2::unified() {
+        crate::cgroup2::dir_of(path).join("memory.current")
     } else {
-        vec![Path::new("/sys/fs/cgroup/memory")
+        let rel = path.strip_prefix("/").unwrap_or(path);
+        Path::new(CGROUP_ROOT)
+            .join("memory")
             .join(rel)
-            .join("memory.usage_in_bytes")]
+            .join("memory.usage_in_bytes")
     };
-    candidates.iter().find_map(|f| {
-        std::fs::read_to_string(f)
-            .ok()
-            .and_then(|t| t.trim().parse().ok())
-    })
+    std::fs::read_to_string(file).ok()?.trim().parse().ok()
 }
 
 #[cfg(test)]

@@ -28,13 +28,21 @@ use crate::task::{blocking, TaskService};
 
 /// Applies the container's `io.crab.checkpoint.exit` annotation to `config`.
 pub fn configure_exit(config: &mut Config, spec: &oci_spec::runtime::Spec) -> ShimResult<()> {
-    let annotations = spec.annotations().as_ref();
-    match annotations.and_then(|a| a.get(CHECKPOINT_EXIT_ANNOTATION)) {
+    choose_annotated(spec, CHECKPOINT_EXIT_ANNOTATION, |v| {
+        config.checkpoint.choose_exit(v)
+    })
+}
+
+/// Applies the annotation `name` of `spec` with `choose`, when it is set; a value
+/// `choose` refuses fails the create, naming the annotation.
+pub fn choose_annotated(
+    spec: &oci_spec::runtime::Spec,
+    name: &str,
+    choose: impl FnOnce(&str) -> Result<(), String>,
+) -> ShimResult<()> {
+    match spec.annotations().as_ref().and_then(|a| a.get(name)) {
         None => Ok(()),
-        Some(v) => config
-            .checkpoint
-            .choose_exit(v)
-            .map_err(|m| ShimError::InvalidArgument(format!("{CHECKPOINT_EXIT_ANNOTATION}: {m}"))),
+        Some(v) => choose(v).map_err(|m| ShimError::InvalidArgument(format!("{name}: {m}"))),
     }
 }
 

@@ -85,16 +85,9 @@ pub fn configure(config: &mut Config, spec: &Spec) -> ShimResult<()> {
         }
         // The agent's fast-forward concerns its own sandbox only: what it leaves
         // out of a turn's signal, replay writes again.
-        match a.get(FAST_FORWARD_ANNOTATION).map(String::as_str) {
-            None => {}
-            Some("true") => config.agent.fast_forward = true,
-            Some("false") => config.agent.fast_forward = false,
-            Some(other) => {
-                return Err(refused(
-                    FAST_FORWARD_ANNOTATION,
-                    format!("{other:?} is neither true nor false"),
-                ))
-            }
+        if let Some(v) = a.get(FAST_FORWARD_ANNOTATION) {
+            config.agent.fast_forward =
+                crab_runtime::config::switch(v).map_err(|m| refused(FAST_FORWARD_ANNOTATION, m))?;
         }
         if let Some(p) = a.get(STATE_PATHS_ANNOTATION) {
             config

@@ -131,13 +131,7 @@ pub fn configure(
     config: &mut crab_runtime::config::Config,
     spec: &oci_spec::runtime::Spec,
 ) -> crate::error::ShimResult<()> {
-    let annotations = spec.annotations().as_ref();
-    match annotations.and_then(|a| a.get(STANDBY_ANNOTATION)) {
-        None => Ok(()),
-        Some(v) => config.standby.choose(v).map_err(|m| {
-            crate::error::ShimError::InvalidArgument(format!("{STANDBY_ANNOTATION}: {m}"))
-        }),
-    }
+    crate::checkpoint::choose_annotated(spec, STANDBY_ANNOTATION, |v| config.standby.choose(v))
 }
 
 impl TaskService {

@@ -98,7 +98,7 @@ fn lock_path(config: &Config, key: &ContainerKey) -> PathBuf {
 
 /// Opens and locks `path`, making it if needed. A holder may unlink the file
 /// (when it removes the history): the lock is then retried on the new file.
-fn lock(path: &Path) -> Result<File> {
+pub(crate) fn lock(path: &Path) -> Result<File> {
     if let Some(parent) = path.parent() {
         create_private_dir(parent)?;
     }
