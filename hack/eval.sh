@@ -12,10 +12,25 @@
 #     --quick   four short trajectories (build, server, repl, read-heavy), one crash
 #               point each, think times / 60, 1 and 4 sandboxes: under ten minutes
 #   (crab-eval --help lists the rest: --only, --strategies, --crash-points, --density...)
+#
+#   hack/eval.sh agents [--quick] [crab-agent-eval arguments]
+#     the real Claude Code inside crab sandboxes (crab-agent-eval): skip shares inside
+#     and outside, overhead against crab-plain, a crash at the middle step restored and
+#     fast-forwarded; writes docs/evaluation-agents.md. Default: three read-heavy
+#     trajectories and data-sales at their recorded think times (about an hour);
+#     --quick: read-logs-triage at think times / 40 (a few minutes, also in the tests).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 "$ROOT/hack/setup.sh"
+if [ "${1:-}" = agents ]; then
+    shift
+    # Claude Code and the scripted LLM's image, Docker not needed.
+    "$ROOT/hack/build-images.sh" agent >/dev/null
+    . "$ROOT/hack/private-containerd.sh"
+    cargo build --release -q -p crab-integration --bins
+    exec "$ROOT/target/release/crab-agent-eval" --out "$ROOT/docs/evaluation-agents.md" "$@"
+fi
 . "$ROOT/hack/private-containerd.sh"
 cargo build --release -q -p crab-eval
 "$ROOT/target/release/crab-eval" --out "$ROOT/docs/evaluation.md" "$@"

@@ -4,8 +4,40 @@
 
 use std::time::Duration;
 
+use serde_json::Value;
+
 use crate::anthropic::Scripted;
 use crate::{config_with, ctr_ok, wait_until, Guard, AGENT, CRAB};
+
+/// Claude Code's own files are its state, not the task's (docs/agents.md):
+/// the annotation that says so, as `ctr run` arguments.
+pub const STATE_PATHS: &[&str] = &[
+    "--annotation",
+    "io.crab.agent.state-paths=/root/.claude,/tmp/claude-0,/tmp/claude.out,/tmp/claude.err",
+];
+
+/// Its environment: root in a sandbox, the scripted server's dummy key, no
+/// telemetry, error reports or updates (`ctr run` arguments).
+const ENV: &[&str] = &[
+    "--env",
+    "HOME=/root",
+    // As root, Claude Code refuses --dangerously-skip-permissions unless
+    // told it is in a sandbox. (A non-root init cannot be checkpointed where
+    // root lacks CAP_SYS_RESOURCE: CRIU's prlimit of another user's process
+    // gets EPERM.)
+    "--env",
+    "IS_SANDBOX=1",
+    "--env",
+    "ANTHROPIC_API_KEY=sk-ant-dummy-for-the-scripted-server",
+    "--env",
+    "DISABLE_TELEMETRY=1",
+    "--env",
+    "DISABLE_ERROR_REPORTING=1",
+    "--env",
+    "DISABLE_AUTOUPDATER=1",
+    "--env",
+    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1",
+];
 
 /// The init: Claude Code headless in root's home (stdin closed, which it would
 /// otherwise wait 3 s for), its output and exit code kept, then idle so the
@@ -24,11 +56,7 @@ pub fn run(llm: &Scripted, task: &str, extra: &[&str]) -> Guard {
 /// [`run`], with `config` (TOML) added to the shim's configuration: say a
 /// `fault_file` for a test that crashes the shim at a chosen point.
 pub fn run_configured(llm: &Scripted, task: &str, extra: &[&str], config: &str) -> Guard {
-    let images = ctr_ok(&["images", "ls", "-q"]);
-    assert!(
-        images.lines().any(|l| l == AGENT),
-        "{AGENT} is not imported: run `hack/build-images.sh agent`, then `hack/containerd.sh start`"
-    );
+    assert_agent_image();
     let upstream = llm.url();
     let config = config_with(&format!(
         "{config}\n[proxy]\nupstreams = [\"{upstream}\"]\n"
@@ -41,28 +69,31 @@ pub fn run_configured(llm: &Scripted, task: &str, extra: &[&str], config: &str) 
         "--annotation",
         &upstream_annotation,
         "--env",
-        "HOME=/root",
-        // As root, Claude Code refuses --dangerously-skip-permissions unless
-        // told it is in a sandbox. (A non-root init cannot be checkpointed where
-        // root lacks CAP_SYS_RESOURCE: CRIU's prlimit of another user's process
-        // gets EPERM.)
-        "--env",
-        "IS_SANDBOX=1",
-        "--env",
         &task,
-        "--env",
-        "ANTHROPIC_API_KEY=sk-ant-dummy-for-the-scripted-server",
-        "--env",
-        "DISABLE_TELEMETRY=1",
-        "--env",
-        "DISABLE_ERROR_REPORTING=1",
-        "--env",
-        "DISABLE_AUTOUPDATER=1",
-        "--env",
-        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1",
     ];
+    args.extend_from_slice(ENV);
     args.extend_from_slice(extra);
     Guard::run_detached(CRAB, AGENT, &args, &["sh", "-c", INIT])
+}
+
+/// Claude Code running `task` under `runtime` without a proxy or a
+/// checkpoint: in the host's network, its base URL the scripted server's
+/// (the evaluation's baselines).
+pub fn run_unproxied(llm: &Scripted, runtime: &str, task: &str) -> Guard {
+    assert_agent_image();
+    let task = format!("TASK={task}");
+    let base_url = format!("ANTHROPIC_BASE_URL={}", llm.url());
+    let mut args = vec!["--net-host", "--env", &task, "--env", &base_url];
+    args.extend_from_slice(ENV);
+    Guard::run_detached(runtime, AGENT, &args, &["sh", "-c", INIT])
+}
+
+fn assert_agent_image() {
+    let images = ctr_ok(&["images", "ls", "-q"]);
+    assert!(
+        images.lines().any(|l| l == AGENT),
+        "{AGENT} is not imported: run `hack/build-images.sh agent`, then `hack/containerd.sh start`"
+    );
 }
 
 /// A file inside the sandbox, read from the host through the init's root (an
@@ -96,4 +127,41 @@ pub fn requests(llm: &Scripted) -> Vec<String> {
         .iter()
         .map(|s| format!("{} {} step={:?}", s.method, s.target, s.step))
         .collect()
+}
+
+/// The `tool_result`s Claude Code marked as errors in its last request, but
+/// the `Read`s of files the task has not written yet (a `Write` of a new file
+/// comes after one).
+pub fn failed_tools(llm: &Scripted) -> Vec<String> {
+    let seen = llm.seen();
+    let Some(last) = seen
+        .iter()
+        .rev()
+        .find(|s| s.is_message() && s.step.is_some())
+    else {
+        return vec!["no request".into()];
+    };
+    let mut failed = Vec::new();
+    for m in last.body["messages"].as_array().into_iter().flatten() {
+        for b in m["content"].as_array().into_iter().flatten() {
+            if b["type"] == "tool_result" && b["is_error"] == true {
+                let text = match &b["content"] {
+                    Value::String(s) => s.clone(),
+                    v => v.to_string(),
+                };
+                if !text.contains("does not exist") {
+                    failed.push(text);
+                }
+            }
+        }
+    }
+    failed
+}
+
+/// Waits (up to `timeout`) for Claude Code in `g` to finish the task `llm`
+/// scripts: it exited 0, and no tool call failed.
+pub fn finishes(g: &Guard, llm: &Scripted, timeout: Duration) {
+    let (code, out, err) = finished(g, llm, timeout);
+    assert_eq!(code, "0", "stdout: {out}\nstderr: {err}");
+    assert_eq!(failed_tools(llm), Vec::<String>::new());
 }

@@ -12,6 +12,7 @@
 
 use std::io::{BufRead, BufReader, Write};
 
+pub mod agent_eval;
 pub mod anthropic;
 pub mod bench;
 pub mod claude;

@@ -60,6 +60,25 @@ fn chmod(mode: &Option<String>, path: &str) -> Option<String> {
 /// a new file the read answers "does not exist") then a `Write`, and a `Bash`
 /// `chmod` when the mode is not 0644; then the final answer.
 pub fn claude_steps(t: &Trajectory) -> Vec<anthropic::Step> {
+    claude_script(t).into_iter().map(|(_, step)| step).collect()
+}
+
+/// The think time before each of [`claude_steps`]: every step of a turn
+/// waits the turn's recorded think time divided by `speedup` (each is an LLM
+/// call of its own); the final answer none.
+pub fn claude_think_times(t: &Trajectory, speedup: f64) -> Vec<std::time::Duration> {
+    claude_script(t)
+        .into_iter()
+        .map(|(turn, _)| {
+            turn.map_or(std::time::Duration::ZERO, |i| {
+                std::time::Duration::from_secs_f64(t.turns[i].think_ms as f64 / 1000.0 / speedup)
+            })
+        })
+        .collect()
+}
+
+/// Claude Code's script, each step with the turn it comes from.
+fn claude_script(t: &Trajectory) -> Vec<(Option<usize>, anthropic::Step)> {
     let bash = |command: String| {
         anthropic::Step::Tool(
             "Bash",
@@ -67,27 +86,28 @@ pub fn claude_steps(t: &Trajectory) -> Vec<anthropic::Step> {
         )
     };
     let mut steps = Vec::new();
-    for turn in &t.turns {
+    for (i, turn) in t.turns.iter().enumerate() {
+        let mut push = |step| steps.push((Some(i), step));
         match &turn.call {
-            Call::Shell { command } => steps.push(bash(shell_command(t, command))),
+            Call::Shell { command } => push(bash(shell_command(t, command))),
             Call::WriteFile {
                 path,
                 content,
                 mode,
             } => {
                 let path = absolute(t, path);
-                steps.push(anthropic::Step::Tool("Read", json!({ "file_path": path })));
-                steps.push(anthropic::Step::Tool(
+                push(anthropic::Step::Tool("Read", json!({ "file_path": path })));
+                push(anthropic::Step::Tool(
                     "Write",
                     json!({"file_path": path, "content": content}),
                 ));
                 if let Some(chmod) = chmod(mode, &path) {
-                    steps.push(bash(shell_command(t, &chmod)));
+                    push(bash(shell_command(t, &chmod)));
                 }
             }
         }
     }
-    steps.push(anthropic::Step::Text(DONE));
+    steps.push((None, anthropic::Step::Text(DONE)));
     steps
 }
 
