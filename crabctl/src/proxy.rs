@@ -81,6 +81,10 @@ struct Target {
     /// the agent's connection (to tell the agent's processes, whose
     /// checkpoints it may skip, since the journal can replay them).
     journal: bool,
+    /// The next turn's token: unique to this proxy's turns (it starts at a
+    /// random point, so that a restarted proxy's do not meet its
+    /// predecessor's).
+    tokens: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Target {
@@ -115,6 +119,10 @@ impl Target {
 impl Boundary for Target {
     fn turn(&self, ctx: &TurnContext) -> Gate {
         let agent = agent_conn(self.journal, ctx);
+        let token = Some(
+            self.tokens
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        );
         let (t, request) = (
             self.clone(),
             Request::Turn {
@@ -123,6 +131,7 @@ impl Boundary for Target {
                 dry_run: false,
                 background: true,
                 agent,
+                token,
             },
         );
         let call = tokio::task::spawn_blocking(move || t.call(request, TURN_TIMEOUT));
@@ -131,6 +140,7 @@ impl Boundary for Target {
             Request::Promote {
                 namespace: self.namespace.clone(),
                 id: self.id.clone(),
+                token,
             },
         );
         Gate::new(async move {
@@ -355,6 +365,17 @@ fn init_logging(config: &Config, log: Option<&std::path::Path>) -> Result<()> {
     Ok(())
 }
 
+/// Where this proxy's turn tokens start: the clock's nanoseconds mixed with
+/// the pid, so that two proxies of one container (one restarted after the
+/// other) do not number their turns alike. Not a secret: the shim only
+/// matches a promotion with its turn.
+fn first_token() -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    nanos ^ (u64::from(std::process::id()) << 40)
+}
+
 /// Runs the proxy until it fails (or, managed, until the shim is gone).
 pub fn run(config: &Config, address: &str, namespace: &str, id: &str, o: Options) -> Result<()> {
     init_logging(config, o.log.as_deref())?;
@@ -369,6 +390,7 @@ pub fn run(config: &Config, address: &str, namespace: &str, id: &str, o: Options
         id: id.into(),
         checkpoints: Arc::default(),
         journal: o.journal.is_some(),
+        tokens: Arc::new(first_token().into()),
     });
     let mut proxy = Proxy::new(upstream, target.clone(), !o.fail_open).with_limits(limits(config)?);
     if o.agent_api {

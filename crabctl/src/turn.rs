@@ -17,6 +17,7 @@ pub fn run(config: &Config, namespace: &str, id: &str, dry_run: bool, json: bool
             dry_run,
             background: false,
             agent: None,
+            token: None,
         },
     )?;
     let Response::Turn {

@@ -230,6 +230,29 @@ pub fn fault_free(t: &Trajectory, sandbox: Sandbox, pace: Pace) -> FaultFree {
     }
 }
 
+/// Runs `t` under Claude Code in `n` sandboxes at once, fault-free; each
+/// must end verified.
+pub fn at_density(t: &Trajectory, sandbox: Sandbox, n: usize, pace: Pace) -> Vec<FaultFree> {
+    let runs: Vec<FaultFree> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..n)
+            .map(|_| s.spawn(|| fault_free(t, sandbox, pace)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+            .collect()
+    });
+    for r in &runs {
+        assert!(
+            r.ending.verified,
+            "{}: a run of {n} under {} fails its check",
+            t.name,
+            sandbox.name()
+        );
+    }
+    runs
+}
+
 /// Runs `t` under Claude Code in a Crab sandbox, kills the sandbox (shim and
 /// processes) while the agent waits for step `crash_step`'s answer, restores
 /// it with `crabctl restore`, and lets it finish.

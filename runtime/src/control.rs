@@ -71,6 +71,11 @@ pub enum Request {
         /// fast-forwarded (`[agent] fast_forward`).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         agent: Option<AgentConn>,
+        /// The proxy's number for this turn, which its `Promote` names: the
+        /// two come on separate connections, and a promotion that reaches the
+        /// shim before the turn does is kept for it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        token: Option<u64>,
     },
     /// The LLM answered before the turn's checkpoint is durable: raise that
     /// checkpoint to high priority in the host's queue.
@@ -79,6 +84,9 @@ pub enum Request {
         namespace: String,
         /// Container id.
         id: String,
+        /// The turn's token (see `Turn`); none: whichever turn is pending.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        token: Option<u64>,
     },
     /// An agent's answer was held this long for its turn's checkpoint (reported
     /// by the proxy, for the container's metrics).
@@ -142,7 +150,7 @@ impl Request {
             | Request::List { namespace, id }
             | Request::Remove { namespace, id, .. }
             | Request::Turn { namespace, id, .. }
-            | Request::Promote { namespace, id }
+            | Request::Promote { namespace, id, .. }
             | Request::Gated { namespace, id, .. }
             | Request::Stats { namespace, id }
             | Request::FsSnapshot { namespace, id, .. }

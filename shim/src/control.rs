@@ -123,15 +123,17 @@ impl TaskService {
                 dry_run,
                 background,
                 agent,
+                token,
                 ..
-            } => self.crab_turn(&id, dry_run, background, agent).await.map(
-                |(classification, entry)| Response::Turn {
+            } => self
+                .crab_turn(&id, dry_run, background, agent, token)
+                .await
+                .map(|(classification, entry)| Response::Turn {
                     classification,
                     entry,
-                },
-            ),
-            Request::Promote { id, .. } => Ok(Response::Done {
-                changed: self.turns.promote(&id),
+                }),
+            Request::Promote { id, token, .. } => Ok(Response::Done {
+                changed: self.turns.promote(&id, token),
             }),
             Request::Gated { id, us, .. } => {
                 self.turns.gated(&id, us);

@@ -760,7 +760,7 @@ impl TaskService {
             // container's lock is free (after this exit is recorded).
             let (svc, id) = (self.clone(), id.to_string());
             tokio::spawn(async move {
-                if let Err(e) = svc.crab_turn(&id, false, true, None).await {
+                if let Err(e) = svc.crab_turn(&id, false, true, None, None).await {
                     tracing::warn!(%id, error = %e, "turn after exec");
                 }
             });

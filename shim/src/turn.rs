@@ -23,7 +23,13 @@ pub struct Turns(Mutex<HashMap<String, TurnsOf>>);
 
 #[derive(Debug, Default)]
 struct TurnsOf {
-    pending: Option<Priority>,
+    /// The turn whose checkpoint runs, with its token.
+    pending: Option<(Option<u64>, Priority)>,
+    /// A promotion that named a turn not yet pending: the proxy sends the
+    /// turn and its promotion on separate connections, and when the LLM
+    /// answers at once the promotion may come first. Kept for that turn (a
+    /// late one, for a turn already done, matches no later token).
+    early: Option<u64>,
     recorder: Recorder,
 }
 
@@ -33,15 +39,44 @@ impl Turns {
         f(all.entry(id.to_string()).or_default())
     }
 
-    /// Raises the pending turn checkpoint of `id`, if any, to high priority.
-    pub fn promote(&self, id: &str) -> bool {
+    /// Raises the pending turn checkpoint of `id` to high priority: the one
+    /// `token` names (any pending one without a token). A token of a turn not
+    /// pending is kept for when it comes.
+    pub fn promote(&self, id: &str, token: Option<u64>) -> bool {
         self.with(id, |t| match &t.pending {
-            Some(p) if !p.is_high() => {
+            Some((pending, p)) if token.is_none() || *pending == token => {
+                if p.is_high() {
+                    return false;
+                }
                 p.promote();
                 t.recorder.promoted();
                 true
             }
-            _ => false,
+            _ => {
+                if token.is_some() {
+                    t.early = token;
+                }
+                false
+            }
+        })
+    }
+
+    /// The priority a turn starts at: high when it is not `background`, or
+    /// when its promotion came before it (counted as promoted).
+    fn start(&self, id: &str, background: bool, token: Option<u64>) -> Priority {
+        self.with(id, |t| {
+            let promoted = token.is_some() && t.early == token;
+            if promoted {
+                t.early = None;
+                t.recorder.promoted();
+            }
+            let priority = if background && !promoted {
+                Priority::low()
+            } else {
+                Priority::high()
+            };
+            t.pending = Some((token, priority.clone()));
+            priority
         })
     }
 
@@ -66,7 +101,7 @@ impl TaskService {
     /// checkpoint it needs: nothing but a manifest entry for a skip, a snapshot
     /// for fs-only, a dump for process-only, both for full. A `background` turn
     /// (one hidden in the LLM's think time) queues at low priority until
-    /// promoted. `agent`: the connection of the turn's LLM request, which names
+    /// promoted (`token` names it in the promotion). `agent`: the connection of the turn's LLM request, which names
     /// a fast-forwarded agent inside the sandbox.
     pub async fn crab_turn(
         &self,
@@ -74,14 +109,10 @@ impl TaskService {
         dry_run: bool,
         background: bool,
         agent: Option<AgentConn>,
+        token: Option<u64>,
     ) -> ShimResult<(Classification, Option<Entry>)> {
         let started = Instant::now();
-        let priority = if background {
-            Priority::low()
-        } else {
-            Priority::high()
-        };
-        self.turns.with(id, |t| t.pending = Some(priority.clone()));
+        let priority = self.turns.start(id, background, token);
         let result = self.turn_locked(id, dry_run, priority, agent).await;
         let total_ms = started.elapsed().as_secs_f64() * 1000.0;
         self.turns.with(id, |t| {
@@ -146,5 +177,44 @@ impl TaskService {
             Ok((class, Some(taken)))
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_promotion_that_comes_before_its_turn_starts_the_turn_at_high_priority() {
+        let turns = Turns::default();
+        assert!(!turns.promote("c", Some(7)), "nothing was pending");
+        assert!(turns.start("c", true, Some(7)).is_high());
+        assert_eq!(turns.stats("c").promoted, 1);
+        // Kept once: the next turn starts low again.
+        assert!(!turns.start("c", true, Some(8)).is_high());
+    }
+
+    #[test]
+    fn a_promotion_of_another_turn_leaves_the_pending_one_low() {
+        let turns = Turns::default();
+        let p = turns.start("c", true, Some(3));
+        assert!(
+            !turns.promote("c", Some(2)),
+            "a late promotion of a turn done"
+        );
+        assert!(!p.is_high());
+        assert!(turns.promote("c", Some(3)));
+        assert!(p.is_high());
+        assert_eq!(turns.stats("c").promoted, 1);
+        // A late promotion left behind matches no later turn.
+        assert!(!turns.start("c", true, Some(4)).is_high());
+    }
+
+    #[test]
+    fn a_promotion_without_a_token_raises_whichever_turn_is_pending() {
+        let turns = Turns::default();
+        let p = turns.start("c", true, None);
+        assert!(turns.promote("c", None));
+        assert!(p.is_high());
     }
 }

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use clap::Parser;
 use crab_eval::trajectory::Trajectory;
-use crab_integration::agent_eval::{self, percent, Pace, Row};
+use crab_integration::agent_eval::{self, percent, FaultFree, Pace, Row, Sandbox};
 
 /// The read-heavy trajectories: where the issue's 70% target applies.
 const DEFAULT: &str = "read-logs-triage,read-stdlib-survey,read-bugfix,data-sales";
@@ -30,6 +30,10 @@ struct Args {
     /// The quick mode: read-logs-triage alone, think times / 40.
     #[arg(long)]
     quick: bool,
+    /// Also run the first trajectory in this many sandboxes at once, under
+    /// crab and crab-plain (comma-separated counts, e.g. 1,4,16).
+    #[arg(long, default_value = "")]
+    density: String,
     /// Where the report goes.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -50,7 +54,19 @@ fn main() -> Result<()> {
         let t = Arc::new(Trajectory::load(&path).with_context(|| path.display().to_string())?);
         rows.push(agent_eval::evaluate(t, pace)?);
     }
-    let report = report(&rows, pace, &args)?;
+    let mut density = Vec::new();
+    for n in args.density.split(',').filter(|n| !n.is_empty()) {
+        let n: usize = n.parse().with_context(|| format!("--density {n}"))?;
+        let t = &rows.first().context("--density needs a trajectory")?.t;
+        eprintln!("{}: {n} sandboxes under crab-plain, then crab", t.name);
+        let plain = agent_eval::at_density(t, Sandbox::CrabPlain, n, pace);
+        let crab = agent_eval::at_density(t, Sandbox::Crab, n, pace);
+        density.push((n, plain, crab));
+    }
+    let mut report = report(&rows, pace, &args)?;
+    if !density.is_empty() {
+        report.push_str(&density_table(&rows[0].t.name, &density)?);
+    }
     print!("{report}");
     if let Some(out) = &args.out {
         std::fs::write(out, &report).with_context(|| out.display().to_string())?;
@@ -156,6 +172,41 @@ fn report(rows: &[Row], pace: Pace, args: &Args) -> Result<String> {
             r.crash.restored_from,
             r.crash.restore.as_secs_f64() * 1000.0,
             r.crash.replay.as_deref().unwrap_or("nothing to replay")
+        )?;
+    }
+    Ok(s)
+}
+
+/// The density runs: (sandboxes, crab-plain's runs, crab's runs).
+type Density = (usize, Vec<FaultFree>, Vec<FaultFree>);
+
+fn density_table(name: &str, runs: &[Density]) -> Result<String> {
+    let mut s = String::new();
+    writeln!(s, "\n## At density\n")?;
+    writeln!(
+        s,
+        "{name} in N sandboxes at once (each with its own scripted server), under \
+         crab-plain, then under crab; the mean of the runs' times from `ctr run` to \
+         Claude Code's exit. Every run ended verified.\n"
+    )?;
+    writeln!(
+        s,
+        "| sandboxes | crab-plain s | crab s | overhead | crab: turns skipped |\n|---|---|---|---|---|"
+    )?;
+    let mean = |v: &[FaultFree]| {
+        v.iter().map(|r| r.wall.as_secs_f64()).sum::<f64>() / v.len().max(1) as f64
+    };
+    for (n, plain, crab) in runs {
+        let (p, c) = (mean(plain), mean(crab));
+        let (skip, turns) = crab
+            .iter()
+            .filter_map(|r| r.turns.as_ref())
+            .fold((0, 0), |(s, t), k| (s + k.skip, t + k.turns));
+        writeln!(
+            s,
+            "| {n} | {p:.1} | {c:.1} | {:+.1}% | {:.0}% |",
+            100.0 * (c / p - 1.0),
+            percent(skip, turns)
         )?;
     }
     Ok(s)
