@@ -138,7 +138,9 @@ def words(stage):
 
 def stage_reads(stage):
     w = words(stage)
-    if not w or w[0] in ("cd", "set", "do", "done", "then", "fi", "else"):
+    while w and w[0] in ("do", "then", "else", "!"):
+        w = w[1:]  # a loop's or an if's body is judged by its command
+    if not w or w[0] in ("cd", "set", "done", "fi", "esac"):
         return True
     prog = os.path.basename(w[0])
     args = w[1:]
