@@ -3946,6 +3946,313 @@ make test""")
     return t
 
 
+SETUP_INIQ = r'''
+"""Creates the `iniq` repository (a small INI reader with a CLI), its git history and ISSUE.md."""
+import os
+import subprocess
+import textwrap
+
+
+def w(path, text):
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        f.write(textwrap.dedent(text).lstrip("\n"))
+
+
+def commit(msg):
+    subprocess.run(["git", "add", "-A"], check=True)
+    subprocess.run(["git", "commit", "-q", "-m", msg], check=True)
+
+
+w("ISSUE.md", """
+    # iniq: values containing "=" are cut off
+
+    With this file
+
+        [db]
+        url = postgres://db.internal/app?sslmode=require&connect_timeout=5
+
+    `python3 -m iniq.cli app.ini db.url` prints `postgres://db.internal/app?sslmode`
+    instead of the whole URL. Values may contain "=" (URLs, base64 padding); only the
+    first "=" separates the key from the value. A line without a key (`= x`) should
+    be an error, as a line without "=" already is.
+    """)
+os.makedirs("iniq", exist_ok=True)
+os.chdir("iniq")
+subprocess.run(["git", "init", "-q", "-b", "main"], check=True)
+w("README.md", """
+    # iniq
+    Read INI files: `parse(text)` gives {section: {key: value}}, `get(cfg, "section.key")`
+    looks a value up (with `get_int`, `get_bool`), and `python3 -m iniq.cli FILE KEY`
+    prints one. Keys are case-insensitive. Lines starting with # or ; are comments.
+    Run the tests with `python3 -m unittest discover -s tests -t .`
+    """)
+w("iniq/__init__.py", '__version__ = "0.4.0"\n')
+w("iniq/parse.py", """
+    class ParseError(ValueError):
+        pass
+
+
+    def parse(text):
+        \"\"\"INI text -> {section: {key: value}}; keys before any section go to "".\"\"\"
+        out = {"": {}}
+        section = ""
+        for n, raw in enumerate(text.splitlines(), 1):
+            line = raw.strip()
+            if not line or line[0] in "#;":
+                continue
+            if line.startswith("[") and line.endswith("]"):
+                section = line[1:-1].strip().lower()
+                out.setdefault(section, {})
+                continue
+            parts = line.split("=")
+            if len(parts) < 2:
+                raise ParseError("line %d: expected key = value" % n)
+            key, value = parts[0], parts[1]
+            out[section][key.strip().lower()] = value.strip()
+        return out
+    """)
+w("tests/__init__.py", "")
+w("tests/test_parse.py", """
+    import unittest
+
+    from iniq.parse import ParseError, parse
+
+
+    class ParseTest(unittest.TestCase):
+        def test_sections(self):
+            cfg = parse("top = 1\\n[A]\\nx = 2\\n; c\\n# c\\n[b]\\nY=3\\n")
+            self.assertEqual(cfg, {"": {"top": "1"}, "a": {"x": "2"}, "b": {"y": "3"}})
+
+        def test_missing_equals(self):
+            with self.assertRaises(ParseError):
+                parse("[a]\\njust words\\n")
+    """)
+commit("parse: sections, keys, comments")
+w("iniq/query.py", """
+    TRUE = {"1", "yes", "true", "on"}
+    FALSE = {"0", "no", "false", "off"}
+
+
+    def get(cfg, dotted, default=None):
+        section, _, key = dotted.rpartition(".")
+        return cfg.get(section.lower(), {}).get(key.lower(), default)
+
+
+    def get_int(cfg, dotted, default=None):
+        v = get(cfg, dotted)
+        return default if v is None else int(v)
+
+
+    def get_bool(cfg, dotted, default=None):
+        v = get(cfg, dotted)
+        if v is None:
+            return default
+        if v.lower() in TRUE:
+            return True
+        if v.lower() in FALSE:
+            return False
+        raise ValueError("not a boolean: %r" % v)
+    """)
+w("tests/test_query.py", """
+    import unittest
+
+    from iniq.parse import parse
+    from iniq.query import get, get_bool, get_int
+
+    CFG = parse("name = x\\n[db]\\nport = 5432\\nssl = on\\n")
+
+
+    class QueryTest(unittest.TestCase):
+        def test_get(self):
+            self.assertEqual(get(CFG, "name"), "x")
+            self.assertEqual(get(CFG, "DB.Port"), "5432")
+            self.assertIsNone(get(CFG, "db.user"))
+
+        def test_typed(self):
+            self.assertEqual(get_int(CFG, "db.port"), 5432)
+            self.assertTrue(get_bool(CFG, "db.ssl"))
+            self.assertEqual(get_int(CFG, "db.none", 7), 7)
+    """)
+commit("query: dotted lookups, int and bool getters")
+w("iniq/cli.py", """
+    import json
+    import sys
+
+    from .parse import parse
+    from .query import get
+
+
+    def main(argv):
+        with open(argv[0]) as f:
+            cfg = parse(f.read())
+        if argv[1:] == ["--dump"]:
+            print(json.dumps(cfg, indent=1, sort_keys=True))
+            return 0
+        value = get(cfg, argv[1])
+        if value is None:
+            print("no such key: %s" % argv[1], file=sys.stderr)
+            return 1
+        print(value)
+        return 0
+
+
+    if __name__ == "__main__":
+        sys.exit(main(sys.argv[1:]))
+    """)
+w("tests/test_cli.py", """
+    import contextlib
+    import io
+    import os
+    import tempfile
+    import unittest
+
+    from iniq.cli import main
+
+
+    class CliTest(unittest.TestCase):
+        def test_get(self):
+            with tempfile.TemporaryDirectory() as d:
+                path = os.path.join(d, "a.ini")
+                with open(path, "w") as f:
+                    f.write("[s]\\nk = v\\n")
+                out = io.StringIO()
+                with contextlib.redirect_stdout(out):
+                    self.assertEqual(main([path, "s.k"]), 0)
+                self.assertEqual(out.getvalue(), "v\\n")
+    """)
+commit("cli: print a value or dump the file")
+w("CHANGELOG.md", """
+    # Changelog
+    ## 0.4.0
+    - cli
+    ## 0.3.0
+    - typed getters
+    """)
+commit("docs: changelog for 0.4.0")
+subprocess.run(["git", "tag", "v0.4.0"], check=True)
+print("created", os.getcwd())
+'''
+
+
+@traj
+def mixed_swe_repair():
+    t = Traj("mixed-swe-repair", "SWE-bench-shaped issue repair: explore a small repo, reproduce, fix, regression test, commit", "mixed")
+    t.r("ls -la")
+    t.write("setup_repo.py", SETUP_INIQ)
+    t.sh("python3 setup_repo.py && rm setup_repo.py")
+    t.r("cat ISSUE.md")
+    T = "cd iniq && "
+    for c in ["ls -la", "cat README.md", "git log --oneline --decorate", "git status --short | wc -l",
+              "find . -path ./.git -prune -o -type f -print | sort", "wc -l iniq/*.py tests/*.py",
+              "cat iniq/parse.py", "grep -rn 'split(' iniq/", "grep -rn 'parse(' iniq/ tests/",
+              "cat iniq/cli.py", "sed -n '1,12p' iniq/query.py",
+              "cat tests/test_parse.py", "python3 -m unittest discover -s tests -t . 2>&1 | tail -n 3"]:
+        t.r(T + c)
+    t.write("iniq/reproduce.py", """
+        from iniq.parse import parse
+        from iniq.query import get
+
+        text = "[db]\\nurl = postgres://db.internal/app?sslmode=require&connect_timeout=5\\n"
+        print(repr(get(parse(text), "db.url")))
+        for bad in ("= x", "[s]\\n = y"):
+            try:
+                print(repr(parse(bad)))
+            except ValueError as e:
+                print("error:", e)
+        """)
+    t.r(T + "python3 reproduce.py")
+    t.r(T + "python3 -c 'print(\"k = a=b=c\".split(\"=\"), \"k = a=b=c\".partition(\"=\"))'")
+    for c in ["git log -p --follow -- iniq/parse.py | head -n 40", "git blame -L '/parts = /,+3' iniq/parse.py",
+              "git log --format='%h %s' -- iniq/parse.py", "grep -rn 'ParseError' iniq/ tests/",
+              "python3 -c 'from iniq.parse import parse; print(parse(\"a = 1\\n b = 2 \\n\"))'",
+              "python3 -c 'from iniq.parse import parse; print(parse(\"[s]\\nk =\\n\"))'",
+              "grep -n 'def test_' tests/*.py"]:
+        t.r(T + c)
+    # first fix: split at the first "=" only
+    t.sh(T + "sed -i 's|^        parts = line.split(\"=\")$|        parts = line.split(\"=\", 1)|' iniq/parse.py && sed -n '/parts = /,/out\\[section\\]/p' iniq/parse.py")
+    t.r(T + "python3 reproduce.py")
+    t.r(T + "python3 -m unittest discover -s tests -t . 2>&1 | tail -n 3")
+    # the empty key is still accepted: make it an error too
+    t.r(T + "grep -n 'key, value' iniq/parse.py")
+    t.sh(T + r"""sed -i 's|^        key, value = parts\[0\], parts\[1\]$|        key, value = parts[0].strip(), parts[1]\n        if not key:\n            raise ParseError("line %d: empty key" % n)|; s|^        out\[section\]\[key.strip().lower()\] = value.strip()$|        out[section][key.lower()] = value.strip()|' iniq/parse.py && sed -n '/parts = /,/return out/p' iniq/parse.py""")
+    t.r(T + "python3 reproduce.py")
+    t.r(T + "python3 -m unittest discover -s tests -t . -v 2>&1 | tail -n 12")
+    t.r(T + "python3 -c 'from iniq.parse import parse; print(parse(\"[s]\\nk =\\nb64 = YWJj==\\n\"))'")
+    t.r(T + "printf '[db]\\nurl = postgres://db.internal/app?sslmode=require&connect_timeout=5\\n' | python3 -c 'import sys; from iniq.parse import parse; print(parse(sys.stdin.read()))'")
+    t.write("iniq/tests/test_parse.py", """
+        import unittest
+
+        from iniq.parse import ParseError, parse
+
+
+        class ParseTest(unittest.TestCase):
+            def test_sections(self):
+                cfg = parse("top = 1\\n[A]\\nx = 2\\n; c\\n# c\\n[b]\\nY=3\\n")
+                self.assertEqual(cfg, {"": {"top": "1"}, "a": {"x": "2"}, "b": {"y": "3"}})
+
+            def test_missing_equals(self):
+                with self.assertRaises(ParseError):
+                    parse("[a]\\njust words\\n")
+
+            def test_value_with_equals(self):
+                cfg = parse("[db]\\nurl = pg://h/app?ssl=on&t=5\\nb64 = YWJj==\\n")
+                self.assertEqual(cfg["db"], {"url": "pg://h/app?ssl=on&t=5", "b64": "YWJj=="})
+
+            def test_empty_key(self):
+                with self.assertRaises(ParseError):
+                    parse("[a]\\n = x\\n")
+
+            def test_empty_value(self):
+                self.assertEqual(parse("k =\\n"), {"": {"k": ""}})
+        """)
+    t.r(T + "python3 -m unittest tests.test_parse -v 2>&1 | tail -n 9")
+    t.r(T + "python3 -m unittest discover -s tests -t . 2>&1 | tail -n 3")
+    t.write("app.ini", """
+        ; service configuration
+        name = billing
+        [db]
+        url = postgres://db.internal/app?sslmode=require&connect_timeout=5
+        port = 5432
+        ssl = yes
+        [auth]
+        token = c2VjcmV0==
+        """)
+    for c in ["python3 -m iniq.cli ../app.ini db.url", "python3 -m iniq.cli ../app.ini auth.token",
+              "python3 -m iniq.cli ../app.ini --dump", "python3 -m iniq.cli ../app.ini db.user; echo \"exit=$?\"",
+              "python3 -c 'from iniq.parse import parse; from iniq.query import get_bool, get_int; c = parse(open(\"../app.ini\").read()); print(get_int(c, \"db.port\"), get_bool(c, \"db.ssl\"))'",
+              "git diff", "git diff --stat", "git status --short",
+              "grep -rn 'split(\"=\")' iniq/ || echo none left", "sed -n '/def parse/,/return out/p' iniq/parse.py"]:
+        t.r(T + c)
+    t.sh(T + "rm reproduce.py && git status --short")
+    t.sh(T + r"""sed -i 's|^## 0.4.0$|## unreleased\n- parse: keep "=" in values, reject empty keys\n## 0.4.0|' CHANGELOG.md && head -n 5 CHANGELOG.md""")
+    t.r(T + "python3 -m unittest discover -s tests -t . 2>&1 | tail -n 1")
+    t.sh(T + "git add -A && git commit -q -m 'parse: keep \"=\" in values, reject empty keys' && git log --oneline -3")
+    for c in ["git show --stat HEAD", "git status --short | wc -l", "git log --oneline v0.4.0..HEAD",
+              "git diff v0.4.0 --stat", "python3 -m iniq.cli ../app.ini db.url"]:
+        t.r(T + c)
+    t.verify = r"""
+        set -e
+        cd iniq
+        python3 -m unittest discover -s tests -t . 2>&1 | tail -n 1 | grep -qx OK
+        test "$(git rev-list --count HEAD)" = 5
+        test -z "$(git status --porcelain)"
+        test ! -e reproduce.py
+        git log -1 --format=%s | grep -q 'keep "=" in values'
+        test "$(python3 -m iniq.cli ../app.ini db.url)" = 'postgres://db.internal/app?sslmode=require&connect_timeout=5'
+        python3 -c 'from iniq.parse import parse, ParseError
+        try:
+            parse("= x")
+        except ParseError:
+            pass
+        else:
+            raise SystemExit("empty key accepted")'
+        grep -q test_value_with_equals tests/test_parse.py
+        """
+    t.volatile = ["iniq/.git/index", "iniq/.git/logs/**"]
+    return t
+
+
 # ====================================================================== main
 def main():
     os.makedirs(OUT, exist_ok=True)
