@@ -7,8 +7,10 @@
 //! connect to it for about a second (200 tries, 5 ms apart) before it removes it:
 //! a restore right after a crash waited through that second. The dead shim's
 //! cleanup (`delete`, which containerd runs as soon as it sees the shim gone)
-//! removes the socket at once when nothing answers on it. A socket that answers
-//! belongs to a live shim (a pod's other containers share it) and is kept.
+//! removes the socket at once when nothing answers on it. After a host restart (or
+//! a containerd that never saw the shim die) no cleanup runs: the next `start` of a
+//! container's own shim removes its dead socket before binding. A socket that
+//! answers belongs to a live shim (a pod's other containers share it) and is kept.
 
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::UnixStream;

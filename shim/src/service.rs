@@ -64,6 +64,15 @@ impl Shim for Service {
             }
         }
         let grouping = sandbox_group(&self.bundle).unwrap_or_else(|| opts.id.clone());
+        if grouping == opts.id {
+            // A container's own socket left by a shim that died with its host (or
+            // whose cleanup never ran): the shim crate would try it for a second
+            // before taking the path. A pod's shared socket is left to the crate: a
+            // pod's shim may be between bind and listen.
+            let socket = containerd_shim::socket_address(&opts.address, &opts.namespace, &grouping);
+            let outcome = crate::dead_socket::remove_if_dead(&socket);
+            tracing::debug!(id = %opts.id, ?outcome, "a previous shim's socket");
+        }
         let address = spawn(opts, &grouping, Vec::new()).await?;
         std::fs::write(self.bundle.join("address"), &address)
             .map_err(|e| containerd_shim::Error::Other(format!("write address file: {e}")))?;
