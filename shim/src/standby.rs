@@ -11,7 +11,7 @@
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crab_runtime::checkpoint::history::Entry;
 use crab_runtime::config::STANDBY_ANNOTATION;
@@ -42,7 +42,15 @@ struct State {
 
 /// A container's standby replica, shared by the operations and the task making it.
 #[derive(Clone, Default)]
-pub struct Slot(Arc<Mutex<State>>);
+pub struct Slot(Arc<Shared>);
+
+#[derive(Default)]
+struct Shared {
+    state: Mutex<State>,
+    /// Woken when a replica is kept or given up: a rollback waiting for one
+    /// looks again.
+    changed: tokio::sync::Notify,
+}
 
 /// How long a rollback waits for a replica of its checkpoint that is being made
 /// before it restores the slow way (a restore takes about as long).
@@ -61,23 +69,30 @@ impl std::fmt::Debug for Slot {
 impl Slot {
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
         // A panic while the lock was held leaves nothing half-written here.
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+        self.0.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Takes the replica of checkpoint `seq`, waiting a moment for one being made.
     pub async fn take(&self, seq: u64) -> Option<Ready> {
-        let deadline = Instant::now() + WAIT_FOR_MAKING;
+        let deadline = tokio::time::Instant::now() + WAIT_FOR_MAKING;
         loop {
+            // Registered before the state is read: a change between the read and
+            // the wait still wakes it.
+            let changed = self.0.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
             {
                 let mut s = self.state();
                 if s.ready.as_ref().is_some_and(|r| r.standby.seq == seq) {
                     return s.ready.take();
                 }
-                if s.making != Some(seq) || Instant::now() > deadline {
+                if s.making != Some(seq) {
                     return None;
                 }
             }
-            tokio::time::sleep(Duration::from_millis(2)).await;
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                return None;
+            }
         }
     }
 
@@ -87,7 +102,10 @@ impl Slot {
         let mut s = self.state();
         s.generation += 1;
         s.making = Some(seq);
-        (s.generation, s.ready.take())
+        let replaced = (s.generation, s.ready.take());
+        drop(s);
+        self.0.changed.notify_waiters();
+        replaced
     }
 
     /// Keeps `ready` if it is of the newest generation; else hands it back.
@@ -98,6 +116,8 @@ impl Slot {
         }
         s.making = None;
         s.ready = ready;
+        drop(s);
+        self.0.changed.notify_waiters();
         None
     }
 
@@ -111,7 +131,10 @@ impl Slot {
         let mut s = self.state();
         s.generation += 1;
         s.making = None;
-        s.ready.take()
+        let ready = s.ready.take();
+        drop(s);
+        self.0.changed.notify_waiters();
+        ready
     }
 }
 
@@ -232,5 +255,56 @@ pub async fn adopt(
             let _ = sandbox.container().tracking().kill_all();
             None
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Paused time: the clock moves only when every task waits, so the instants
+    // below are exact.
+    #[tokio::test(start_paused = true)]
+    async fn test_a_rollback_waiting_for_its_replica_wakes_when_the_making_ends() {
+        let slot = Slot::default();
+        let (generation, _) = slot.begin(5);
+        let started = tokio::time::Instant::now();
+        let waiting = tokio::spawn({
+            let slot = slot.clone();
+            async move { slot.take(5).await.is_some() }
+        });
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        assert!(slot.fill(generation, None).is_none());
+        assert!(!waiting.await.unwrap(), "no replica was made");
+        assert_eq!(started.elapsed(), Duration::from_millis(40));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn test_a_rollback_stops_waiting_when_a_newer_replica_is_asked_for() {
+        let slot = Slot::default();
+        slot.begin(5);
+        let started = tokio::time::Instant::now();
+        let waiting = tokio::spawn({
+            let slot = slot.clone();
+            async move { slot.take(5).await.is_some() }
+        });
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        slot.begin(6);
+        assert!(!waiting.await.unwrap());
+        assert_eq!(started.elapsed(), Duration::from_millis(10));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn test_a_rollback_waits_at_most_its_bound_for_a_replica_being_made() {
+        let slot = Slot::default();
+        slot.begin(5);
+        let started = tokio::time::Instant::now();
+        assert!(slot.take(5).await.is_none());
+        assert_eq!(started.elapsed(), WAIT_FOR_MAKING);
+        assert!(
+            slot.take(4).await.is_none(),
+            "no wait for another checkpoint"
+        );
+        assert_eq!(started.elapsed(), WAIT_FOR_MAKING);
     }
 }
