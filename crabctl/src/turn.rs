@@ -78,6 +78,14 @@ pub fn stats(config: &Config, namespace: &str, id: &str, json: bool) -> Result<(
             "  standby: checkpoint seq {}, init pid {}, {} bytes of memory, made in {} ms",
             sb.seq, sb.pid, sb.memory_bytes, sb.made_ms
         );
+    } else if let Some(why) = &s.standby_missing {
+        println!("  standby: none ({why})");
+    }
+    if s.standby_dropped > 0 {
+        println!(
+            "  standby: {} dropped for memory pressure",
+            s.standby_dropped
+        );
     }
     Ok(())
 }

@@ -263,3 +263,111 @@ fn a_shim_killed_after_the_trees_were_exchanged_restores_the_newest_checkpoint_w
 fn a_shim_killed_after_the_processes_moved_restores_the_newest_checkpoint_whole() {
     shim_killed_while_adopting("standby.moved");
 }
+
+/// `crabctl stats ID --json`'s standby fields: (why there is none, how many
+/// were dropped for memory).
+fn standby_missing(id: &str) -> (Option<String>, u64) {
+    let out = crabctl_ok(&["stats", id, "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    (
+        v["standby_missing"].as_str().map(str::to_string),
+        v["standby_dropped"].as_u64().unwrap_or(0),
+    )
+}
+
+/// The host's available memory in MiB, as the shim reads it.
+fn available_mib() -> u64 {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").expect("read /proc/meminfo");
+    let kib: u64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .and_then(|v| v.trim().strip_suffix("kB"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("MemAvailable");
+    kib / 1024
+}
+
+/// A counter asking for replicas, its shims configured with `[standby] TOML`.
+fn counter_with_standby_budget(toml: &str) -> Guard {
+    let config = config_with(&format!("[standby]\n{toml}\n"));
+    let path = config.to_string_lossy().to_string();
+    let mut flags = ASK_FOR_STANDBY.to_vec();
+    flags.extend(["--runtime-config-path", &path]);
+    counter(&flags)
+}
+
+#[test]
+fn no_standby_is_made_when_the_host_lacks_the_memory_it_must_leave_free() {
+    // A floor no host reaches: 100 TiB.
+    let g = counter_with_standby_budget("min_available_mib = 104857600");
+    g.exec_ok(&["sh", "-c", "echo base > /mark"]);
+    let before = count(&g);
+    crabctl_ok(&["checkpoint", &g.id, "--name", "base"]);
+    assert!(
+        wait_until(Duration::from_secs(10), || standby_missing(&g.id)
+            .0
+            .is_some()),
+        "no reason given for the missing standby"
+    );
+    let (why, dropped) = standby_missing(&g.id);
+    let why = why.unwrap();
+    assert!(why.contains("min_available_mib"), "{why}");
+    assert_eq!(dropped, 0);
+    assert_eq!(standby(&g.id), None);
+    assert!(standby_processes(&g.id).is_empty());
+    let stats = crabctl_ok(&["stats", &g.id]);
+    assert!(stats.contains("standby: none ("), "{stats}");
+    assert!(!roll_back_and_check(
+        &g,
+        "base",
+        before..before + 50,
+        "base"
+    ));
+}
+
+#[test]
+fn a_standby_is_dropped_once_the_host_runs_short_of_memory_and_the_rollback_still_lands() {
+    // The floor sits 3 GiB under what is free now; a process on the host then
+    // takes 6 GiB.
+    let floor = available_mib().saturating_sub(3 * 1024);
+    let g = counter_with_standby_budget(&format!("min_available_mib = {floor}"));
+    g.exec_ok(&["sh", "-c", "echo base > /mark"]);
+    let before = count(&g);
+    crabctl_ok(&["checkpoint", &g.id, "--name", "base"]);
+    let pid = wait_for_standby(&g.id, newest_seq(&g.id));
+    let mut hog = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import sys, time\nb = b'\\x01' * (6 << 30)\nprint('held', flush=True)\ntime.sleep(120)",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start python3");
+    let dropped = wait_until(Duration::from_secs(30), || standby_missing(&g.id).1 == 1);
+    let _ = hog.kill();
+    let _ = hog.wait();
+    assert!(
+        dropped,
+        "the standby was not dropped (floor {floor} MiB, now {} MiB free): {:?}",
+        available_mib(),
+        standby_missing(&g.id)
+    );
+    let (why, _) = standby_missing(&g.id);
+    assert!(
+        why.as_deref().is_some_and(|w| w.contains("dropped")),
+        "{why:?}"
+    );
+    assert!(
+        wait_until(Duration::from_secs(10), || state_of(pid).is_none()),
+        "the dropped standby's init {pid} is still there"
+    );
+    assert!(standby_processes(&g.id).is_empty());
+    // The rollback takes the slow way, and lands.
+    g.exec_ok(&["sh", "-c", "echo later > /mark"]);
+    assert!(!roll_back_and_check(
+        &g,
+        "base",
+        before..before + 50,
+        "base"
+    ));
+}

@@ -73,6 +73,14 @@ pub struct Standby {
     /// How many standbys the host keeps at most, over all containers; a container
     /// beyond it rolls back the slow way.
     pub max_per_host: u32,
+    /// The largest process image (MiB) a container's replica is made of; 0: no
+    /// bound. A replica holds as much memory as its checkpoint's image.
+    pub max_image_mib: u64,
+    /// The host memory (MiB, the kernel's `MemAvailable`) replicas leave free: one
+    /// is made only when what is available exceeds this by its image, and one held
+    /// when availability falls below this is dropped (replicas go first under
+    /// memory pressure, before the kernel reclaims or kills anything else).
+    pub min_available_mib: u64,
 }
 
 impl Default for Standby {
@@ -80,6 +88,8 @@ impl Default for Standby {
         Standby {
             enabled: false,
             max_per_host: 8,
+            max_image_mib: 0,
+            min_available_mib: 1024,
         }
     }
 }

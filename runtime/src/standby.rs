@@ -21,6 +21,9 @@
 //! after an adoption the container's memory limit counts only what it touches
 //! anew; the standby's cgroup was given the same limits.
 
+#[path = "standby_memory.rs"]
+pub mod memory;
+
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -505,7 +508,7 @@ pub fn reconcile(config: &Config) {
     }
 }
 
-fn refused(why: &str) -> Error {
+pub(crate) fn refused(why: &str) -> Error {
     Error::Storage {
         operation: "make a standby",
         message: format!("no standby for this container: {why}"),

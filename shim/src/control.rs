@@ -141,10 +141,12 @@ impl TaskService {
             }
             Request::Stats { id, .. } => {
                 let mut stats = self.turns.stats(&id);
-                stats.standby = match self.containers.get(&id) {
-                    Ok(slot) => slot.lock().await.ok().and_then(|i| i.standby.info()),
-                    Err(_) => None,
-                };
+                if let Ok(slot) = self.containers.get(&id) {
+                    if let Ok(inst) = slot.lock().await {
+                        (stats.standby, stats.standby_missing, stats.standby_dropped) =
+                            inst.standby.report();
+                    }
+                }
                 Ok(Response::Stats { stats })
             }
             Request::Rollback {

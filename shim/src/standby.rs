@@ -38,6 +38,10 @@ struct State {
     /// The checkpoint a replica is being made of.
     making: Option<u64>,
     ready: Option<Ready>,
+    /// Why there is no replica: the newest one could not be made, or was dropped.
+    missing: Option<String>,
+    /// Replicas dropped because the host ran short of memory.
+    dropped: u64,
 }
 
 /// A container's standby replica, shared by the operations and the task making it.
@@ -115,15 +119,51 @@ impl Slot {
             return ready;
         }
         s.making = None;
+        if ready.is_some() {
+            s.missing = None;
+        }
         s.ready = ready;
         drop(s);
         self.0.changed.notify_waiters();
         None
     }
 
-    /// What `crabctl stats` shows of the replica ready, if one is.
-    pub fn info(&self) -> Option<crab_runtime::standby::Info> {
-        self.state().ready.as_ref().map(|r| r.standby.info())
+    /// What `crabctl stats` shows: the replica ready, if one is; else why there
+    /// is none; and how many were dropped for memory.
+    pub fn report(&self) -> (Option<crab_runtime::standby::Info>, Option<String>, u64) {
+        let s = self.state();
+        let info = s.ready.as_ref().map(|r| r.standby.info());
+        let missing = if info.is_none() {
+            s.missing.clone()
+        } else {
+            None
+        };
+        (info, missing, s.dropped)
+    }
+
+    /// Records why the replica asked for as `generation` is not there.
+    fn missing(&self, generation: u64, why: String) {
+        let mut s = self.state();
+        if s.generation == generation {
+            s.missing = Some(why);
+        }
+    }
+
+    /// Takes the replica of `generation` out, to drop it for memory `why`.
+    fn drop_for_memory(&self, generation: u64, why: String) -> Option<Ready> {
+        let mut s = self.state();
+        if s.generation != generation || s.ready.is_none() {
+            return None;
+        }
+        s.dropped += 1;
+        s.missing = Some(format!("dropped: {why}"));
+        s.ready.take()
+    }
+
+    /// Whether the replica of `generation` is still the one held.
+    fn holds(&self, generation: u64) -> bool {
+        let s = self.state();
+        s.generation == generation && s.ready.is_some()
     }
 
     /// Takes whatever replica there is and stops one being made from being kept.
@@ -135,6 +175,32 @@ impl Slot {
         drop(s);
         self.0.changed.notify_waiters();
         ready
+    }
+}
+
+/// How often a shim holding a replica looks at the host's available memory.
+const MEMORY_CHECK: Duration = Duration::from_millis(250);
+
+/// While the replica of `generation` is held, drops it once the host's available
+/// memory falls below `[standby] min_available_mib`
+/// ([`crab_runtime::standby::memory`]).
+async fn watch_memory(
+    slot: Slot,
+    generation: u64,
+    config: crab_runtime::config::Config,
+    id: String,
+) {
+    use crab_runtime::standby::memory;
+    while slot.holds(generation) {
+        tokio::time::sleep(MEMORY_CHECK).await;
+        let Some(why) = memory::pressure(&config, memory::available()) else {
+            continue;
+        };
+        if let Some(ready) = slot.drop_for_memory(generation, why.clone()) {
+            tracing::warn!(%id, seq = ready.standby.seq, %why, "standby dropped");
+            discard(&config, ready).await;
+        }
+        return;
     }
 }
 
@@ -207,11 +273,14 @@ impl TaskService {
                         ms = ready.standby.made_in.as_millis() as u64, "standby ready");
                     if let Some(stale) = slot.fill(generation, Some(ready)) {
                         discard(&config, stale).await;
+                    } else {
+                        watch_memory(slot, generation, config, id).await;
                     }
                 }
                 Err(e) => {
                     tracing::info!(%id, seq, error = %e,
                         "no standby");
+                    slot.missing(generation, e.to_string());
                     slot.fill(generation, None);
                 }
             }

@@ -57,6 +57,13 @@ pub struct TurnStats {
     /// The container's standby replica, when it has one ready.
     #[serde(default)]
     pub standby: Option<crate::standby::Info>,
+    /// Why the container, asking for replicas, has none: the last one that could
+    /// not be made, or was dropped (memory pressure).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub standby_missing: Option<String>,
+    /// Replicas dropped because the host ran short of memory.
+    #[serde(default)]
+    pub standby_dropped: u64,
 }
 
 /// Recent samples of one quantity.
