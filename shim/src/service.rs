@@ -68,10 +68,10 @@ impl Shim for Service {
             // A container's own socket left by a shim that died with its host (or
             // whose cleanup never ran): the shim crate would try it for a second
             // before taking the path. A pod's shared socket is left to the crate: a
-            // pod's shim may be between bind and listen.
+            // pod's shim may be between bind and listen. Nothing is logged: `start`'s
+            // stdout is the address containerd reads, and the logger writes there.
             let socket = containerd_shim::socket_address(&opts.address, &opts.namespace, &grouping);
-            let outcome = crate::dead_socket::remove_if_dead(&socket);
-            tracing::debug!(id = %opts.id, ?outcome, "a previous shim's socket");
+            let _ = crate::dead_socket::remove_if_dead(&socket);
         }
         let address = spawn(opts, &grouping, Vec::new()).await?;
         std::fs::write(self.bundle.join("address"), &address)
