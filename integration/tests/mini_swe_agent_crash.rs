@@ -26,7 +26,8 @@ use serde_json::Value;
 const TASK: &str = "data-sales";
 
 /// The step whose answer is held when the sandbox crashes: turn 14 of 23,
-/// after the data was cleaned and the report's files written.
+/// after the data was cleaned, aggregated and ranked, before the report is
+/// written.
 const CRASH_AT_STEP: usize = 13;
 
 /// The sandbox's run args. No `--rm`: with it, dockerd removes the crashed
