@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::scripted;
+use crate::scripted::{self, Hold};
 
 /// One answer of the script.
 #[derive(Clone, Debug)]
@@ -72,29 +72,6 @@ struct Script {
     think: Vec<Duration>,
 }
 
-/// A step whose answers wait until the test lets them go.
-#[derive(Default)]
-struct Hold {
-    /// (the step held, whether it is let go, how many requests wait on it)
-    state: Mutex<(Option<usize>, bool, usize)>,
-    changed: std::sync::Condvar,
-}
-
-impl Hold {
-    fn wait_if_held(&self, step: usize) {
-        let mut s = self.state.lock().unwrap();
-        if s.0 != Some(step) {
-            return;
-        }
-        s.2 += 1;
-        self.changed.notify_all();
-        // Until let go, or until the test holds another step instead.
-        while s.0 == Some(step) && !s.1 {
-            s = self.changed.wait(s).unwrap();
-        }
-    }
-}
-
 /// The id the server gives the `tool_use` block of step `i`.
 pub fn tool_use_id(i: usize) -> String {
     format!("toolu_crab_{i:02}")
@@ -123,29 +100,19 @@ impl Scripted {
         Scripted { port, seen, hold }
     }
 
-    /// From now on, answers to step `step` wait until [`Scripted::let_go`],
-    /// or until another step is held: holding the next step lets the one
-    /// held before go, so a test can stop the agent at two places in a row.
+    /// See [`Hold::hold_step`].
     pub fn hold_step(&self, step: usize) {
-        *self.hold.state.lock().unwrap() = (Some(step), false, 0);
-        self.hold.changed.notify_all();
+        self.hold.hold_step(step);
     }
 
-    /// Waits until a request for the held step waits (false after `timeout`).
-    pub fn wait_held(&self, timeout: std::time::Duration) -> bool {
-        let s = self.hold.state.lock().unwrap();
-        let (s, _) = self
-            .hold
-            .changed
-            .wait_timeout_while(s, timeout, |s| s.2 == 0)
-            .unwrap();
-        s.2 > 0
+    /// See [`Hold::wait_held`].
+    pub fn wait_held(&self, timeout: Duration) -> bool {
+        self.hold.wait_held(timeout)
     }
 
-    /// Lets the held step's answers go, and holds nothing more.
+    /// See [`Hold::let_go`].
     pub fn let_go(&self) {
-        self.hold.state.lock().unwrap().1 = true;
-        self.hold.changed.notify_all();
+        self.hold.let_go();
     }
 
     /// Its base URL, for the proxy's upstream.

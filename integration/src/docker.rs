@@ -117,6 +117,22 @@ pub fn ctr_moby(args: &[&str]) -> Output {
         .expect("ctr")
 }
 
+/// `crabctl -n moby ARGS` (Crab's operations on a Docker container), which
+/// must succeed; its stdout.
+pub fn crabctl_moby(args: &[&str]) -> String {
+    let out = Command::new("crabctl")
+        .arg("-a")
+        .arg(address())
+        .args(["-n", MOBY])
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("crabctl");
+    let (o, e) = text(&out);
+    assert!(out.status.success(), "crabctl {args:?}: {o}{e}");
+    o
+}
+
 /// A Docker container (by name) removed with `docker rm -f` when dropped.
 pub struct DockerGuard {
     /// The container's name.

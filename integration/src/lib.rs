@@ -22,6 +22,7 @@ pub mod cri;
 pub mod docker;
 pub mod llm;
 pub mod mini_swe_agent;
+pub mod mini_trajectory;
 pub mod openai;
 pub mod pty;
 pub mod scripted;

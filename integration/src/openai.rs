@@ -12,13 +12,16 @@
 //! [DONE]`) when the request asks for `"stream": true`, else it is one
 //! `chat.completion` with `usage`. `HEAD`/`GET /` get an empty 200; anything else
 //! a 404 in the API's error shape, and a line on stderr. Every request is recorded.
+//! A test may hold a step's answers ([`Scripted::hold_step`]) to stop the agent
+//! there, as the Anthropic server does.
 
 use std::net::TcpStream;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::scripted;
+use crate::scripted::{self, Hold};
 
 /// The info string of the fenced block holding a text answer's command: what
 /// mini-swe-agent's text-based models look for (`action_regex`).
@@ -103,6 +106,7 @@ pub struct Scripted {
     /// Its port on 127.0.0.1.
     pub port: u16,
     seen: Arc<Mutex<Vec<Seen>>>,
+    hold: Arc<Hold>,
 }
 
 /// The id the server gives the tool call of step `i`.
@@ -116,11 +120,27 @@ impl Scripted {
     pub fn start(steps: Vec<Step>) -> Scripted {
         assert!(!steps.is_empty(), "a script needs at least one step");
         let seen = Arc::new(Mutex::new(Vec::new()));
-        let s = seen.clone();
+        let hold = Arc::new(Hold::default());
+        let (s, h) = (seen.clone(), hold.clone());
         let port = scripted::listen("scripted OpenAI server", move |conn| {
-            serve(conn, &steps, &s)
+            serve(conn, &steps, &h, &s)
         });
-        Scripted { port, seen }
+        Scripted { port, seen, hold }
+    }
+
+    /// See [`Hold::hold_step`].
+    pub fn hold_step(&self, step: usize) {
+        self.hold.hold_step(step);
+    }
+
+    /// See [`Hold::wait_held`].
+    pub fn wait_held(&self, timeout: Duration) -> bool {
+        self.hold.wait_held(timeout)
+    }
+
+    /// See [`Hold::let_go`].
+    pub fn let_go(&self) {
+        self.hold.let_go();
     }
 
     /// Its base URL, for the proxy's upstream.
@@ -134,7 +154,7 @@ impl Scripted {
     }
 }
 
-fn serve(conn: TcpStream, steps: &[Step], seen: &Mutex<Vec<Seen>>) {
+fn serve(conn: TcpStream, steps: &[Step], hold: &Hold, seen: &Mutex<Vec<Seen>>) {
     let Some((method, target, body)) = scripted::read_request(&conn) else {
         return;
     };
@@ -145,6 +165,7 @@ fn serve(conn: TcpStream, steps: &[Step], seen: &Mutex<Vec<Seen>>) {
         ("POST", "/v1/chat/completions") => {
             let i = scripted::step_at(&body, steps.len());
             step = Some(i);
+            hold.wait_if_held(i);
             let model = body["model"].as_str().unwrap_or("scripted").to_string();
             let tool = offers_tool(&body);
             if body["stream"] == true {
@@ -402,6 +423,26 @@ mod tests {
             assert_eq!(finish, [&json!(finish_reason(tool))]);
             assert_eq!(chunks.last().unwrap()["usage"]["total_tokens"], 120);
         }
+    }
+
+    #[test]
+    fn test_a_held_step_is_answered_once_let_go_and_other_steps_are_not_held() {
+        let s = Scripted::start(vec![Step::new("look", "ls"), Step::new("done", "true")]);
+        let port = s.port;
+        s.hold_step(1);
+        let first = json!({"model": "m", "messages": [{"role": "user", "content": "go"}]});
+        assert!(send(port, "POST", "/v1/chat/completions", &first).starts_with("HTTP/1.1 200"));
+        let second = json!({"model": "m", "messages": [{"role": "user", "content": "go"},
+            {"role": "assistant", "content": "x"}, {"role": "user", "content": "out"}]});
+        let held = std::thread::spawn(move || send(port, "POST", "/v1/chat/completions", &second));
+        assert!(s.wait_held(Duration::from_secs(10)));
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(!held.is_finished(), "step 1 was answered while held");
+        s.let_go();
+        let answer = held.join().unwrap();
+        assert!(answer.contains("THOUGHT: done"), "{answer}");
+        let steps: Vec<_> = s.seen().iter().map(|r| r.step).collect();
+        assert_eq!(steps, [Some(0), Some(1)]);
     }
 
     #[test]

@@ -1,11 +1,13 @@
 //! What the scripted LLM servers ([`crate::anthropic`], [`crate::openai`])
 //! share: a thread per connection on a free port of 127.0.0.1, one HTTP/1
-//! request read per connection, the step at the conversation's place, the
-//! record of what was asked, and a whole answer written back.
+//! request read per connection, the step at the conversation's place, a step
+//! held until the test lets it go, the record of what was asked, and a whole
+//! answer written back.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
 
 use serde_json::Value;
 
@@ -47,6 +49,57 @@ pub(crate) fn step_at(body: &Value, steps: usize) -> usize {
         .as_array()
         .map_or(0, |m| m.iter().filter(|m| m["role"] == "assistant").count());
     answered.min(steps - 1)
+}
+
+/// A step whose answers wait until the test lets them go: how a test stops a
+/// real agent at a chosen place (its request made, its answer not yet come)
+/// and crashes its sandbox there.
+#[derive(Default)]
+pub struct Hold {
+    /// (the step held, whether it is let go, how many requests wait on it)
+    state: Mutex<(Option<usize>, bool, usize)>,
+    changed: Condvar,
+}
+
+impl Hold {
+    /// From now on, answers to step `step` wait until [`Hold::let_go`], or
+    /// until another step is held: holding the next step lets the one held
+    /// before go, so a test can stop the agent at two places in a row.
+    pub fn hold_step(&self, step: usize) {
+        *self.state.lock().unwrap() = (Some(step), false, 0);
+        self.changed.notify_all();
+    }
+
+    /// Waits until a request for the held step waits (false after `timeout`).
+    pub fn wait_held(&self, timeout: Duration) -> bool {
+        let s = self.state.lock().unwrap();
+        let (s, _) = self
+            .changed
+            .wait_timeout_while(s, timeout, |s| s.2 == 0)
+            .unwrap();
+        s.2 > 0
+    }
+
+    /// Lets the held step's answers go, and holds nothing more.
+    pub fn let_go(&self) {
+        self.state.lock().unwrap().1 = true;
+        self.changed.notify_all();
+    }
+
+    /// Called by a server before it answers step `step`: returns at once
+    /// unless that step is held.
+    pub(crate) fn wait_if_held(&self, step: usize) {
+        let mut s = self.state.lock().unwrap();
+        if s.0 != Some(step) {
+            return;
+        }
+        s.2 += 1;
+        self.changed.notify_all();
+        // Until let go, or until the test holds another step instead.
+        while s.0 == Some(step) && !s.1 {
+            s = self.changed.wait(s).unwrap();
+        }
+    }
 }
 
 /// A whole answer, written after the request is recorded in `seen`.

@@ -15,10 +15,12 @@
 
 use std::time::{Duration, Instant};
 
-use crab_integration::docker::{docker_inspect, DockerGuard, DOCKER_PYTHON, DOCKER_RUNTIME, MOBY};
+use crab_integration::docker::{
+    crabctl_moby, docker_inspect, DockerGuard, DOCKER_PYTHON, DOCKER_RUNTIME,
+};
 use crab_integration::mini_swe_agent::{Agent, Options, Proxy, INPUT_COST, OUTPUT_COST};
 use crab_integration::openai::{Scripted, Step};
-use crab_integration::{address, interfaces, text};
+use crab_integration::{interfaces, text};
 use serde_json::Value;
 
 const TASK: &str = "Write 'hello from mini-swe-agent' to /root/hello.txt, check it, and submit.";
@@ -50,21 +52,6 @@ fn script() -> Vec<(Step, Option<&'static str>)> {
         ),
         (Step::new("Done: submit.", SUBMIT), None),
     ]
-}
-
-/// `crabctl -n moby ARGS`, which must succeed; its stdout.
-fn crabctl_moby(args: &[&str]) -> String {
-    let out = std::process::Command::new("crabctl")
-        .arg("-a")
-        .arg(address())
-        .args(["-n", MOBY])
-        .args(args)
-        .stdin(std::process::Stdio::null())
-        .output()
-        .expect("crabctl");
-    let (o, e) = text(&out);
-    assert!(out.status.success(), "crabctl {args:?}: {o}{e}");
-    o
 }
 
 fn run(model_class: &str, config: &str) {

@@ -14,11 +14,11 @@ use std::time::Duration;
 use crab_eval::trajectory::{Call, Trajectory};
 use crab_integration::agent_eval::{fast_forward_lines, newest_seq, restored_from};
 use crab_integration::crash::{assert_nothing_left_over, history_dir};
-use crab_integration::docker::{docker_inspect, DockerGuard, DOCKER_PYTHON, DOCKER_RUNTIME, MOBY};
-use crab_integration::mini_swe_agent::{Agent, Options, Proxy};
+use crab_integration::docker::DOCKER_RUNTIME;
+use crab_integration::mini_trajectory::Run;
 use crab_integration::{
     anthropic, claude, crabctl_ok, journal_dir, kill_shim_and_init, kill_shim_of, namespace,
-    openai, proxy_pids, shim_pids, trajectory, unique_id, wait_until, Guard,
+    proxy_pids, shim_pids, trajectory, unique_id, wait_until, Guard,
 };
 use serde_json::Value;
 
@@ -61,57 +61,10 @@ fn claude_code_does(t: &Trajectory) -> crab_eval::state::Ending {
 }
 
 fn mini_swe_agent_does(t: &Trajectory) -> crab_eval::state::Ending {
-    let steps = trajectory::mini_steps(t);
-    let n = steps.len();
-    let llm = openai::Scripted::start(steps);
-    let mut agent = Agent::start(&Options {
-        image: DOCKER_PYTHON,
-        run_args: &["--rm", "--runtime", DOCKER_RUNTIME, "--network", "none"],
-        config: "mini",
-        model_class: "litellm",
-        task: &t.title,
-    });
-    let sandbox = DockerGuard::new(&agent.id);
-    let _proxy = Proxy::start(&agent.id, &llm.url(), &agent.dir.path().join("proxy.log"));
-    let pid: i32 = docker_inspect(&sandbox.name, "{{.State.Pid}}")
-        .parse()
-        .expect("the sandbox init's pid");
-    agent.go(pid);
-    let result: Value = serde_json::from_str(&agent.line("result ", Duration::from_secs(900)))
-        .expect("the result is JSON");
-    assert_eq!(
-        result["exit_status"],
-        "Submitted",
-        "{result}\nstderr:\n{}",
-        agent.stderr()
-    );
-    let asked: Vec<usize> = llm
-        .seen()
-        .iter()
-        .filter(|s| s.is_chat())
-        .filter_map(|s| s.step)
-        .collect();
-    assert_eq!(asked, (0..n).collect::<Vec<_>>());
-    // Every command exited 0: mini-swe-agent's observations (its `mini`
-    // configuration's template) carry `"returncode": N`.
-    let trajectory = agent.trajectory();
-    let observations: Vec<&str> = trajectory["messages"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|m| m["role"] != "assistant")
-        .filter_map(|m| m["content"].as_str())
-        .filter(|text| text.contains("\"returncode\": "))
-        .collect();
-    assert_eq!(observations.len(), n - 1, "{observations:#?}");
-    let failed: Vec<&&str> = observations
-        .iter()
-        .filter(|text| !text.contains("\"returncode\": 0,"))
-        .collect();
-    assert!(failed.is_empty(), "{failed:#?}");
-    let ending = trajectory::ending(MOBY, &agent.id, t);
-    eprintln!("mini-swe-agent outside: {n} requests; {ending:?}");
-    assert_eq!(agent.finish(), Some(0), "stderr:\n{}", agent.stderr());
+    let run_args = ["--rm", "--runtime", DOCKER_RUNTIME, "--network", "none"];
+    let mut run = Run::start(t, &run_args, None);
+    let ending = run.finishes(t);
+    eprintln!("mini-swe-agent outside: {} requests; {ending:?}", run.steps);
     ending
 }
 
