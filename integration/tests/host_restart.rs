@@ -93,6 +93,21 @@ fn assert_gone_but_listed(g: &Guard, checkpoint: &str) {
     );
 }
 
+/// Claude Code's output and its proxy's log, for a failure's message.
+fn what_the_sandbox_said(g: &Guard) -> String {
+    let pid = g.pid();
+    let proxy_log = state_dir()
+        .join(namespace())
+        .join(format!("{}.proxy.log", g.id));
+    format!(
+        "stdout: {}\nstderr: {}\nproxy log: {}",
+        claude::read_inside(pid, "/tmp/claude.out").unwrap_or_default(),
+        claude::read_inside(pid, "/tmp/claude.err").unwrap_or_default(),
+        std::fs::read_to_string(&proxy_log)
+            .unwrap_or_else(|e| format!("{}: {e}", proxy_log.display()))
+    )
+}
+
 fn count(g: &Guard) -> u64 {
     g.number("/tmp/count")
 }
@@ -173,9 +188,10 @@ fn claude_code_held_after_a_durable_checkpoint_comes_back_after_a_host_restart_f
     llm.hold_step(HELD_STEP);
     let g = claude::run(&llm, &t.title, claude::STATE_PATHS);
     assert!(
-        llm.wait_held(Duration::from_secs(600)),
-        "Claude Code never asked for step {HELD_STEP}: {:#?}",
-        claude::requests(&llm)
+        llm.wait_held(Duration::from_secs(300)),
+        "Claude Code never asked for step {HELD_STEP}: {:#?}\n{}",
+        claude::requests(&llm),
+        what_the_sandbox_said(&g)
     );
     // The turn asking for it is durable before the restart: each Messages
     // request is a turn, the held one included, after the sandbox's start.
