@@ -431,6 +431,7 @@ disabled_plugins = {disabled}
             remove_dir(dir)?;
         }
         unmount_under(&self.root)?;
+        self.remove_image_copies()?;
         let entries = match std::fs::read_dir(&self.root) {
             Ok(entries) => entries,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
@@ -462,6 +463,45 @@ disabled_plugins = {disabled}
             ensure!(out.status.success(), "crabctl fs gc: {o}{e}");
         }
         remove_dir(&self.root)
+    }
+}
+
+impl SecondContainerd {
+    /// The copies Crab's btrfs store made of this containerd's images (a store's
+    /// image copy is keyed by its layer directories, which go with the root):
+    /// those of single-layer images, as the test images are.
+    fn remove_image_copies(&self) -> Result<()> {
+        let Ok(toml) = std::fs::read_to_string(&self.crab_config) else {
+            return Ok(());
+        };
+        let config =
+            crab_runtime::config::Config::parse(&toml, &self.crab_config.display().to_string())
+                .context("the crab configuration")?;
+        if config.storage.backend != crab_runtime::config::Backend::Btrfs {
+            return Ok(());
+        }
+        let snapshots = self
+            .root
+            .join("io.containerd.snapshotter.v1.overlayfs/snapshots");
+        for e in std::fs::read_dir(&snapshots)
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let layer = e.path().join("fs");
+            let key = crab_runtime::storage::ImageSource::from_layers(vec![layer]).key;
+            let copy = Path::new(&config.storage.pool).join("images").join(key);
+            if copy.exists() {
+                let out = Command::new("btrfs")
+                    .args(["subvolume", "delete"])
+                    .arg(&copy)
+                    .output()
+                    .context("run btrfs subvolume delete")?;
+                let (o, e) = text(&out);
+                ensure!(out.status.success(), "delete {}: {o}{e}", copy.display());
+            }
+        }
+        Ok(())
     }
 }
 
