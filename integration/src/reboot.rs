@@ -50,6 +50,17 @@ const KILL_TIMEOUT: Duration = Duration::from_secs(10);
 /// Restarts `host` as a host restart would (see the module docs); how long each
 /// step took.
 pub fn restart(host: &mut SecondContainerd) -> Result<Timings> {
+    restart_with(host, true)
+}
+
+/// [`restart`], but the shims' ttrpc sockets are left where they were, dead: a
+/// host whose `/run/containerd` outlived the restart (or a containerd that never
+/// saw its shims die). The next shim of a container binds the same path.
+pub fn restart_keeping_shim_sockets(host: &mut SecondContainerd) -> Result<Timings> {
+    restart_with(host, false)
+}
+
+fn restart_with(host: &mut SecondContainerd, remove_sockets: bool) -> Result<Timings> {
     let containers = host.containers().context("list the containers")?;
     let sockets = host.shim_sockets();
     let cgroups: Vec<PathBuf> = containers
@@ -90,7 +101,7 @@ pub fn restart(host: &mut SecondContainerd) -> Result<Timings> {
             _ => {}
         }
     }
-    for socket in &sockets {
+    for socket in sockets.iter().filter(|_| remove_sockets) {
         match std::fs::remove_file(socket) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                 return Err(e).with_context(|| format!("remove {}", socket.display()))

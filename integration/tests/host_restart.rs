@@ -41,7 +41,11 @@ fn host_with(images: &[&str]) -> SecondContainerd {
 
 /// The host restart; prints its steps' times.
 fn restart(host: &mut SecondContainerd) -> Timings {
-    let t = reboot::restart(host).unwrap_or_else(|e| panic!("the host restart: {e:#}"));
+    report(reboot::restart(host))
+}
+
+fn report(t: anyhow::Result<Timings>) -> Timings {
+    let t = t.unwrap_or_else(|e| panic!("the host restart: {e:#}"));
     eprintln!(
         "host restart: killed in {} ms, /run emptied in {} ms, containerd answered {} ms after its start",
         t.killed.as_millis(),
@@ -115,6 +119,34 @@ fn count(g: &Guard) -> u64 {
 #[test]
 fn a_busybox_sandbox_comes_back_after_a_host_restart_with_the_files_and_the_count_in_memory_of_its_checkpoint(
 ) {
+    busybox_comes_back_after(restart, "busybox");
+}
+
+/// The shims' sockets kept, dead, across the restart: the restored container's
+/// shim binds its own again (its `start` removes the dead one first).
+#[test]
+fn a_busybox_sandbox_comes_back_after_a_host_restart_that_left_its_shims_dead_socket() {
+    busybox_comes_back_after(
+        |host| {
+            let sockets = host.shim_sockets();
+            assert_eq!(sockets.len(), 1, "one shim socket: {sockets:?}");
+            let t = report(reboot::restart_keeping_shim_sockets(host));
+            let dead = std::os::unix::net::UnixStream::connect(&sockets[0]);
+            assert_eq!(
+                dead.map_err(|e| e.kind()).err(),
+                Some(std::io::ErrorKind::ConnectionRefused),
+                "{} is not a dead socket after the restart",
+                sockets[0].display()
+            );
+            t
+        },
+        "busybox, its shim's dead socket kept",
+    );
+}
+
+/// A busybox counter and file, a checkpoint, more writes, the restart `restart`
+/// makes, and `crabctl restore`: the checkpoint's files and count come back.
+fn busybox_comes_back_after(restart: impl FnOnce(&mut SecondContainerd) -> Timings, what: &str) {
     let mut host = host_with(&["busybox"]);
     let g = Guard::sh(COUNTER_AND_FILE);
     assert!(wait_until(Duration::from_secs(20), || g
@@ -139,7 +171,7 @@ fn a_busybox_sandbox_comes_back_after_a_host_restart_with_the_files_and_the_coun
         "{out}"
     );
     eprintln!(
-        "busybox: crabctl restore after the host restart took {} ms",
+        "{what}: crabctl restore after the host restart took {} ms",
         took.as_millis()
     );
     assert_eq!(g.status().as_deref(), Some("RUNNING"));
