@@ -19,6 +19,7 @@ use crab_runtime::config::{Backend, Config};
 use crab_runtime::container::Container;
 use crab_runtime::control::{self, Request, Response};
 use crab_runtime::error::Failure;
+use crab_runtime::storage::in_helper::StoreCall;
 use crab_runtime::storage::{self, ContainerKey, Store};
 
 #[derive(clap::Args)]
@@ -275,8 +276,13 @@ pub fn run(config: &Config, namespace: &str, args: FsArgs) -> Result<()> {
                 None => all_stores(config),
             };
             for (b, store) in stores {
-                for k in store
-                    .collect(&snapshots)
+                // As the shim's create collects: the removed containers' checkpoint
+                // histories go with their trees (the store's own collect leaves them).
+                let collect = storage::in_helper::Collect {
+                    scope: snapshots.clone(),
+                };
+                for k in collect
+                    .serve(config, store.as_ref())
                     .with_context(|| format!("gc {b:?}"))?
                 {
                     println!("removed {k}");

@@ -82,12 +82,27 @@ impl ImageSource {
         super::work::snapshotter_of(dir).map(Path::to_path_buf)
     }
 
-    /// An image made of these layer directories (top first).
+    /// An image made of these layer directories (top first). The key names each
+    /// directory by its path and by which directory it is (device, inode, change
+    /// time): a containerd whose root was removed and made again numbers its
+    /// snapshots from 1 again, and the same path would otherwise name the copy of
+    /// another image.
     pub fn from_layers(layers: Vec<PathBuf>) -> ImageSource {
+        use std::os::unix::fs::MetadataExt;
         let mut h = Sha256::new();
         for l in &layers {
             h.update(l.as_os_str().as_encoded_bytes());
             h.update([0]);
+            if let Ok(md) = std::fs::metadata(l) {
+                for n in [
+                    md.dev(),
+                    md.ino(),
+                    md.ctime() as u64,
+                    md.ctime_nsec() as u64,
+                ] {
+                    h.update(n.to_le_bytes());
+                }
+            }
         }
         let key = h
             .finalize()
@@ -207,6 +222,20 @@ mod tests {
         assert_eq!(a.key, b.key);
         assert_ne!(a.key, c.key);
         assert_eq!(a.key.len(), 32);
+    }
+
+    #[test]
+    fn test_a_layer_made_again_at_the_same_path_is_another_image() {
+        let dir = tempfile::tempdir().unwrap();
+        let layer = dir.path().join("snapshots/1/fs");
+        std::fs::create_dir_all(&layer).unwrap();
+        let first = ImageSource::from_layers(vec![layer.clone()]);
+        assert_eq!(first.key, ImageSource::from_layers(vec![layer.clone()]).key);
+        std::fs::remove_dir_all(dir.path().join("snapshots")).unwrap();
+        // Another inode, or at least another change time.
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        std::fs::create_dir_all(&layer).unwrap();
+        assert_ne!(first.key, ImageSource::from_layers(vec![layer]).key);
     }
 
     #[test]
