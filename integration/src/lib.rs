@@ -20,6 +20,7 @@ pub mod client;
 pub mod crash;
 pub mod cri;
 pub mod docker;
+pub mod host;
 pub mod llm;
 pub mod mini_swe_agent;
 pub mod mini_trajectory;
@@ -434,21 +435,13 @@ pub fn shim_pids_of(binary: &str, id: &str) -> Vec<i32> {
 
 /// Pids of the managed proxy of container `id` (`crabctl ... proxy ID --managed`).
 pub fn proxy_pids(id: &str) -> Vec<i32> {
-    let Ok(procs) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    procs
-        .flatten()
-        .filter_map(|e| {
-            let pid: i32 = e.file_name().to_str()?.parse().ok()?;
-            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-            let args: Vec<&[u8]> = cmd.split(|&b| b == 0).collect();
-            let ours = args
-                .windows(2)
-                .any(|w| w[0] == b"proxy" && w[1] == id.as_bytes())
-                && args.contains(&&b"--managed"[..]);
-            ours.then_some(pid)
+    host::processes()
+        .into_iter()
+        .filter(|(_, args)| {
+            args.windows(2).any(|w| w[0] == "proxy" && w[1] == id)
+                && args.iter().any(|a| a == "--managed")
         })
+        .map(|(pid, _)| pid)
         .collect()
 }
 

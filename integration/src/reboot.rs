@@ -30,7 +30,8 @@ use anyhow::{bail, Context, Result};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
-use crate::second_containerd::{processes, unmount_under, SecondContainerd};
+use crate::host::{processes, unmount_under};
+use crate::second_containerd::SecondContainerd;
 
 /// How long the steps of a restart took.
 #[derive(Debug, Clone, Copy)]
