@@ -224,10 +224,12 @@ pub fn configure(
 }
 
 impl TaskService {
-    /// After a checkpoint with a process image: a replica of it, in the
-    /// background (the container's lock is taken there, not here).
-    pub(crate) fn standby_after(&self, id: &str, entry: &Entry) {
-        if !entry.kind.dumps_processes() {
+    /// After a checkpoint with a process image of a container asking for
+    /// replicas (`sandbox`'s configuration): a replica of it, in the background
+    /// (the container's lock is taken there, not here; a container that does not
+    /// ask never takes it).
+    pub(crate) fn standby_after(&self, id: &str, sandbox: &Sandbox, entry: &Entry) {
+        if !entry.kind.dumps_processes() || !sandbox.config().standby.enabled {
             return;
         }
         let (service, id, seq) = (self.clone(), id.to_string(), entry.seq);

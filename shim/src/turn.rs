@@ -96,6 +96,14 @@ impl Turns {
     }
 }
 
+/// A turn's classification, its checkpoint (and the wait for a slot) unless it
+/// was a dry run, and the sandbox it was taken of.
+type TurnTaken = (
+    Classification,
+    Option<crab_runtime::sandbox::Taken>,
+    crab_runtime::sandbox::Sandbox,
+);
+
 impl TaskService {
     /// Classifies the container's turn and, unless `dry_run`, takes the
     /// checkpoint it needs: nothing but a manifest entry for a skip, a snapshot
@@ -118,21 +126,21 @@ impl TaskService {
         self.turns.with(id, |t| {
             t.pending = None;
             match &result {
-                Ok((_, Some((entry, waited)))) => t.recorder.turn(
+                Ok((_, Some((entry, waited)), _)) => t.recorder.turn(
                     entry.kind,
                     total_ms,
                     waited.as_secs_f64() * 1000.0,
                     entry.process_bytes,
                 ),
-                Ok((_, None)) => {}
+                Ok((_, None, _)) => {}
                 Err(_) => t.recorder.failed(),
             }
         });
-        let (class, entry) = result?;
+        let (class, entry, sandbox) = result?;
         tracing::info!(%id, kind = ?class.kind, reasons = ?class.reasons,
             classify_us = class.elapsed_us, total_ms, "turn");
         if let Some((e, _)) = &entry {
-            self.standby_after(id, e);
+            self.standby_after(id, &sandbox, e);
         }
         Ok((class, entry.map(|(e, _)| e)))
     }
@@ -143,7 +151,7 @@ impl TaskService {
         dry_run: bool,
         priority: Priority,
         agent: Option<AgentConn>,
-    ) -> ShimResult<(Classification, Option<(Entry, std::time::Duration)>)> {
+    ) -> ShimResult<TurnTaken> {
         let slot = self.containers.get(id)?;
         // A turn queues behind a running checkpoint or rollback of its container.
         let _claim = slot
@@ -155,7 +163,9 @@ impl TaskService {
             (inst.sandbox.clone(), execs_run(&inst))
         };
         if !execs {
-            return blocking(move || sandbox.turn(dry_run, &priority, agent)).await;
+            let taking = sandbox.clone();
+            let (class, taken) = blocking(move || taking.turn(dry_run, &priority, agent)).await?;
+            return Ok((class, taken, sandbox));
         }
         // An exec runs: a turn that dumps no process does not wait for it;
         // one that does waits (then classifies again: the exec may have changed
@@ -170,13 +180,12 @@ impl TaskService {
             class = blocking(move || sandbox.classify(agent)).await?;
         }
         if dry_run {
-            return Ok((class, None));
+            return Ok((class, None, sandbox));
         }
-        blocking(move || {
-            let taken = sandbox.take_turn(&class, &priority)?;
-            Ok((class, Some(taken)))
-        })
-        .await
+        let taking = sandbox.clone();
+        let taken =
+            blocking(move || taking.take_turn(&class, &priority).map(|t| (class, t))).await?;
+        Ok((taken.0, Some(taken.1), sandbox))
     }
 }
 
