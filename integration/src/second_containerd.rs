@@ -490,7 +490,7 @@ impl SecondContainerd {
             .flatten()
         {
             let layer = e.path().join("fs");
-            let key = crab_runtime::storage::ImageSource::from_layers(vec![layer]).key;
+            let key = crab_runtime::storage::ImageSource::from_layers(vec![layer])?.key;
             let copy = Path::new(&config.storage.pool).join("images").join(key);
             if copy.exists() {
                 let out = Command::new("btrfs")

@@ -59,6 +59,20 @@ pub struct Target {
     pub suffix: String,
 }
 
+/// The checkpoint a standby is made of.
+#[derive(Clone, Copy)]
+pub struct Of<'a> {
+    /// Its number in the container's history.
+    pub seq: u64,
+    /// Its process image's directory and what CRIU wrote there.
+    pub images: &'a Path,
+    pub dumped: &'a Dumped,
+    /// Its file-system snapshot.
+    pub snapshot: &'a str,
+    /// Its process image's size: what the replica will hold in memory.
+    pub image_bytes: u64,
+}
+
 /// A new standby's suffix, unique on the host while this process lives.
 fn next_suffix() -> String {
     let n = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -163,19 +177,18 @@ impl Standby {
 }
 
 impl Container {
-    /// Makes a standby of checkpoint `seq` (process image `images`, file-system
-    /// snapshot `snapshot`) beside the running container. The init's stdio are
-    /// `stdio` (pipes the caller starts copying at adoption). Takes no slot: the
-    /// caller bounds it. On failure nothing of it is left.
-    pub fn make_standby(
-        &self,
-        config: &Config,
-        seq: u64,
-        images: &Path,
-        dumped: &Dumped,
-        snapshot: &str,
-        stdio: ChildStdio,
-    ) -> Result<Standby> {
+    /// Makes a standby of checkpoint `of` beside the running container, if the
+    /// host's budgets admit it ([`reserve`]). The init's stdio are `stdio` (pipes
+    /// the caller starts copying at adoption). Takes no slot: the caller bounds
+    /// it. On failure nothing of it is left.
+    pub fn make_standby(&self, config: &Config, of: &Of, stdio: ChildStdio) -> Result<Standby> {
+        let Of {
+            seq,
+            images,
+            dumped,
+            snapshot,
+            image_bytes,
+        } = *of;
         let started = Instant::now();
         if dumped.stdio.tty.is_some() {
             return Err(refused("its processes have a terminal"));
@@ -204,7 +217,7 @@ impl Container {
             cgroup: cgroup_path.clone(),
             root: root.clone(),
         };
-        let place = reserve(config, &name, &record)?;
+        let place = reserve(config, &name, &record, image_bytes)?;
         let store = Container::open_store(config)?;
         let tree = match store.standby_tree(&key, snapshot) {
             Ok(t) => t,
@@ -438,13 +451,18 @@ struct Record {
     root: PathBuf,
 }
 
-/// Takes a place named `name` for a standby in the host's budget
-/// ([`crate::config::Standby::max_per_host`]): a file per standby under the state
-/// directory, recording it. The standbys of processes that are gone (a crashed
-/// shim) are killed and their places freed first.
-fn reserve(config: &Config, name: &str, record: &Record) -> Result<PathBuf> {
+/// Admits a standby of a process image of `image_bytes` and takes a place named
+/// `name` for it: one step, under the host's lock, so two shims cannot both take
+/// the last of a budget. The budgets are the host's memory ([`memory::refusal`])
+/// and its count ([`crate::config::Standby::max_per_host`]): a file per standby
+/// under the state directory, recording it. The standbys of processes that are
+/// gone (a crashed shim) are killed and their places freed first.
+fn reserve(config: &Config, name: &str, record: &Record, image_bytes: u64) -> Result<PathBuf> {
     let dir = config.state_dir.join("standbys");
     let _lock = crate::checkpoint::history_store::lock(&dir.join(".lock"))?;
+    if let Some(why) = memory::refusal(config, image_bytes, memory::available()) {
+        return Err(refused(&why));
+    }
     let held = reconcile_in(&dir);
     if held >= config.standby.max_per_host as usize {
         return Err(refused(&format!(
@@ -600,20 +618,39 @@ mod tests {
             ..Config::default()
         };
         config.standby.max_per_host = 2;
+        config.standby.min_available_mib = 0;
         let me = std::process::id() as i32;
-        let a = reserve(&config, "ns/a@standby-1-1", &record(me)).unwrap();
+        let a = reserve(&config, "ns/a@standby-1-1", &record(me), 0).unwrap();
         // A place whose maker is gone (no such pid) counts for nothing.
         let dead = config
             .state_dir
             .join("standbys")
             .join("ns.gone@standby-9-9");
         std::fs::write(&dead, serde_json::to_vec(&record(i32::MAX)).unwrap()).unwrap();
-        reserve(&config, "ns/b@standby-1-2", &record(me)).unwrap();
+        reserve(&config, "ns/b@standby-1-2", &record(me), 0).unwrap();
         assert!(!dead.exists(), "the dead maker's place was not freed");
-        let refused = reserve(&config, "ns/c@standby-1-3", &record(me)).unwrap_err();
+        let refused = reserve(&config, "ns/c@standby-1-3", &record(me), 0).unwrap_err();
         assert!(refused.to_string().contains("max_per_host"), "{refused}");
         std::fs::remove_file(a).unwrap();
-        reserve(&config, "ns/c@standby-1-3", &record(me)).unwrap();
+        reserve(&config, "ns/c@standby-1-3", &record(me), 0).unwrap();
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_replica_over_the_memory_budget_takes_no_place_in_the_count() {
+        let dir = std::env::temp_dir().join(format!("crab-standby-mem-{}", std::process::id()));
+        let mut config = Config {
+            state_dir: dir.clone(),
+            ..Config::default()
+        };
+        config.standby.max_per_host = 1;
+        config.standby.max_image_mib = 1;
+        config.standby.min_available_mib = 0;
+        let me = std::process::id() as i32;
+        let refused = reserve(&config, "ns/a@standby-1-1", &record(me), 2 << 20).unwrap_err();
+        assert!(refused.to_string().contains("max_image_mib"), "{refused}");
+        // The only place is still free.
+        reserve(&config, "ns/b@standby-1-2", &record(me), 1 << 20).unwrap();
         std::fs::remove_dir_all(dir).unwrap();
     }
 }

@@ -39,7 +39,7 @@ fn a_gigabyte_file_survives_snapshot_and_rollback() {
     let image = temp_dir("img");
     let k = ContainerKey::new("conformance", &unique("big")).unwrap();
     let live = s
-        .prepare(&k, &ImageSource::from_layers(vec![image.clone()]))
+        .prepare(&k, &ImageSource::from_layers(vec![image.clone()]).unwrap())
         .unwrap();
     let big = live.join("big.bin");
     {
@@ -71,7 +71,7 @@ fn reconcile_finishes_an_interrupted_rollback_and_removes_dead_work() {
     populate_image(&image);
     let k = ContainerKey::new("conformance", &unique("crash")).unwrap();
     let live = s
-        .prepare(&k, &ImageSource::from_layers(vec![image.clone()]))
+        .prepare(&k, &ImageSource::from_layers(vec![image.clone()]).unwrap())
         .unwrap();
     turn_one(&live);
     let want = fingerprint(&live);
@@ -126,7 +126,7 @@ fn rollback_of_a_large_tree_restores_renames_moves_and_metadata() {
     }
     let k = ContainerKey::new("conformance", &unique("large")).unwrap();
     let live = s
-        .prepare(&k, &ImageSource::from_layers(vec![image.clone()]))
+        .prepare(&k, &ImageSource::from_layers(vec![image.clone()]).unwrap())
         .unwrap();
     let want = fingerprint(&live);
     s.snapshot(&k, "base").unwrap();
@@ -166,7 +166,7 @@ fn rollback_never_follows_a_symlink_target_out_of_the_tree() {
     std::fs::write(&victim, b"host data").unwrap();
     let k = ContainerKey::new("conformance", &unique("symlink")).unwrap();
     let live = s
-        .prepare(&k, &ImageSource::from_layers(vec![image.clone()]))
+        .prepare(&k, &ImageSource::from_layers(vec![image.clone()]).unwrap())
         .unwrap();
     let want = fingerprint(&live);
     s.snapshot(&k, "base").unwrap();
@@ -208,7 +208,7 @@ fn the_delta_from_the_changed_names_equals_the_delta_of_a_whole_walk() {
         std::fs::write(image.join(f), f).unwrap();
     }
     symlink("keep/a", image.join("link")).unwrap();
-    let source = ImageSource::from_layers(vec![image.clone()]);
+    let source = ImageSource::from_layers(vec![image.clone()]).unwrap();
     let k = ContainerKey::new("conformance", &unique("delta")).unwrap();
     let live = s.prepare(&k, &source).unwrap();
     std::fs::write(live.join("keep/a"), b"rewritten").unwrap();
@@ -349,7 +349,10 @@ fn a_crafted_btrfs_stream_cannot_reach_outside_the_containers_snapshots() {
     let image = temp_dir("img");
     let victim = key("victim");
     let live = s
-        .prepare(&victim, &ImageSource::from_layers(vec![image.clone()]))
+        .prepare(
+            &victim,
+            &ImageSource::from_layers(vec![image.clone()]).unwrap(),
+        )
         .unwrap();
     std::fs::write(live.join("secret"), b"the victim's").unwrap();
     s.snapshot(&victim, "s1").unwrap();
@@ -387,7 +390,7 @@ fn a_nested_subvolume_fails_the_snapshot_naming_it_and_rollback_and_destroy_dele
     let s = store();
     let image = temp_dir("img");
     std::fs::write(image.join("kept"), b"kept").unwrap();
-    let source = ImageSource::from_layers(vec![image.clone()]);
+    let source = ImageSource::from_layers(vec![image.clone()]).unwrap();
     let k = ContainerKey::new("conformance", &unique("nested")).unwrap();
     let live = s.prepare(&k, &source).unwrap();
     s.snapshot(&k, "before").unwrap();

@@ -57,7 +57,7 @@ fn snapshot_cost_follows_the_changes_not_the_image() {
     }
     let k = ContainerKey::new("conformance", &unique("cost")).unwrap();
     let live = s
-        .prepare(&k, &ImageSource::from_layers(vec![image.clone()]))
+        .prepare(&k, &ImageSource::from_layers(vec![image.clone()]).unwrap())
         .unwrap();
     std::fs::write(live.join("changed"), b"one file").unwrap();
     s.snapshot(&k, "s").unwrap();
@@ -114,7 +114,7 @@ fn an_imported_overlay_snapshot_whose_lower_is_the_hosts_root_is_refused() {
     let key = |tag: &str| ContainerKey::new("conformance", &unique(tag)).unwrap();
     // A container of the image makes its layer one the store uses.
     let a = key("a");
-    s.prepare(&a, &ImageSource::from_layers(vec![layer.clone()]))
+    s.prepare(&a, &ImageSource::from_layers(vec![layer.clone()]).unwrap())
         .unwrap();
 
     let layer_text = layer.display().to_string();

@@ -155,7 +155,7 @@ impl Scene {
         populate_image(&image_dir);
         Scene {
             ns: unique(&format!("zfs-{tag}")),
-            image: ImageSource::from_layers(vec![image_dir.clone()]),
+            image: ImageSource::from_layers(vec![image_dir.clone()]).unwrap(),
             image_dir,
         }
     }
@@ -824,7 +824,7 @@ fn reconcile_repairs_what_crashes_leave() {
     // An image copy dies before it is published.
     let other_image = temp_dir("crash-image");
     populate_image(&other_image);
-    let other = ImageSource::from_layers(vec![other_image.clone()]);
+    let other = ImageSource::from_layers(vec![other_image.clone()]).unwrap();
     die_at(
         "zfs.image.copied",
         "prepare",
@@ -966,7 +966,7 @@ fn a_full_pool_gives_pool_full_and_keeps_earlier_snapshots() {
     let s = ZfsStore::open(&root).unwrap();
     let image_dir = temp_dir("small-image");
     populate_image(&image_dir);
-    let image = ImageSource::from_layers(vec![image_dir.clone()]);
+    let image = ImageSource::from_layers(vec![image_dir.clone()]).unwrap();
     let k = ContainerKey::new("full", "a").unwrap();
     let live = s.prepare(&k, &image).unwrap();
     turn_one(&live);
@@ -1014,7 +1014,7 @@ fn a_full_pool_gives_pool_full_and_keeps_earlier_snapshots() {
     let e = s
         .prepare(
             &ContainerKey::new("full", "c").unwrap(),
-            &ImageSource::from_layers(vec![other_dir.clone()]),
+            &ImageSource::from_layers(vec![other_dir.clone()]).unwrap(),
         )
         .unwrap_err();
     assert!(

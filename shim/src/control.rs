@@ -185,11 +185,11 @@ impl TaskService {
             check_checkpointable(&inst, id)?;
             inst.sandbox.clone()
         };
-        let taking = sandbox.clone();
-        let (entry, _) = blocking(move || taking.checkpoint(req, &Priority::high())).await?;
+        let wants_standby = sandbox.config().standby.enabled;
+        let (entry, _) = blocking(move || sandbox.checkpoint(req, &Priority::high())).await?;
         tracing::info!(%id, seq = entry.seq, kind = ?entry.kind, total_ms = entry.timings.total_ms,
             fs_ms = entry.timings.fs_ms, dump_ms = entry.timings.dump_ms, "checkpoint");
-        self.standby_after(id, &sandbox, &entry);
+        self.standby_after(id, wants_standby, &entry);
         Ok(entry)
     }
 

@@ -113,16 +113,14 @@ impl Slot {
     }
 
     /// Keeps `ready` if it is of the newest generation; else hands it back.
-    fn fill(&self, generation: u64, ready: Option<Ready>) -> Option<Ready> {
+    fn fill(&self, generation: u64, ready: Ready) -> Option<Ready> {
         let mut s = self.state();
         if s.generation != generation {
-            return ready;
+            return Some(ready);
         }
         s.making = None;
-        if ready.is_some() {
-            s.missing = None;
-        }
-        s.ready = ready;
+        s.missing = None;
+        s.ready = Some(ready);
         drop(s);
         self.0.changed.notify_waiters();
         None
@@ -141,12 +139,16 @@ impl Slot {
         (info, missing, s.dropped)
     }
 
-    /// Records why the replica asked for as `generation` is not there.
-    fn missing(&self, generation: u64, why: String) {
+    /// Ends the making of `generation` without a replica, recording `why`.
+    fn give_up(&self, generation: u64, why: String) {
         let mut s = self.state();
-        if s.generation == generation {
-            s.missing = Some(why);
+        if s.generation != generation {
+            return;
         }
+        s.making = None;
+        s.missing = Some(why);
+        drop(s);
+        self.0.changed.notify_waiters();
     }
 
     /// Takes the replica of `generation` out, to drop it for memory `why`.
@@ -225,11 +227,11 @@ pub fn configure(
 
 impl TaskService {
     /// After a checkpoint with a process image of a container asking for
-    /// replicas (`sandbox`'s configuration): a replica of it, in the background
-    /// (the container's lock is taken there, not here; a container that does not
-    /// ask never takes it).
-    pub(crate) fn standby_after(&self, id: &str, sandbox: &Sandbox, entry: &Entry) {
-        if !entry.kind.dumps_processes() || !sandbox.config().standby.enabled {
+    /// replicas (`wants`: its configuration's `standby.enabled`): a replica of
+    /// it, in the background (the container's lock is taken there, not here; a
+    /// container that does not ask never takes it).
+    pub(crate) fn standby_after(&self, id: &str, wants: bool, entry: &Entry) {
+        if !entry.kind.dumps_processes() || !wants {
             return;
         }
         let (service, id, seq) = (self.clone(), id.to_string(), entry.seq);
@@ -273,7 +275,7 @@ impl TaskService {
                 Ok(ready) => {
                     tracing::info!(%id, seq, pid = ready.standby.pid,
                         ms = ready.standby.made_in.as_millis() as u64, "standby ready");
-                    if let Some(stale) = slot.fill(generation, Some(ready)) {
+                    if let Some(stale) = slot.fill(generation, ready) {
                         discard(&config, stale).await;
                     } else {
                         watch_memory(slot, generation, config, id).await;
@@ -282,8 +284,7 @@ impl TaskService {
                 Err(e) => {
                     tracing::info!(%id, seq, error = %e,
                         "no standby");
-                    slot.missing(generation, e.to_string());
-                    slot.fill(generation, None);
+                    slot.give_up(generation, e.to_string());
                 }
             }
         });
@@ -345,8 +346,9 @@ mod tests {
             async move { slot.take(5).await.is_some() }
         });
         tokio::time::sleep(Duration::from_millis(40)).await;
-        assert!(slot.fill(generation, None).is_none());
+        slot.give_up(generation, "refused".into());
         assert!(!waiting.await.unwrap(), "no replica was made");
+        assert_eq!(slot.report().1.as_deref(), Some("refused"));
         assert_eq!(started.elapsed(), Duration::from_millis(40));
     }
 

@@ -97,12 +97,8 @@ impl Turns {
 }
 
 /// A turn's classification, its checkpoint (and the wait for a slot) unless it
-/// was a dry run, and the sandbox it was taken of.
-type TurnTaken = (
-    Classification,
-    Option<crab_runtime::sandbox::Taken>,
-    crab_runtime::sandbox::Sandbox,
-);
+/// was a dry run, and whether the container asks for standby replicas.
+type TurnTaken = (Classification, Option<crab_runtime::sandbox::Taken>, bool);
 
 impl TaskService {
     /// Classifies the container's turn and, unless `dry_run`, takes the
@@ -136,11 +132,11 @@ impl TaskService {
                 Err(_) => t.recorder.failed(),
             }
         });
-        let (class, entry, sandbox) = result?;
+        let (class, entry, wants_standby) = result?;
         tracing::info!(%id, kind = ?class.kind, reasons = ?class.reasons,
             classify_us = class.elapsed_us, total_ms, "turn");
         if let Some((e, _)) = &entry {
-            self.standby_after(id, &sandbox, e);
+            self.standby_after(id, wants_standby, e);
         }
         Ok((class, entry.map(|(e, _)| e)))
     }
@@ -162,10 +158,10 @@ impl TaskService {
             check_checkpointable(&inst, id)?;
             (inst.sandbox.clone(), execs_run(&inst))
         };
+        let wants_standby = sandbox.config().standby.enabled;
         if !execs {
-            let taking = sandbox.clone();
-            let (class, taken) = blocking(move || taking.turn(dry_run, &priority, agent)).await?;
-            return Ok((class, taken, sandbox));
+            let (class, taken) = blocking(move || sandbox.turn(dry_run, &priority, agent)).await?;
+            return Ok((class, taken, wants_standby));
         }
         // An exec runs: a turn that dumps no process does not wait for it;
         // one that does waits (then classifies again: the exec may have changed
@@ -180,12 +176,11 @@ impl TaskService {
             class = blocking(move || sandbox.classify(agent)).await?;
         }
         if dry_run {
-            return Ok((class, None, sandbox));
+            return Ok((class, None, wants_standby));
         }
-        let taking = sandbox.clone();
         let taken =
-            blocking(move || taking.take_turn(&class, &priority).map(|t| (class, t))).await?;
-        Ok((taken.0, Some(taken.1), sandbox))
+            blocking(move || sandbox.take_turn(&class, &priority).map(|t| (class, t))).await?;
+        Ok((taken.0, Some(taken.1), wants_standby))
     }
 }
 

@@ -24,7 +24,7 @@ fn main() {
         ["prepare", ns, id, dir] => s
             .prepare(
                 &key(ns, id),
-                &ImageSource::from_layers(vec![PathBuf::from(dir)]),
+                &ImageSource::from_layers(vec![PathBuf::from(dir)]).expect("the layer"),
             )
             .map(|_| ()),
         ["import", ns, id, file] => {

@@ -173,14 +173,15 @@ impl Sandbox {
         };
         let (images, dumped) = image.ok_or_else(no_image)?;
         let snapshot = entry.fs_snapshot.clone().ok_or_else(no_image)?;
-        let free = crate::standby::memory::available();
-        if let Some(why) = crate::standby::memory::refusal(&self.config, entry.process_bytes, free)
-        {
-            return Err(crate::standby::refused(&why));
-        }
+        let of = crate::standby::Of {
+            seq: entry.seq,
+            images: &images,
+            dumped: &dumped,
+            snapshot: &snapshot,
+            image_bytes: entry.process_bytes,
+        };
         bounded_at(&self.config, &Priority::low(), || {
-            self.container
-                .make_standby(&self.config, entry.seq, &images, &dumped, &snapshot, stdio)
+            self.container.make_standby(&self.config, &of, stdio)
         })
         .map(|(s, _)| s)
     }

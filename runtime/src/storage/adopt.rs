@@ -230,7 +230,7 @@ pub fn apply_top(live: &Path, image: &ImageSource, top: &[PathBuf], view: &Path)
     }
     let mut layers = top.to_vec();
     layers.extend(image.layers.iter().cloned());
-    let _mounted = ImageSource::from_layers(layers).mount_readonly(view)?;
+    let _mounted = ImageSource::from_layers(layers)?.mount_readonly(view)?;
     let mut mirror = tree::Mirror::new();
     apply_dir(&mut mirror, view, live, top, Path::new(""))
 }
@@ -414,7 +414,7 @@ mod tests {
         xattr::set(top.join("opq"), "trusted.overlay.opaque", b"y").unwrap();
         tree::copy(&image, &live).unwrap();
 
-        let img = ImageSource::from_layers(vec![image.clone()]);
+        let img = ImageSource::from_layers(vec![image.clone()]).unwrap();
         apply_top(&live, &img, std::slice::from_ref(&top), &view).unwrap();
         let read = |p: &str| fs::read_to_string(live.join(p)).ok();
         assert_eq!(read("etc/a").as_deref(), Some("top"));

@@ -285,7 +285,7 @@ impl StoreCall for Release {
         // A tree without an owner (a read-only view's) cannot be found again
         // by the collect: it goes with its task. Nothing in it was written.
         if store
-            .existing(&key, &ImageSource::from_layers(Vec::new()))?
+            .existing(&key, &ImageSource::from_layers(Vec::new())?)?
             .is_some()
             && store.owner(&key)?.is_none()
         {

@@ -71,7 +71,7 @@ impl ImageSource {
         };
         Ok(ImageSource {
             owner,
-            ..ImageSource::from_layers(layers)
+            ..ImageSource::from_layers(layers)?
         })
     }
 
@@ -86,22 +86,23 @@ impl ImageSource {
     /// directory by its path and by which directory it is (device, inode, change
     /// time): a containerd whose root was removed and made again numbers its
     /// snapshots from 1 again, and the same path would otherwise name the copy of
-    /// another image.
-    pub fn from_layers(layers: Vec<PathBuf>) -> ImageSource {
+    /// another image. A layer that cannot be looked at is an error, not a key
+    /// made of its path alone (which could name another image's copy).
+    pub fn from_layers(layers: Vec<PathBuf>) -> Result<ImageSource> {
         use std::os::unix::fs::MetadataExt;
         let mut h = Sha256::new();
         for l in &layers {
             h.update(l.as_os_str().as_encoded_bytes());
             h.update([0]);
-            if let Ok(md) = std::fs::metadata(l) {
-                for n in [
-                    md.dev(),
-                    md.ino(),
-                    md.ctime() as u64,
-                    md.ctime_nsec() as u64,
-                ] {
-                    h.update(n.to_le_bytes());
-                }
+            let md = std::fs::metadata(l)
+                .map_err(Error::io(format!("look at image layer {}", l.display())))?;
+            for n in [
+                md.dev(),
+                md.ino(),
+                md.ctime() as u64,
+                md.ctime_nsec() as u64,
+            ] {
+                h.update(n.to_le_bytes());
             }
         }
         let key = h
@@ -110,11 +111,11 @@ impl ImageSource {
             .take(16)
             .map(|b| format!("{b:02x}"))
             .collect();
-        ImageSource {
+        Ok(ImageSource {
             key,
             layers,
             owner: None,
-        }
+        })
     }
 
     /// Mounts the image read-only at `target` (an empty directory) and returns a guard
@@ -193,6 +194,22 @@ impl Drop for MountGuard {
 mod tests {
     use super::*;
 
+    /// Layer directories `names` under a temporary directory, joined as
+    /// overlay's `lowerdir` lists them.
+    fn layer_dirs(names: &[&str]) -> (tempfile::TempDir, Vec<PathBuf>) {
+        let dir = tempfile::tempdir().unwrap();
+        let dirs: Vec<PathBuf> = names.iter().map(|n| dir.path().join(n)).collect();
+        for d in &dirs {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        (dir, dirs)
+    }
+
+    fn lower(dirs: &[&PathBuf]) -> String {
+        let names: Vec<_> = dirs.iter().map(|d| d.display().to_string()).collect();
+        names.join(":")
+    }
+
     fn overlay(lower: &str) -> MountSpec {
         MountSpec {
             kind: "overlay".into(),
@@ -208,17 +225,19 @@ mod tests {
 
     #[test]
     fn test_overlay_layers_are_read_in_order() {
-        let img = ImageSource::from_mounts(&[overlay("/l/2:/l/1")]).unwrap();
-        assert_eq!(img.layers, [PathBuf::from("/l/2"), PathBuf::from("/l/1")]);
+        let (_dir, l) = layer_dirs(&["2", "1"]);
+        let img = ImageSource::from_mounts(&[overlay(&lower(&[&l[0], &l[1]]))]).unwrap();
+        assert_eq!(img.layers, l);
     }
 
     #[test]
     fn test_key_depends_on_layers_not_on_the_writable_layer() {
-        let a = ImageSource::from_mounts(&[overlay("/l/2:/l/1")]).unwrap();
-        let mut other_upper = overlay("/l/2:/l/1");
+        let (_dir, l) = layer_dirs(&["2", "1"]);
+        let a = ImageSource::from_mounts(&[overlay(&lower(&[&l[0], &l[1]]))]).unwrap();
+        let mut other_upper = overlay(&lower(&[&l[0], &l[1]]));
         other_upper.options[2] = "upperdir=/elsewhere".into();
         let b = ImageSource::from_mounts(&[other_upper]).unwrap();
-        let c = ImageSource::from_mounts(&[overlay("/l/1:/l/2")]).unwrap();
+        let c = ImageSource::from_mounts(&[overlay(&lower(&[&l[1], &l[0]]))]).unwrap();
         assert_eq!(a.key, b.key);
         assert_ne!(a.key, c.key);
         assert_eq!(a.key.len(), 32);
@@ -229,20 +248,33 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let layer = dir.path().join("snapshots/1/fs");
         std::fs::create_dir_all(&layer).unwrap();
-        let first = ImageSource::from_layers(vec![layer.clone()]);
-        assert_eq!(first.key, ImageSource::from_layers(vec![layer.clone()]).key);
+        let first = ImageSource::from_layers(vec![layer.clone()]).unwrap();
+        let again = ImageSource::from_layers(vec![layer.clone()]).unwrap();
+        assert_eq!(first.key, again.key);
         std::fs::remove_dir_all(dir.path().join("snapshots")).unwrap();
         // Another inode, or at least another change time.
         std::thread::sleep(std::time::Duration::from_millis(10));
         std::fs::create_dir_all(&layer).unwrap();
-        assert_ne!(first.key, ImageSource::from_layers(vec![layer]).key);
+        assert_ne!(
+            first.key,
+            ImageSource::from_layers(vec![layer]).unwrap().key
+        );
+    }
+
+    #[test]
+    fn test_a_layer_that_cannot_be_looked_at_is_an_error_not_a_path_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let gone = dir.path().join("snapshots/9/fs");
+        let e = ImageSource::from_layers(vec![gone]).unwrap_err();
+        assert!(e.to_string().contains("snapshots/9/fs"), "{e}");
     }
 
     #[test]
     fn test_owner_is_containerds_writable_layer() {
-        let img = ImageSource::from_mounts(&[overlay("/l/2:/l/1")]).unwrap();
+        let (_dir, l) = layer_dirs(&["1"]);
+        let img = ImageSource::from_mounts(&[overlay(&lower(&[&l[0]]))]).unwrap();
         assert_eq!(img.owner, Some(PathBuf::from("/u")));
-        assert_eq!(ImageSource::from_layers(vec![]).owner, None);
+        assert_eq!(ImageSource::from_layers(vec![]).unwrap().owner, None);
     }
 
     #[test]

@@ -27,7 +27,7 @@ fn listing_through(fd_path: &Path) -> Vec<String> {
 pub fn run(store: &dyn Store) {
     let image_dir = temp_dir("image");
     populate_image(&image_dir);
-    let image = ImageSource::from_layers(vec![image_dir.clone()]);
+    let image = ImageSource::from_layers(vec![image_dir.clone()]).unwrap();
     let base = fingerprint(&image_dir);
 
     let a = key("a");
@@ -179,7 +179,7 @@ pub fn run(store: &dyn Store) {
 pub fn fifty_concurrent_snapshots(s: std::sync::Arc<dyn Store>) {
     let image = temp_dir("img");
     populate_image(&image);
-    let img = ImageSource::from_layers(vec![image.clone()]);
+    let img = ImageSource::from_layers(vec![image.clone()]).unwrap();
     let threads: Vec<_> = (0..50)
         .map(|i| {
             let (s, img) = (s.clone(), img.clone());
@@ -212,7 +212,7 @@ pub fn full_pool(s: &dyn Store) {
     populate_image(&image);
     let k = ContainerKey::new("conformance", &unique("full")).unwrap();
     let live = s
-        .prepare(&k, &ImageSource::from_layers(vec![image.clone()]))
+        .prepare(&k, &ImageSource::from_layers(vec![image.clone()]).unwrap())
         .unwrap();
     fs::write(live.join("before"), b"safe").unwrap();
     s.snapshot(&k, "before-full").unwrap();

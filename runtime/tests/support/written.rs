@@ -45,7 +45,7 @@ pub fn written_is_found_by_owner(open: impl Fn() -> Box<dyn Store>) {
     let layers = temp_dir("snapshots");
     let owner = layers.join("41/fs");
     std::fs::create_dir_all(&owner).unwrap();
-    let mut image = ImageSource::from_layers(vec![image_dir.clone()]);
+    let mut image = ImageSource::from_layers(vec![image_dir.clone()]).unwrap();
     image.owner = Some(owner.clone());
     let key = ContainerKey::new("written", &unique("c")).unwrap();
     let live = store.prepare(&key, &image).unwrap();
