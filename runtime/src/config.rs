@@ -206,7 +206,25 @@ pub struct Checkpoint {
     /// `io.crab.checkpoint.exit` chooses per container. Options that are sent
     /// always win.
     pub exit_when_unspecified: bool,
+    /// When a checkpoint's process image must be on disk
+    /// ([`crate::checkpoint::durability`]).
+    pub durability: Durability,
 }
+
+/// When a checkpoint's process image must be on disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Durability {
+    /// Synced before the checkpoint is reported: it survives a host crash.
+    Host,
+    /// Written (the kernel's page cache) before it is reported, synced right
+    /// after in the background: it survives a crash of the shim, not of the host.
+    Shim,
+}
+
+/// The annotation by which a container chooses [`Checkpoint::durability`]
+/// (`host` or `shim`).
+pub const CHECKPOINT_DURABILITY_ANNOTATION: &str = "io.crab.checkpoint.durability";
 
 /// The annotation by which a container chooses [`Checkpoint::exit_when_unspecified`]
 /// (`docker run --annotation io.crab.checkpoint.exit=true`).
@@ -216,6 +234,16 @@ impl Checkpoint {
     /// Applies a container's [`CHECKPOINT_EXIT_ANNOTATION`] (`true` or `false`).
     pub fn choose_exit(&mut self, value: &str) -> Result<(), String> {
         self.exit_when_unspecified = switch(value)?;
+        Ok(())
+    }
+
+    /// Applies a container's [`CHECKPOINT_DURABILITY_ANNOTATION`].
+    pub fn choose_durability(&mut self, value: &str) -> Result<(), String> {
+        self.durability = match value {
+            "host" => Durability::Host,
+            "shim" => Durability::Shim,
+            other => return Err(format!("{other:?} is neither host nor shim")),
+        };
         Ok(())
     }
 
@@ -611,6 +639,7 @@ impl Default for Checkpoint {
             // monitoring exec is shorter: 5 s covers them with room for a loaded
             // host, and is as long as a turn's answer may be held for one.
             exec_wait_ms: 5000,
+            durability: Durability::Host,
             // As containerd's checkpoint API without options means for runc.
             exit_when_unspecified: false,
         }

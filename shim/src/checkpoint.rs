@@ -9,7 +9,9 @@ use containerd_shim::protos::events::task::*;
 use crab_runtime::checkpoint::engine::{apply_fs_delta, CheckpointOpts, Dumped};
 use crab_runtime::checkpoint::source::{RestoreOptions, Source};
 use crab_runtime::checkpoint::{reuse, Manifest, CONTAINERD_UNPACKED_PREFIX};
-use crab_runtime::config::{Backend, Config, CHECKPOINT_EXIT_ANNOTATION};
+use crab_runtime::config::{
+    Backend, Config, CHECKPOINT_DURABILITY_ANNOTATION, CHECKPOINT_EXIT_ANNOTATION,
+};
 use crab_runtime::container::CreateOpts;
 use crab_runtime::helper::ChildStdio;
 use crab_runtime::sandbox::{PinnedImage, RestoreImages, Sandbox};
@@ -26,10 +28,14 @@ use crate::options::CheckpointOptions;
 use crate::rootfs;
 use crate::task::{blocking, TaskService};
 
-/// Applies the container's `io.crab.checkpoint.exit` annotation to `config`.
-pub fn configure_exit(config: &mut Config, spec: &oci_spec::runtime::Spec) -> ShimResult<()> {
+/// Applies the container's `io.crab.checkpoint.exit` and
+/// `io.crab.checkpoint.durability` annotations to `config`.
+pub fn configure(config: &mut Config, spec: &oci_spec::runtime::Spec) -> ShimResult<()> {
     choose_annotated(spec, CHECKPOINT_EXIT_ANNOTATION, |v| {
         config.checkpoint.choose_exit(v)
+    })?;
+    choose_annotated(spec, CHECKPOINT_DURABILITY_ANNOTATION, |v| {
+        config.checkpoint.choose_durability(v)
     })
 }
 

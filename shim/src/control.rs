@@ -188,7 +188,8 @@ impl TaskService {
         let wants_standby = sandbox.config().standby.enabled;
         let (entry, _) = blocking(move || sandbox.checkpoint(req, &Priority::high())).await?;
         tracing::info!(%id, seq = entry.seq, kind = ?entry.kind, total_ms = entry.timings.total_ms,
-            fs_ms = entry.timings.fs_ms, dump_ms = entry.timings.dump_ms, "checkpoint");
+            freeze_ms = entry.timings.freeze_ms, fs_ms = entry.timings.fs_ms,
+            dump_ms = entry.timings.dump_ms, sync_ms = entry.timings.sync_ms, "checkpoint");
         self.standby_after(id, wants_standby, &entry);
         Ok(entry)
     }

@@ -114,7 +114,7 @@ impl TaskService {
         crate::proxy::configure(&mut config, &spec)?;
         // Before the configuration is written: it may move the listener's port.
         let proxy_listener = crate::proxy_listener::claim(&mut config, &spec)?;
-        crate::checkpoint::configure_exit(&mut config, &spec)?;
+        crate::checkpoint::configure(&mut config, &spec)?;
         crate::standby::configure(&mut config, &spec)?;
         // Standbys of a shim that crashed: their processes are stopped, not gone.
         // A read of one directory, at every create (a restore's too).

@@ -66,9 +66,12 @@ trait Search {
     fn finish(&mut self) {}
 }
 
-/// Crab, with or without a standby replica (`io.crab.standby=true`).
+/// Crab, with or without a standby replica (`io.crab.standby=true`), its
+/// process images synced before each checkpoint is reported or after
+/// (`io.crab.checkpoint.durability=shim`).
 struct Crab {
     standby: bool,
+    shim_durable: bool,
     /// Rollbacks that adopted a replica.
     adopted: usize,
     /// The replica's memory at the end (`crabctl stats`).
@@ -77,10 +80,13 @@ struct Crab {
 
 impl Search for Crab {
     fn name(&self) -> &'static str {
-        if self.standby {
-            "crab with a standby (`io.crab.standby=true`)"
-        } else {
-            "crab (`crabctl checkpoint` / `rollback`)"
+        match (self.standby, self.shim_durable) {
+            (true, true) => {
+                "crab with a standby, images synced after (`io.crab.checkpoint.durability=shim`)"
+            }
+            (true, false) => "crab with a standby (`io.crab.standby=true`)",
+            (false, true) => "crab, images synced after (`io.crab.checkpoint.durability=shim`)",
+            (false, false) => "crab (`crabctl checkpoint` / `rollback`)",
         }
     }
     fn checkpoint(&mut self, g: &Guard, node: usize) {
@@ -93,10 +99,13 @@ impl Search for Crab {
         }
     }
     fn flags(&self) -> &'static [&'static str] {
-        if self.standby {
-            &["--annotation", "io.crab.standby=true"]
-        } else {
-            &[]
+        const STANDBY: &str = "io.crab.standby=true";
+        const SHIM: &str = "io.crab.checkpoint.durability=shim";
+        match (self.standby, self.shim_durable) {
+            (true, true) => &["--annotation", STANDBY, "--annotation", SHIM],
+            (true, false) => &["--annotation", STANDBY],
+            (false, true) => &["--annotation", SHIM],
+            (false, false) => &[],
         }
     }
     fn at_end(&mut self, g: &Guard) {
@@ -214,14 +223,16 @@ fn main() {
     let script = sandbox_script(cli.heap_mb);
     let unpacked = unpacked_checkpoints();
     let mut runs = Vec::new();
-    let crab = |standby| Crab {
+    let crab = |standby, shim_durable| Crab {
         standby,
+        shim_durable,
         adopted: 0,
         standby_bytes: 0,
     };
-    let systems: [(&str, Box<dyn Search>); 3] = [
-        (CRAB, Box::new(crab(true))),
-        (CRAB, Box::new(crab(false))),
+    let systems: [(&str, Box<dyn Search>); 4] = [
+        (CRAB, Box::new(crab(true, true))),
+        (CRAB, Box::new(crab(true, false))),
+        (CRAB, Box::new(crab(false, false))),
         (RUNC, Box::new(Runc { image: None })),
     ];
     let mut notes = Vec::new();

@@ -220,7 +220,16 @@ impl Container {
 
     /// Takes a checkpoint (through [`Container::history`]).
     pub fn take_checkpoint(&self, config: &Config, req: CheckpointRequest) -> Result<Entry> {
-        self.history(config, req)
+        let entry = self.history(config, req)?;
+        // The helper that wrote the images has exited: their sync runs in this
+        // process, which lives on (the shim).
+        if config.checkpoint.durability == crate::config::Durability::Shim
+            && entry.kind.dumps_processes()
+        {
+            let dir = super::history::dir(config, &self.key()?);
+            super::durability::sync_in_background(dir, entry.seq);
+        }
+        Ok(entry)
     }
 
     /// Runs `op`, a helper that may freeze the container. A helper that dies (killed,

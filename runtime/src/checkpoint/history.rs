@@ -69,6 +69,11 @@ pub struct History {
     /// leaks nothing (the next checkpoint deletes them).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub uncollected: Vec<Entry>,
+    /// Process images (by seq) reported before they were synced, with the boot
+    /// they were written in (`[checkpoint] durability = "shim"`,
+    /// [`super::durability`]).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub unsynced: std::collections::BTreeMap<u64, String>,
 }
 
 /// The directory of a container's checkpoints.
@@ -119,6 +124,7 @@ impl History {
                     next_seq: 1,
                     entries: Vec::new(),
                     uncollected: Vec::new(),
+                    unsynced: Default::default(),
                 })
             }
             Err(e) => return Err(Error::io(format!("read {}", file.display()))(e)),

@@ -35,7 +35,10 @@ impl HistoryStore {
     pub fn open(config: &Config, key: &ContainerKey) -> Result<HistoryStore> {
         let dir = history::dir(config, key);
         let lock = lock(&lock_path(config, key))?;
-        let history = History::load(&dir, key)?;
+        let mut history = History::load(&dir, key)?;
+        if super::durability::settle(&mut history, &dir, &super::durability::boot_id())? {
+            history.save(&dir)?;
+        }
         Ok(HistoryStore {
             dir,
             history,

@@ -19,6 +19,7 @@ pub mod archive_work;
 pub(crate) mod beneath;
 pub(crate) mod byte_quota;
 pub(crate) mod calls;
+pub mod durability;
 pub mod engine;
 pub mod fs_diff;
 pub mod history;
@@ -170,6 +171,10 @@ pub struct Timings {
     pub fs_ms: u64,
     /// CRIU's dump.
     pub dump_ms: u64,
+    /// The container running again after the dump, until its process image is
+    /// on disk (the container's thaw, the byte quota, every image file synced).
+    #[serde(default)]
+    pub sync_ms: u64,
     /// From start to the manifest.
     pub total_ms: u64,
 }

@@ -17,7 +17,7 @@ use super::engine::{dump_request, image_files, stdio_keys, Dumped};
 use super::history::{self, create_private_dir, Entry, History};
 use super::history_store::HistoryStore;
 use super::{dir_bytes, sync_path, sync_tree, Kind, Timings, CRIU_DIR};
-use crate::config::Config;
+use crate::config::{Config, Durability};
 use crate::container::{load_spec, Container};
 use crate::inspect::{self, Freeze};
 use crate::storage::{self, fault, names, ContainerKey, Store};
@@ -170,6 +170,9 @@ impl Container {
             }
             Ok(())
         })();
+        let dumped_at = Instant::now();
+        // Else synced in the background once recorded (`super::durability`).
+        let host_durable = config.checkpoint.durability == Durability::Host;
         freeze.end(self, with_proc, frozen.is_ok());
         let durable = frozen.and_then(|()| {
             if !with_proc {
@@ -177,13 +180,18 @@ impl Container {
             }
             let bytes = dir_bytes(&tmp);
             super::byte_quota::admit(history, config, &key, &dir, bytes, req.mark)?;
-            sync_tree(&tmp)?;
+            if host_durable {
+                sync_tree(&tmp)?;
+            }
             std::fs::rename(&tmp, history::image_dir(&dir, seq))
                 .map_err(Error::io(format!("rename {}", tmp.display())))?;
-            sync_path(&dir)?;
+            if host_durable {
+                sync_path(&dir)?;
+            }
             fault::point("checkpoint.renamed");
             Ok(bytes)
         });
+        timings.sync_ms = dumped_at.elapsed().as_millis() as u64;
         let process_bytes = match durable {
             Ok(bytes) => bytes,
             Err(e) => {
@@ -220,6 +228,12 @@ impl Container {
         };
         history.entries.push(entry.clone());
         history.next_seq = seq + 1;
+        let sync_later = with_proc && !host_durable;
+        if sync_later {
+            history.unsynced.insert(seq, super::durability::boot_id());
+        }
+        // Synced by the caller of the helper this runs in, which lives on
+        // ([`Container::take_checkpoint`]).
         history.save(&dir)?;
         fault::point("checkpoint.recorded");
         // Only now, with the new entry durable, may older ones go.
