@@ -12,21 +12,23 @@
 
 use std::sync::Arc;
 
-use crab_integration::agent_eval::{self, percent, Pace};
+use crab_integration::agent_eval::{self, percent, Agent, Pace};
 use crab_integration::trajectory;
 
 #[test]
 fn claude_code_on_a_read_heavy_task_skips_most_turns_and_recovers_a_crash_to_the_same_end() {
     let t = Arc::new(trajectory::load("read-logs-triage"));
-    let row = agent_eval::evaluate(t, Pace { speedup: 40.0 }).unwrap_or_else(|e| panic!("{e:#}"));
-    let k = row.crab.turns.clone().expect("crab's turn counters");
+    let row = agent_eval::evaluate(t, Pace { speedup: 40.0 }, &[Agent::ClaudeCode])
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let c = row.claude.as_ref().expect("Claude Code's runs");
+    let k = c.crab.turns.clone().expect("crab's turn counters");
     eprintln!(
         "inside: {k:?}\noutside: {:?}\nplain {:?}, crab {:?}\n{:?}",
-        row.outside, row.plain.wall, row.crab.wall, row.crash
+        row.outside, c.plain.wall, c.crab.wall, c.crash
     );
     assert_eq!(k.failed, 0, "a turn's checkpoint failed");
     assert_eq!(
-        k.turns as usize, row.crab.requests,
+        k.turns as usize, c.crab.requests,
         "a request was not a turn"
     );
     // The trajectory reads logs for 25 of its 28 steps: with the agent's own
@@ -38,7 +40,7 @@ fn claude_code_on_a_read_heavy_task_skips_most_turns_and_recovers_a_crash_to_the
         k.turns
     );
     assert!(
-        row.crash.replay.is_some(),
+        c.crash.replay.is_some(),
         "the restored agent was not fast-forwarded"
     );
 }
