@@ -7,9 +7,8 @@
 //! middle step's answer, then `crabctl restore`d. mini-swe-agent outside the
 //! sandbox, through Docker, does the same ([`crate::mini_eval`]); crab-eval's
 //! own agent outside gives the skip share to compare with. `crab-agent-eval`
-//! prints them as tables; the quick modes are in the test suite
-//! (`tests/agent_eval.rs`, `tests/agent_eval_mini.rs`). See
-//! docs/evaluation-agents.md.
+//! prints them as tables; the quick mode, both agents, is in the test suite
+//! (`tests/agent_eval.rs`). See docs/evaluation-agents.md.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
