@@ -14,10 +14,11 @@
 #   (crab-eval --help lists the rest: --only, --strategies, --crash-points, --density...)
 #
 #   hack/eval.sh agents [--quick] [crab-agent-eval arguments]
-#     the real Claude Code inside crab sandboxes (crab-agent-eval): skip shares inside
-#     and outside, overhead against crab-plain, a crash at the middle step restored and
-#     fast-forwarded; writes docs/evaluation-agents.md. Default: three read-heavy
-#     trajectories and data-sales at their recorded think times (about an hour);
+#     real agents on crab sandboxes (crab-agent-eval): Claude Code inside (`ctr`) and
+#     mini-swe-agent on the host acting through Docker (`--agents` picks them): skip
+#     shares, overhead against crab-plain, a crash at the middle step recovered;
+#     writes docs/evaluation-agents.md. Default: three read-heavy trajectories and
+#     data-sales at their recorded think times (about two hours for both agents);
 #     --quick: read-logs-triage at think times / 40 (a few minutes, also in the tests).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -25,11 +26,19 @@ cd "$ROOT"
 "$ROOT/hack/setup.sh"
 if [ "${1:-}" = agents ]; then
     shift
-    # Claude Code and the scripted LLM's image, Docker not needed.
-    "$ROOT/hack/build-images.sh" agent >/dev/null
+    # Claude Code's image, and the python image of mini-swe-agent's Docker sandboxes.
+    "$ROOT/hack/build-images.sh" agent python >/dev/null
     . "$ROOT/hack/private-containerd.sh"
+    # Docker 26 on that containerd, the crab runtime registered as `crab`.
+    "$ROOT/hack/docker.sh" stop >/dev/null 2>&1 || true
+    "$ROOT/hack/docker.sh" start
+    eval "$("$ROOT/hack/docker.sh" env)"
+    trap '"$ROOT/hack/docker.sh" stop >/dev/null 2>&1 || true
+          "$ROOT/hack/containerd.sh" stop >/dev/null 2>&1 || true' EXIT
     cargo build --release -q -p crab-integration --bins
-    exec "$ROOT/target/release/crab-agent-eval" --out "$ROOT/docs/evaluation-agents.md" "$@"
+    # Not exec: the trap stops dockerd and containerd afterwards.
+    "$ROOT/target/release/crab-agent-eval" --out "$ROOT/docs/evaluation-agents.md" "$@"
+    exit 0
 fi
 . "$ROOT/hack/private-containerd.sh"
 cargo build --release -q -p crab-eval

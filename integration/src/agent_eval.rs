@@ -1,11 +1,13 @@
-//! The evaluation with a real agent inside the sandbox: Claude Code (the real
-//! CLI) runs a hand-written trajectory (`eval/trajectories/`) against the
+//! The evaluation with real agents: Claude Code (the real CLI) inside the
+//! sandbox runs a hand-written trajectory (`eval/trajectories/`) against the
 //! scripted Anthropic server, whose answers wait the trajectory's think times.
 //! Three runs per trajectory: under Crab (turn proxy, checkpoints,
 //! fast-forward), under Crab's runtime with neither (the overhead's baseline),
 //! and under Crab again with the sandbox killed while the agent waits for the
-//! middle step's answer, then `crabctl restore`d. `crab-agent-eval` prints
-//! them as tables; the quick mode is in the test suite
+//! middle step's answer, then `crabctl restore`d. mini-swe-agent outside the
+//! sandbox, through Docker, does the same ([`crate::mini_eval`]); crab-eval's
+//! own agent outside gives the skip share to compare with. `crab-agent-eval`
+//! prints them as tables; the quick mode, both agents, is in the test suite
 //! (`tests/agent_eval.rs`). See docs/evaluation-agents.md.
 
 use std::sync::Arc;
@@ -21,10 +23,20 @@ use crab_eval::trajectory::Trajectory;
 use crab_runtime::checkpoint::stats::TurnStats;
 use serde_json::Value;
 
+use crate::mini_eval::{self, Mini};
 use crate::{
     address, anthropic, claude, config_with, crabctl_ok, kill_shim_and_init, namespace, proxy_pids,
     state_dir, trajectory, wait_until, Guard, CRAB,
 };
+
+/// A real agent the evaluation runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Agent {
+    /// Claude Code inside a `ctr` sandbox.
+    ClaudeCode,
+    /// mini-swe-agent on the host, acting on a Docker sandbox.
+    MiniSweAgent,
+}
 
 /// What the runs have in common.
 #[derive(Clone, Copy, Debug)]
@@ -35,8 +47,8 @@ pub struct Pace {
 
 impl Pace {
     /// How long a run may take: the script's think time, plus ten minutes
-    /// for Claude Code itself (node's start, its tools, the checkpoints).
-    fn timeout(&self, think: &[Duration]) -> Duration {
+    /// for the agent itself (its start, its tools, the checkpoints).
+    pub fn timeout(&self, think: &[Duration]) -> Duration {
         think.iter().sum::<Duration>() + Duration::from_secs(600)
     }
 }
@@ -65,7 +77,8 @@ impl Sandbox {
 /// A fault-free run.
 #[derive(Debug)]
 pub struct FaultFree {
-    /// `ctr run` to Claude Code's exit.
+    /// The sandbox's start (`ctr run`; mini-swe-agent's `docker run`) to
+    /// the agent's end (Claude Code's exit; mini-swe-agent's submission).
     pub wall: Duration,
     /// The requests of the agent's main loop (one turn each).
     pub requests: usize,
@@ -99,36 +112,63 @@ pub struct Recovered {
     pub ending: Ending,
 }
 
-/// One trajectory's runs.
-pub struct Row {
-    pub t: Arc<Trajectory>,
+/// Claude Code's runs of one trajectory.
+pub struct Claude {
     pub crab: FaultFree,
     pub plain: FaultFree,
-    /// crab-eval's agent outside the sandbox: (skipped turns, turns).
-    pub outside: (u64, u64),
     pub crash: Recovered,
 }
 
-/// Every run of `t`, checked (see [`check`]).
-pub fn evaluate(t: Arc<Trajectory>, pace: Pace) -> Result<Row> {
+/// One trajectory's runs, for the agents asked for.
+pub struct Row {
+    pub t: Arc<Trajectory>,
+    /// crab-eval's agent outside the sandbox: (skipped turns, turns).
+    pub outside: (u64, u64),
+    pub claude: Option<Claude>,
+    pub mini: Option<Mini>,
+}
+
+/// Every run of `t` by `agents`, and crab-eval's own agent outside, checked
+/// (see [`check`], [`mini_eval::check`]); both agents must end in the same
+/// state.
+pub fn evaluate(t: Arc<Trajectory>, pace: Pace, agents: &[Agent]) -> Result<Row> {
     let name = &t.name;
-    eprintln!("{name}: Claude Code under crab");
-    let crab = fault_free(&t, Sandbox::Crab, pace);
-    eprintln!("{name}: Claude Code under crab-plain");
-    let plain = fault_free(&t, Sandbox::CrabPlain, pace);
+    let claude = match agents.contains(&Agent::ClaudeCode) {
+        true => Some(evaluate_claude(&t, pace)?),
+        false => None,
+    };
     eprintln!("{name}: crab-eval's agent outside");
     let outside = outside(&t, pace.speedup)?;
-    eprintln!("{name}: Claude Code crashed at its middle step");
-    let crash = crashed(&t, middle_step(&t), pace);
-    let row = Row {
-        t,
-        crab,
-        plain,
-        outside,
-        crash,
+    let mini = match agents.contains(&Agent::MiniSweAgent) {
+        true => Some(mini_eval::evaluate(&t, pace)?),
+        false => None,
     };
-    check(&row)?;
-    Ok(row)
+    if let (Some(c), Some(m)) = (&claude, &mini) {
+        ensure!(
+            c.crab.ending.digest == m.crab.ending.digest,
+            "{name}: Claude Code and mini-swe-agent end in different states"
+        );
+    }
+    Ok(Row {
+        t,
+        outside,
+        claude,
+        mini,
+    })
+}
+
+/// Claude Code's runs of `t`, checked (see [`check`]).
+pub fn evaluate_claude(t: &Arc<Trajectory>, pace: Pace) -> Result<Claude> {
+    let name = &t.name;
+    eprintln!("{name}: Claude Code under crab");
+    let crab = fault_free(t, Sandbox::Crab, pace);
+    eprintln!("{name}: Claude Code under crab-plain");
+    let plain = fault_free(t, Sandbox::CrabPlain, pace);
+    eprintln!("{name}: Claude Code crashed at its middle step");
+    let crash = crashed(t, middle_step(t), pace);
+    let c = Claude { crab, plain, crash };
+    check(name, &c)?;
+    Ok(c)
 }
 
 /// The skip share crab-eval's own agent, acting from outside through exec,
@@ -164,40 +204,54 @@ pub fn outside(t: &Arc<Trajectory>, speedup: f64) -> Result<(u64, u64)> {
     })
 }
 
-/// A run that ended wrong fails the evaluation.
-pub fn check(r: &Row) -> Result<()> {
-    let name = &r.t.name;
-    for (what, e) in [
-        ("crab", &r.crab.ending),
-        ("crab-plain", &r.plain.ending),
-        ("the crashed run", &r.crash.ending),
-    ] {
+/// Fails unless every run of `agent` ended verified, and in the state of
+/// the first (the fault-free run under Crab).
+pub fn same_end(name: &str, agent: &str, runs: &[(&str, &Ending)]) -> Result<()> {
+    for (what, e) in runs {
         ensure!(
             e.verified,
-            "{name}: {what}'s run fails the trajectory's check"
+            "{name}: {agent}'s run under {what} fails the trajectory's check"
         );
     }
+    if let Some(((first, reference), rest)) = runs.split_first() {
+        for (what, e) in rest {
+            ensure!(
+                e.digest == reference.digest,
+                "{name}: {agent}'s run under {what} ends in another state than under {first}"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Fails unless a recovery brought back the newest durable checkpoint.
+pub fn restored_newest(name: &str, restored: u64, newest: u64) -> Result<()> {
     ensure!(
-        r.plain.ending.digest == r.crab.ending.digest,
-        "{name}: crab and crab-plain end in different states"
+        restored == newest,
+        "{name}: restored checkpoint {restored} where the newest durable one is {newest}"
     );
-    ensure!(
-        r.crash.ending.digest == r.crab.ending.digest,
-        "{name}: the restored run ends in another state than the fault-free one"
-    );
-    ensure!(
-        r.crash.restored_from == r.crash.newest,
-        "{name}: restored checkpoint {} where the newest durable one is {}",
-        r.crash.restored_from,
-        r.crash.newest
-    );
-    if r.crash.diverged {
+    Ok(())
+}
+
+/// A run of Claude Code that ended wrong fails the evaluation.
+pub fn check(name: &str, c: &Claude) -> Result<()> {
+    same_end(
+        name,
+        "Claude Code",
+        &[
+            ("crab", &c.crab.ending),
+            ("crab-plain", &c.plain.ending),
+            ("crab, crashed and restored", &c.crash.ending),
+        ],
+    )?;
+    restored_newest(name, c.crash.restored_from, c.crash.newest)?;
+    if c.crash.diverged {
         bail!("{name}: the fast-forward diverged from the journal");
     }
     ensure!(
-        r.crash.asked_again.is_empty(),
+        c.crash.asked_again.is_empty(),
         "{name}: the LLM was asked again for steps {:?} (a replay should answer them)",
-        r.crash.asked_again
+        c.crash.asked_again
     );
     Ok(())
 }

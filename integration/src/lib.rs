@@ -22,6 +22,8 @@ pub mod cri;
 pub mod docker;
 pub mod host;
 pub mod llm;
+pub mod mini_crash;
+pub mod mini_eval;
 pub mod mini_swe_agent;
 pub mod mini_trajectory;
 pub mod openai;

@@ -18,7 +18,9 @@ DockerEnvironment has started it, so the driver:
      the sandbox's turn proxy meanwhile),
   3. joins that process's network namespace, as `nsenter --net` would (setns(2);
      the docker CLI still reaches dockerd through its unix socket), so that the
-     proxy is at 127.0.0.1 and nothing else is reachable,
+     proxy is at 127.0.0.1 and nothing else is reachable (the line `host`
+     instead: it stays in the host's network, for a baseline whose api_base is
+     the LLM itself),
   4. runs the agent, prints `result <json>` (exit status, submission),
   5. waits for stdin to close, and exits 0 if the agent submitted, else 1.
 """
@@ -63,7 +65,8 @@ def main() -> int:
     if not line.strip():
         print("no pid on stdin: the sandbox is left alone", file=sys.stderr)
         return 1
-    join_network_namespace(int(line))
+    if line.strip() != "host":
+        join_network_namespace(int(line))
 
     model_config = dict(config.get("model", {}))
     model_config.update(

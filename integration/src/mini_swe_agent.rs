@@ -112,6 +112,9 @@ pub struct Options<'a> {
     pub model_class: &'a str,
     /// The task.
     pub task: &'a str,
+    /// The LLM's base URL (`.../v1`); `None`: the turn proxy's, at [`LISTEN`]
+    /// in the sandbox's network namespace.
+    pub api_base: Option<&'a str>,
 }
 
 /// A running mini-swe-agent: the driver process, its lines, and its files.
@@ -143,7 +146,8 @@ impl Agent {
         let args = serde_json::json!({
             "image": o.image, "run_args": o.run_args, "docker": docker,
             "config": o.config, "model_class": o.model_class,
-            "model": MODEL, "api_base": format!("http://{LISTEN}/v1"),
+            "model": MODEL,
+            "api_base": o.api_base.map_or_else(|| format!("http://{LISTEN}/v1"), String::from),
             "task": o.task, "trajectory": dir.path().join("trajectory.json"),
         });
         let stderr = std::fs::File::create(dir.path().join("stderr")).expect("stderr file");
@@ -213,8 +217,18 @@ impl Agent {
 
     /// Lets the agent run in the network namespace of process `pid`.
     pub fn go(&mut self, pid: i32) {
+        self.tell(&pid.to_string());
+    }
+
+    /// Lets the agent run where it is, in the host's network (a baseline
+    /// without the turn proxy: its LLM reached directly).
+    pub fn go_in_host_network(&mut self) {
+        self.tell("host");
+    }
+
+    fn tell(&mut self, line: &str) {
         let w = self.stdin.as_mut().expect("the driver's stdin");
-        writeln!(w, "{pid}").expect("tell the driver the pid");
+        writeln!(w, "{line}").expect("tell the driver where to run");
     }
 
     /// Closes the driver's stdin (it then ends, and mini-swe-agent stops the

@@ -109,6 +109,12 @@ pub struct Scripted {
     hold: Arc<Hold>,
 }
 
+/// A script with the time the LLM "thinks" before each step's answer.
+struct Script {
+    steps: Vec<Step>,
+    think: Vec<Duration>,
+}
+
 /// The id the server gives the tool call of step `i`.
 pub fn tool_call_id(i: usize) -> String {
     format!("call_crab_{i:02}")
@@ -118,12 +124,21 @@ impl Scripted {
     /// Starts serving `steps` on 127.0.0.1 (a free port). Once the script is
     /// used up, a request gets the last step again.
     pub fn start(steps: Vec<Step>) -> Scripted {
+        let think = vec![Duration::ZERO; steps.len()];
+        Scripted::paced(steps, think)
+    }
+
+    /// [`Scripted::start`], each step's answer sent `think[i]` after its
+    /// request came (an evaluation's think times; a held step's once let go).
+    pub fn paced(steps: Vec<Step>, think: Vec<Duration>) -> Scripted {
         assert!(!steps.is_empty(), "a script needs at least one step");
+        assert_eq!(steps.len(), think.len(), "a think time per step");
+        let script = Script { steps, think };
         let seen = Arc::new(Mutex::new(Vec::new()));
         let hold = Arc::new(Hold::default());
         let (s, h) = (seen.clone(), hold.clone());
         let port = scripted::listen("scripted OpenAI server", move |conn| {
-            serve(conn, &steps, &h, &s)
+            serve(conn, &script, &h, &s)
         });
         Scripted { port, seen, hold }
     }
@@ -154,7 +169,8 @@ impl Scripted {
     }
 }
 
-fn serve(conn: TcpStream, steps: &[Step], hold: &Hold, seen: &Mutex<Vec<Seen>>) {
+fn serve(conn: TcpStream, script: &Script, hold: &Hold, seen: &Mutex<Vec<Seen>>) {
+    let steps = &script.steps;
     let Some((method, target, body)) = scripted::read_request(&conn) else {
         return;
     };
@@ -166,6 +182,7 @@ fn serve(conn: TcpStream, steps: &[Step], hold: &Hold, seen: &Mutex<Vec<Seen>>) 
             let i = scripted::step_at(&body, steps.len());
             step = Some(i);
             hold.wait_if_held(i);
+            std::thread::sleep(script.think[i]);
             let model = body["model"].as_str().unwrap_or("scripted").to_string();
             let tool = offers_tool(&body);
             if body["stream"] == true {

@@ -147,6 +147,16 @@ pub fn mini_steps(t: &Trajectory) -> Vec<openai::Step> {
     steps
 }
 
+/// The think time before each of [`mini_steps`]: a turn's recorded think
+/// time divided by `speedup`; the submission none.
+pub fn mini_think_times(t: &Trajectory, speedup: f64) -> Vec<std::time::Duration> {
+    t.turns
+        .iter()
+        .map(|turn| std::time::Duration::from_secs_f64(turn.think_ms as f64 / 1000.0 / speedup))
+        .chain([std::time::Duration::ZERO])
+        .collect()
+}
+
 /// The trajectory's check and state digest, taken in container `id` of
 /// containerd namespace `namespace` (a Docker container's is `moby`).
 pub fn ending(namespace: &str, id: &str, t: &Trajectory) -> Ending {
@@ -209,6 +219,15 @@ mod tests {
             std::fs::read_to_string(wd.join("copy.txt")).unwrap(),
             "last line\nCRAB_EOF"
         );
+    }
+
+    #[test]
+    fn mini_swe_agents_think_times_pace_each_turns_command_and_not_the_submission() {
+        let t = writes("/sandbox/t");
+        let think = mini_think_times(&t, 4.0);
+        assert_eq!(think.len(), mini_steps(&t).len());
+        assert_eq!(think[0], std::time::Duration::from_millis(250));
+        assert_eq!(think[3], std::time::Duration::ZERO);
     }
 
     #[test]

@@ -64,6 +64,7 @@ fn run(model_class: &str, config: &str) {
         config,
         model_class,
         task: TASK,
+        api_base: None,
     });
     let sandbox = DockerGuard::new(&agent.id);
     assert_eq!(
