@@ -178,6 +178,9 @@ fn serve(call: Restore) -> Result<Restored> {
     }
     let mut external_mounts = bind_mounts(&spec);
     external_mounts.extend(crate::cgroup_view::restored(&spec)?);
+    if crate::userns::of_spec(&spec).is_some() {
+        external_mounts.extend(crate::userns::dev_binds::restored(&spec));
+    }
     if let Some(tty) = &dumped.stdio.tty {
         let slave = &fds[0];
         clear_cloexec(slave.as_raw_fd())?;
@@ -210,6 +213,10 @@ fn serve(call: Restore) -> Result<Restored> {
     std::fs::create_dir_all(&dir).map_err(Error::io(format!("create {}", dir.display())))?;
     let prepare_ms = ms(started);
     let criu_started = std::time::Instant::now();
+    if let Some(maps) = crate::userns::check_bundle(&bundle, &spec)? {
+        let changed = crate::userns::images::hand_to_namespace_root(&images, &maps)?;
+        tracing::debug!(changed, "images handed to the user namespace's root");
+    }
     let pid = criu::restore(&criu::Restore {
         criu: criu_bin,
         images,
