@@ -14,6 +14,8 @@
 //!   (it cannot `mknod` there), which CRIU must be told are external;
 //! - [`exec_view`]: an exec born in the container's user namespace;
 //! - [`images`]: CRIU's images, readable by the restored namespace's root;
+//! - [`restored`]: the restored processes' mappings must be the spec's (CRIU takes
+//!   them from the images, which an archive may have written);
 //!
 //! Who owns the container's files: the store copies containerd's layers as they are
 //! (owners included). `ctr run --uidmap` (and `--remap-labels` on containerd's overlay
@@ -26,6 +28,7 @@
 pub mod dev_binds;
 pub mod exec_view;
 pub mod images;
+pub mod restored;
 
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
