@@ -193,3 +193,26 @@ fn a_mapping_of_host_root_into_the_sandbox_is_refused() {
     assert!(!out.status.success(), "{o}{e}");
     assert!(e.contains("maps host uid 0 into the sandbox"), "{e}");
 }
+
+#[test]
+fn an_archive_of_a_namespaced_sandbox_is_refused_on_import_unless_its_mappings_are_allowed() {
+    let g = counter(&[]);
+    let file = std::env::temp_dir().join(format!("{}.tar", unique_id("uns")));
+    let path = file.display().to_string();
+    crabctl_ok(&["export", &g.id, "-o", &path]);
+    let id = unique_id("uns-imported");
+    let _imported = Guard::new(&id);
+    let out = crabctl(&["import", &path, "--id", &id], &[]);
+    let _ = std::fs::remove_file(&file);
+    let (o, e) = text(&out);
+    assert_eq!(out.status.code(), Some(6), "import: {o}{e}");
+    assert!(
+        e.contains("user-mappings: uidMappings 0:100000:65536 (host ids chosen by the archive)"),
+        "{e}"
+    );
+    let listed = ctr_ok(&["container", "ls", "-q"]);
+    assert!(
+        !listed.lines().any(|l| l.trim() == id),
+        "a refused import created {id}"
+    );
+}
