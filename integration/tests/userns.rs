@@ -216,3 +216,31 @@ fn an_archive_of_a_namespaced_sandbox_is_refused_on_import_unless_its_mappings_a
         "a refused import created {id}"
     );
 }
+
+#[test]
+fn forks_of_a_namespaced_sandbox_run_in_its_mapping_with_its_memory() {
+    let g = counter(&[]);
+    // Several rounds: parallel forks' restores raced on the images' owner once.
+    for round in 0..3 {
+        let prefix = unique_id("unsf");
+        let out = crabctl_ok(&["fork", &g.id, "--count", "2", "--prefix", &prefix]);
+        assert!(out.contains("2 forks of"), "round {round}: {out}");
+        let at = g.number("/tmp/count");
+        for n in 1..=2 {
+            let fork = Guard::new(&format!("{prefix}-{n}"));
+            let pid = fork.pid();
+            // The source's range: a fork shares its images and its tree's owners.
+            assert_eq!(host_ids(pid, "Uid:"), [100_000; 4]);
+            assert_eq!(uid_map(pid), "0 100000 65536");
+            let first = fork.number("/tmp/count");
+            assert!(
+                first <= at + 5,
+                "fork {n} counts from {first}, source at {at}"
+            );
+            assert!(wait_until(Duration::from_secs(5), || fork
+                .number("/tmp/count")
+                > first));
+            fork.remove();
+        }
+    }
+}
