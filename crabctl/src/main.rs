@@ -201,7 +201,7 @@ enum Command {
         id: String,
         /// Keep settings of these kinds although beyond the allow-list, comma
         /// separated: host-mounts, capabilities, devices, host-namespaces,
-        /// privileged, hooks, annotations, other.
+        /// privileged, hooks, annotations, user-mappings, other.
         #[arg(long, value_delimiter = ',')]
         allow: Vec<crab_runtime::checkpoint::import_spec::Grant>,
         /// Leave settings of these kinds out instead of refusing the archive,

@@ -65,6 +65,7 @@ impl Container {
     pub fn create(config: &Config, opts: CreateOpts, stdio: ChildStdio) -> Result<(Self, i32)> {
         let spec = load_spec(&opts.bundle)?;
         check_rootfs(&opts.bundle, &spec)?;
+        crate::userns::check_bundle(&opts.bundle, &spec)?;
         let terminal = spec
             .process()
             .as_ref()

@@ -66,6 +66,10 @@ pub struct Dump {
     /// Mount points (inside the container) of bind mounts from the host: recorded by
     /// name, and bound again from their source at restore.
     pub external_mounts: Vec<String>,
+    /// (mount point, key) of external mounts recorded under a key other than their
+    /// mount point: the host device nodes bound into a container with a user
+    /// namespace ([`crate::userns::dev_binds`]).
+    pub external_keyed: Vec<(String, String)>,
     /// Namespaces the container joined rather than owns (a pod's network namespace,
     /// its sandbox's): (type as CRIU names it, inode, key). CRIU records them by key
     /// instead of dumping them; the restore hands it the same namespace by that key.
@@ -141,6 +145,9 @@ pub fn dump(d: &Dump) -> Result<()> {
     }
     for m in &d.external_mounts {
         cmd.arg("--external").arg(format!("mnt[{m}]:{m}"));
+    }
+    for (point, key) in &d.external_keyed {
+        cmd.arg("--external").arg(format!("mnt[{point}]:{key}"));
     }
     for (kind, inode, key) in &d.external_namespaces {
         cmd.arg("--external").arg(format!("{kind}[{inode}]:{key}"));

@@ -25,6 +25,8 @@
 //! - [`api_token`]: the per-sandbox token of the agent API.
 //! - [`inspect`]: a turn's classification: what changed (observed) and
 //!   the pure decision (`inspect::policy`).
+//! - [`userns`]: sandboxes with a user namespace (the mappings a spec may ask for,
+//!   the host device binds CRIU must treat as external).
 //! - [`storage`]: snapshot-capable root file systems (btrfs, zfs, overlay), and the
 //!   adoption of a root a client mounted itself (Docker's, [`storage::adopt`]).
 
@@ -52,6 +54,7 @@ pub mod sandbox;
 pub mod standby;
 pub mod storage;
 pub(crate) mod tracking;
+pub mod userns;
 
 pub use error::{Error, Result};
 /// Re-exported so that callers build specs with the same version this crate reads.

@@ -253,6 +253,15 @@ pub(crate) fn dump_request(
         external_namespaces.push(("net", inode, crate::netns::EXTERNAL_NET_KEY.to_string()));
         own_network = false;
     }
+    // A user namespace's host device binds (libcontainer cannot mknod there).
+    let external_keyed = if crate::userns::of_spec(spec).is_some() {
+        crate::userns::dev_binds::dumped(pid).unwrap_or_else(|e| {
+            tracing::warn!(pid, error = %e, "host device binds of the container");
+            Vec::new()
+        })
+    } else {
+        Vec::new()
+    };
     criu::Dump {
         criu,
         pid,
@@ -260,6 +269,7 @@ pub(crate) fn dump_request(
         leave_running,
         freeze_cgroup: Some(freezer_cgroup(cgroup)),
         external_mounts,
+        external_keyed,
         external_namespaces,
         terminal: stdio.tty.is_some(),
         own_network,

@@ -230,7 +230,22 @@ impl Builder<'_> {
         let mut seen_namespaces = false;
         for (key, value) in linux.as_object().into_iter().flatten() {
             let keep = match key.as_str() {
-                "uidMappings" | "gidMappings" | "mountLabel" => true,
+                "mountLabel" => true,
+                "uidMappings" | "gidMappings" => {
+                    let extents: Vec<String> = value
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .map(|m| format!("{}:{}:{}", m["containerID"], m["hostID"], m["size"]))
+                        .collect();
+                    self.allow(
+                        Grant::UserMappings,
+                        format!(
+                            "{key} {} (host ids chosen by the archive)",
+                            extents.join(",")
+                        ),
+                    )
+                }
                 "cgroupsPath" => {
                     out.insert(key.clone(), Value::String(cgroups_path(value, target)));
                     false

@@ -22,13 +22,18 @@ pub enum Grant {
     Hooks,
     /// `io.crab.*` annotations that grant something (proxy upstream, listen, ...).
     Annotations,
+    /// A user namespace's id mappings (`linux.uidMappings` / `gidMappings`): they
+    /// choose which host ids the sandbox's processes and files are, and the
+    /// exporting host's range may be another sandbox's here. Host id 0 is refused
+    /// whatever is granted (`crate::userns::check`).
+    UserMappings,
     /// Spec fields this version does not know.
     Other,
 }
 
 impl Grant {
     /// Every kind, in the order of [`Grant::name`].
-    pub const ALL: [Grant; 8] = [
+    pub const ALL: [Grant; 9] = [
         Grant::HostMounts,
         Grant::Capabilities,
         Grant::Devices,
@@ -36,6 +41,7 @@ impl Grant {
         Grant::Privileged,
         Grant::Hooks,
         Grant::Annotations,
+        Grant::UserMappings,
         Grant::Other,
     ];
 
@@ -57,6 +63,7 @@ impl Grant {
             Grant::Privileged => "privileged",
             Grant::Hooks => "hooks",
             Grant::Annotations => "annotations",
+            Grant::UserMappings => "user-mappings",
             Grant::Other => "other",
         }
     }

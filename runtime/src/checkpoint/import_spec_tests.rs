@@ -280,3 +280,38 @@ fn test_grant_names_parse_and_unknown_ones_list_the_kinds() {
     let e = "everything".parse::<Grant>().unwrap_err();
     assert!(e.contains("host-mounts, capabilities"), "{e}");
 }
+
+#[test]
+fn test_user_namespace_mappings_are_refused_unless_allowed() {
+    // The archive picks host ids: another sandbox's range here, or host root.
+    let mut spec = ctr_spec();
+    spec["linux"]["namespaces"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"type": "user"}));
+    let map = json!([{"containerID": 0, "hostID": 100000, "size": 65536}]);
+    spec["linux"]["uidMappings"] = map.clone();
+    spec["linux"]["gidMappings"] = map;
+    let e = refused(&spec);
+    assert!(
+        e.contains("user-mappings: uidMappings 0:100000:65536 (host ids chosen by the archive)"),
+        "{e}"
+    );
+    assert!(
+        e.contains("user-mappings: gidMappings 0:100000:65536"),
+        "{e}"
+    );
+    // Other kinds do not grant it; it cannot be dropped (the processes would then
+    // be host root, and CRIU's images would still carry the namespace).
+    let others: BTreeSet<Grant> = Grant::ALL
+        .into_iter()
+        .filter(|g| *g != Grant::UserMappings)
+        .collect();
+    rebuild(&spec, &others, TARGET).unwrap_err();
+    let drop: BTreeSet<Grant> = [Grant::UserMappings].into();
+    rebuild_dropping(&spec, &none(), &drop, TARGET).unwrap_err();
+    // Granted, the mappings are kept as they were.
+    let granted: BTreeSet<Grant> = [Grant::UserMappings].into();
+    let out = rebuild(&spec, &granted, TARGET).unwrap();
+    assert_eq!(out["linux"]["uidMappings"][0]["hostID"], 100000);
+}

@@ -178,6 +178,9 @@ fn serve(call: Restore) -> Result<Restored> {
     }
     let mut external_mounts = bind_mounts(&spec);
     external_mounts.extend(crate::cgroup_view::restored(&spec)?);
+    if crate::userns::of_spec(&spec).is_some() {
+        external_mounts.extend(crate::userns::dev_binds::restored(&spec));
+    }
     if let Some(tty) = &dumped.stdio.tty {
         let slave = &fds[0];
         clear_cloexec(slave.as_raw_fd())?;
@@ -210,6 +213,11 @@ fn serve(call: Restore) -> Result<Restored> {
     std::fs::create_dir_all(&dir).map_err(Error::io(format!("create {}", dir.display())))?;
     let prepare_ms = ms(started);
     let criu_started = std::time::Instant::now();
+    let maps = crate::userns::check_bundle(&bundle, &spec)?;
+    if let Some(maps) = &maps {
+        let changed = crate::userns::images::hand_to_namespace_root(&images, maps)?;
+        tracing::debug!(changed, "images handed to the user namespace's root");
+    }
     let pid = criu::restore(&criu::Restore {
         criu: criu_bin,
         images,
@@ -228,6 +236,9 @@ fn serve(call: Restore) -> Result<Restored> {
     })?;
     drop(fds);
     drop(joined);
+    // CRIU made the user namespace from the images: it must be the spec's (the
+    // caller kills what was restored when this fails).
+    crate::userns::restored::verify(pid, maps.as_ref())?;
     let criu_ms = ms(criu_started);
     let finish_started = std::time::Instant::now();
     if !standby {

@@ -107,22 +107,37 @@ impl Call for Exec {
 
     fn serve(self) -> Result<i32> {
         let init_dir = self.root.join(&self.id);
+        let init = libcontainer::container::Container::load(init_dir)
+            .map_err(Error::libcontainer("load container for exec"))?;
+        let init_pid = init.pid().map(|p| p.as_raw());
+        // A container with a user namespace: libcontainer's exec runs against a
+        // view of it, from inside that namespace (see `crate::userns::exec_view`).
+        let view = match init_pid {
+            Some(pid) if other_user_namespace(pid)? => Some(
+                crate::userns::exec_view::ExecView::make(&self.root, &self.id, init.bundle())?,
+            ),
+            _ => None,
+        };
+        let root = view
+            .as_ref()
+            .map_or(self.root.clone(), |v| v.root().to_path_buf());
         let builder = builder(
             &self.id,
-            self.root,
+            root,
             self.console_socket,
             self.stdio,
             self.tracking,
         )?;
-        let init = libcontainer::container::Container::load(init_dir)
-            .map_err(Error::libcontainer("load container for exec"))?;
-        if let Some(pid) = init.pid() {
-            join_time_namespace_of(pid.as_raw())?;
+        if let Some(pid) = init_pid {
+            join_time_namespace_of(pid)?;
         }
         let config = init
             .spec()
             .map_err(Error::libcontainer("load config for exec"))?;
         crate::cgroup_view::join_systemd(&config.cgroup_path)?;
+        if let (Some(pid), Some(_)) = (init_pid, &view) {
+            join_user_namespace_of(pid)?;
+        }
         let pid = builder
             .as_tenant()
             .with_process(Some(self.process))
@@ -130,6 +145,7 @@ impl Call for Exec {
             .as_sibling(true)
             .build()
             .map_err(Error::libcontainer("exec"))?;
+        drop(view);
         Ok(pid.as_raw())
     }
 }
@@ -162,6 +178,36 @@ fn builder(
             .with_stderr(inherited_or_null(stdio.stderr)?);
     }
     Ok(builder)
+}
+
+/// Whether `pid` is in a user namespace other than the helper's.
+fn other_user_namespace(pid: i32) -> Result<bool> {
+    let theirs = format!("/proc/{pid}/ns/user");
+    let theirs = std::fs::read_link(&theirs).map_err(Error::io(format!("read {theirs}")))?;
+    let ours =
+        std::fs::read_link("/proc/self/ns/user").map_err(Error::io("read /proc/self/ns/user"))?;
+    Ok(theirs != ours)
+}
+
+/// libcontainer's exec joins the init's namespaces except its user namespace: in
+/// a container with one, the exec'd process would run as host root, with every
+/// capability over the host, inside the container's other namespaces. The helper
+/// (single-threaded, short-lived) joins the init's user namespace first, so the
+/// process libcontainer forks is born in it, holding capabilities there only; the
+/// container's other namespaces are owned by it, so libcontainer can still join
+/// them. Last of the helper's steps that need the host's privileges.
+fn join_user_namespace_of(pid: i32) -> Result<()> {
+    let theirs = format!("/proc/{pid}/ns/user");
+    let ns = std::fs::File::open(&theirs).map_err(Error::io(format!("open {theirs}")))?;
+    // SAFETY: setns takes a namespace descriptor, valid for the call, and a type;
+    // the helper is single-threaded, as joining a user namespace requires.
+    let r = unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&ns), libc::CLONE_NEWUSER) };
+    if r != 0 {
+        return Err(Error::io(format!("join the user namespace of pid {pid}"))(
+            std::io::Error::last_os_error(),
+        ));
+    }
+    Ok(())
 }
 
 /// A restored container's tasks live in a time namespace CRIU made (it carries

@@ -1,0 +1,246 @@
+//! Sandboxes with a user namespace (`ctr run --uidmap 0:100000:65536 --gidmap ...`,
+//! what Kubernetes' `hostUsers: false` asks for): their processes and files are host
+//! ids 100000 and up, execs join the namespace, and CRIU checkpoints, rolls back and
+//! restores them, a non-root process inside included (docs/agents.md: why that
+//! matters for agents such as Claude Code).
+
+// Needs root and the private containerd: built only with the `host-tests` feature (hack/test.sh enables it).
+#![cfg(feature = "host-tests")]
+
+use std::os::unix::fs::MetadataExt;
+use std::time::{Duration, Instant};
+
+use crab_integration::*;
+
+const MAPS: &[&str] = &["--uidmap", "0:100000:65536", "--gidmap", "0:100000:65536"];
+
+/// Counts in memory and writes the count to a file, five times a second.
+const COUNTER: &str = "i=0; while true; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.2; done";
+
+fn counter(extra: &[&str]) -> Guard {
+    let flags: Vec<&str> = MAPS.iter().chain(extra).copied().collect();
+    let g = Guard::run_detached(CRAB, BUSYBOX, &flags, &["sh", "-c", COUNTER]);
+    assert!(
+        wait_until(Duration::from_secs(10), || g.number("/tmp/count") >= 5),
+        "counter did not count"
+    );
+    g
+}
+
+/// The real, effective, saved and file-system ids of `pid` as the host sees them.
+fn host_ids(pid: i32, key: &str) -> Vec<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status
+        .lines()
+        .find(|l| l.starts_with(key))
+        .unwrap_or_else(|| panic!("no {key} in {status}"));
+    line.split_whitespace()
+        .skip(1)
+        .map(|n| n.parse().unwrap())
+        .collect()
+}
+
+fn uid_map(pid: i32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/uid_map"))
+        .unwrap()
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[test]
+fn a_sandbox_with_a_user_namespace_runs_as_mapped_ids_and_its_execs_join_it() {
+    let g = counter(&[]);
+    let pid = g.pid();
+    assert_eq!(host_ids(pid, "Uid:"), [100_000; 4]);
+    assert_eq!(host_ids(pid, "Gid:"), [100_000; 4]);
+    assert_eq!(uid_map(pid), "0 100000 65536");
+    // The files it writes, and its image's, are the mapped ids' on the host.
+    let written = std::fs::metadata(format!("/proc/{pid}/root/tmp/count")).unwrap();
+    assert_eq!((written.uid(), written.gid()), (100_000, 100_000));
+    let image = std::fs::metadata(format!("/proc/{pid}/root/bin")).unwrap();
+    assert_eq!((image.uid(), image.gid()), (100_000, 100_000));
+    // An exec is in the namespace: root inside, mapped outside (libcontainer's
+    // exec alone left it in the host's, as host root).
+    let out = g.exec_ok(&[
+        "sh",
+        "-c",
+        "cat /proc/self/uid_map; id -u; ls -ln /tmp/count",
+    ]);
+    let words: Vec<&str> = out.split_whitespace().collect();
+    assert_eq!(&words[..4], ["0", "100000", "65536", "0"], "{out}");
+    assert!(out.contains(" 0 "), "the file is root's inside: {out}");
+    // An exec that stays: its host uid.
+    g.exec_ok(&["sh", "-c", "sleep 30 > /dev/null 2>&1 &"]);
+    let sleeper = find_in_cgroup_of(pid, "sleep").expect("the exec'd sleep runs");
+    assert_eq!(host_ids(sleeper, "Uid:"), [100_000; 4]);
+    assert_eq!(uid_map(sleeper), "0 100000 65536");
+    // Kill and delete.
+    g.remove();
+    assert_eq!(g.status(), None);
+}
+
+/// A process named `comm` in the same pid namespace as `pid` (its container).
+fn find_in_cgroup_of(pid: i32, comm: &str) -> Option<i32> {
+    let ns = std::fs::read_link(format!("/proc/{pid}/ns/pid")).ok()?;
+    std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .find(|p| {
+            std::fs::read_link(format!("/proc/{p}/ns/pid"))
+                .ok()
+                .as_ref()
+                == Some(&ns)
+                && std::fs::read_to_string(format!("/proc/{p}/comm"))
+                    .is_ok_and(|c| c.trim() == comm)
+        })
+}
+
+fn rollback_and_restore(g: &Guard, host_uid: u32) {
+    let before = g.number("/tmp/count");
+    crabctl_ok(&["checkpoint", &g.id, "--name", "base"]);
+    g.exec_ok(&["sh", "-c", "echo later > /tmp/later.txt"]);
+    let later = g.number("/tmp/count") + 10;
+    assert!(wait_until(Duration::from_secs(10), || g
+        .number("/tmp/count")
+        >= later));
+
+    let started = Instant::now();
+    let out = crabctl_ok(&["rollback", &g.id, "base"]);
+    let rollback = started.elapsed();
+    assert!(out.contains("processes and files restored"), "{out}");
+    let now = g.number("/tmp/count");
+    assert!(
+        (before..later).contains(&now),
+        "count {now} after rollback (>= {before}, < {later})"
+    );
+    assert_eq!(
+        g.exec(&["test", "-e", "/tmp/later.txt"]).status.code(),
+        Some(1)
+    );
+    let pid = g.pid();
+    assert_eq!(host_ids(pid, "Uid:")[0], host_uid);
+    assert_eq!(uid_map(pid), "0 100000 65536");
+    assert!(wait_until(Duration::from_secs(5), || g
+        .number("/tmp/count")
+        > now));
+
+    // After a crash: shim and processes killed, the newest checkpoint restored.
+    kill_shim_and_init(g);
+    let started = Instant::now();
+    let out = crabctl_ok(&["restore", &g.id]);
+    let restore = started.elapsed();
+    assert!(out.contains("restored from checkpoint"), "{out}");
+    let pid = g.pid();
+    assert_eq!(host_ids(pid, "Uid:")[0], host_uid);
+    assert_eq!(uid_map(pid), "0 100000 65536");
+    let now = g.number("/tmp/count");
+    assert!(
+        (before..later).contains(&now),
+        "count {now} after restore (>= {before}, < {later})"
+    );
+    assert!(wait_until(Duration::from_secs(5), || g
+        .number("/tmp/count")
+        > now));
+    eprintln!(
+        "{}: rollback {} ms, restore after a crash {} ms",
+        g.id,
+        rollback.as_millis(),
+        restore.as_millis()
+    );
+}
+
+#[test]
+fn a_namespaced_sandbox_rolls_back_and_restores_with_its_mapping() {
+    let g = counter(&[]);
+    rollback_and_restore(&g, 100_000);
+}
+
+#[test]
+fn a_non_root_process_in_a_user_namespace_checkpoints_rolls_back_and_restores() {
+    // uid 1000 inside, host uid 101000: CRIU's prlimit on it is allowed because the
+    // host's root owns the namespace (without one, this host's root lacks
+    // CAP_SYS_RESOURCE for another user's process).
+    let g = counter(&["--user", "1000:1000"]);
+    assert_eq!(host_ids(g.pid(), "Uid:"), [101_000; 4]);
+    rollback_and_restore(&g, 101_000);
+}
+
+#[test]
+fn a_mapping_of_host_root_into_the_sandbox_is_refused() {
+    let id = unique_id("uns-root");
+    let _g = Guard::new(&id);
+    let out = ctr_run(
+        &[
+            "run",
+            "-d",
+            "--runtime",
+            CRAB,
+            "--uidmap",
+            "0:0:65536",
+            "--gidmap",
+            "0:100000:65536",
+            BUSYBOX,
+            &id,
+            "sleep",
+            "30",
+        ],
+        None,
+        Duration::from_secs(60),
+    );
+    let (o, e) = text(&out);
+    assert!(!out.status.success(), "{o}{e}");
+    assert!(e.contains("maps host uid 0 into the sandbox"), "{e}");
+}
+
+#[test]
+fn an_archive_of_a_namespaced_sandbox_is_refused_on_import_unless_its_mappings_are_allowed() {
+    let g = counter(&[]);
+    let file = std::env::temp_dir().join(format!("{}.tar", unique_id("uns")));
+    let path = file.display().to_string();
+    crabctl_ok(&["export", &g.id, "-o", &path]);
+    let id = unique_id("uns-imported");
+    let _imported = Guard::new(&id);
+    let out = crabctl(&["import", &path, "--id", &id], &[]);
+    let _ = std::fs::remove_file(&file);
+    let (o, e) = text(&out);
+    assert_eq!(out.status.code(), Some(6), "import: {o}{e}");
+    assert!(
+        e.contains("user-mappings: uidMappings 0:100000:65536 (host ids chosen by the archive)"),
+        "{e}"
+    );
+    let listed = ctr_ok(&["container", "ls", "-q"]);
+    assert!(
+        !listed.lines().any(|l| l.trim() == id),
+        "a refused import created {id}"
+    );
+}
+
+#[test]
+fn forks_of_a_namespaced_sandbox_run_in_its_mapping_with_its_memory() {
+    let g = counter(&[]);
+    // Several rounds: parallel forks' restores raced on the images' owner once.
+    for round in 0..3 {
+        let prefix = unique_id("unsf");
+        let out = crabctl_ok(&["fork", &g.id, "--count", "2", "--prefix", &prefix]);
+        assert!(out.contains("2 forks of"), "round {round}: {out}");
+        let at = g.number("/tmp/count");
+        for n in 1..=2 {
+            let fork = Guard::new(&format!("{prefix}-{n}"));
+            let pid = fork.pid();
+            // The source's range: a fork shares its images and its tree's owners.
+            assert_eq!(host_ids(pid, "Uid:"), [100_000; 4]);
+            assert_eq!(uid_map(pid), "0 100000 65536");
+            let first = fork.number("/tmp/count");
+            assert!(
+                first <= at + 5,
+                "fork {n} counts from {first}, source at {at}"
+            );
+            assert!(wait_until(Duration::from_secs(5), || fork
+                .number("/tmp/count")
+                > first));
+            fork.remove();
+        }
+    }
+}
