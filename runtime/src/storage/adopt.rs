@@ -356,9 +356,9 @@ mod tests {
     fn test_split_shares_the_image_and_keeps_the_init_layer_and_writes_apart() {
         let a = Adopted::find(DOCKER, merged()).unwrap();
         let (spec, top) = a.split(false);
-        let image = ImageSource::from_mounts(&[spec]).unwrap();
-        assert_eq!(image.layers, a.lower[1..]);
-        assert_eq!(image.owner.as_ref(), Some(&a.upper));
+        let (layers, owner) = ImageSource::parse_mounts(&[spec]).unwrap();
+        assert_eq!(layers, a.lower[1..]);
+        assert_eq!(owner.as_ref(), Some(&a.upper));
         assert_eq!(top, [a.lower[0].clone()]);
         let (_, top) = a.split(true);
         assert_eq!(top, [a.upper.clone(), a.lower[0].clone()]);
@@ -369,7 +369,7 @@ mod tests {
         };
         let (spec, top) = one.split(false);
         assert_eq!(
-            ImageSource::from_mounts(&[spec]).unwrap().layers,
+            ImageSource::parse_mounts(&[spec]).unwrap().0,
             [PathBuf::from("/l")]
         );
         assert!(top.is_empty());

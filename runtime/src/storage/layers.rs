@@ -39,6 +39,16 @@ pub struct ImageSource {
 impl ImageSource {
     /// Reads the image layers out of containerd's rootfs mounts.
     pub fn from_mounts(mounts: &[MountSpec]) -> Result<ImageSource> {
+        let (layers, owner) = ImageSource::parse_mounts(mounts)?;
+        Ok(ImageSource {
+            owner,
+            ..ImageSource::from_layers(layers)?
+        })
+    }
+
+    /// The layer directories (top first) and the owner that containerd's rootfs
+    /// mounts name, without looking at them.
+    pub(crate) fn parse_mounts(mounts: &[MountSpec]) -> Result<(Vec<PathBuf>, Option<PathBuf>)> {
         let [m] = mounts else {
             return Err(unsupported(format!(
                 "expected one rootfs mount, got {}",
@@ -69,10 +79,7 @@ impl ImageSource {
             _ if !m.options.iter().any(|o| o == "ro") => Some(PathBuf::from(&m.source)),
             _ => None,
         };
-        Ok(ImageSource {
-            owner,
-            ..ImageSource::from_layers(layers)?
-        })
+        Ok((layers, owner))
     }
 
     /// The snapshots directory of the snapshotter that made this rootfs (its
