@@ -38,6 +38,11 @@ fn marker(dir: &Path, seq: u64) -> PathBuf {
     dir.join(format!(".{seq}.synced"))
 }
 
+/// The file of the lock a sync of image `seq` holds ([`lock_syncing`]).
+fn syncing(dir: &Path, seq: u64) -> PathBuf {
+    dir.join(format!(".{seq}.syncing"))
+}
+
 /// Syncs image `seq` of the history directory `dir` and leaves its marker.
 fn sync_image(dir: &Path, seq: u64) -> crate::Result<()> {
     sync_tree(&history::image_dir(dir, seq))?;
@@ -52,7 +57,7 @@ fn sync_image(dir: &Path, seq: u64) -> crate::Result<()> {
 /// lock with it). `None` when another holds it.
 fn lock_syncing(dir: &Path, seq: u64, wait: bool) -> crate::Result<Option<std::fs::File>> {
     use std::os::fd::AsRawFd;
-    let path = dir.join(format!(".{seq}.syncing"));
+    let path = syncing(dir, seq);
     let file = std::fs::OpenOptions::new()
         .write(true)
         .create(true)
@@ -78,7 +83,7 @@ fn lock_syncing(dir: &Path, seq: u64, wait: bool) -> crate::Result<Option<std::f
 /// Syncs image `seq` under its lock, then removes the lock's file.
 fn sync_locked(dir: &Path, seq: u64, lock: std::fs::File) -> crate::Result<()> {
     sync_image(dir, seq)?;
-    let _ = std::fs::remove_file(dir.join(format!(".{seq}.syncing")));
+    let _ = std::fs::remove_file(syncing(dir, seq));
     drop(lock);
     Ok(())
 }
@@ -109,13 +114,19 @@ pub fn sync_in_background(dir: PathBuf, seq: u64) {
     }
 }
 
-/// Settles the images `history` (in `dir`) records as not yet synced, in boot
-/// `boot` (see the module's docs); answers whether `history` changed and must be
-/// saved. An entry dropped here goes to [`History::uncollected`].
-pub(crate) fn settle(history: &mut History, dir: &Path, boot: &str) -> crate::Result<bool> {
+/// Settles the images `history` (in `dir`) records as not yet synced (see the
+/// module's docs); answers whether `history` changed and must be saved. An entry
+/// dropped here goes to [`History::uncollected`]. A history with none reads
+/// nothing more.
+pub(crate) fn settle(history: &mut History, dir: &Path) -> crate::Result<bool> {
     if history.unsynced.is_empty() {
         return Ok(false);
     }
+    settle_in(history, dir, &boot_id())
+}
+
+/// [`settle`] in boot `boot`.
+fn settle_in(history: &mut History, dir: &Path, boot: &str) -> crate::Result<bool> {
     let unsynced = std::mem::take(&mut history.unsynced);
     let before = unsynced.len();
     let mut dropped = false;
@@ -133,9 +144,12 @@ pub(crate) fn settle(history: &mut History, dir: &Path, boot: &str) -> crate::Re
                 None => {
                     history.unsynced.insert(seq, written_in);
                 }
+                // Its shim died before the sync: done here, with no marker (the
+                // history's save below forgets it).
                 Some(lock) => {
-                    sync_locked(dir, seq, lock)?;
-                    let _ = std::fs::remove_file(marker(dir, seq));
+                    sync_tree(&image)?;
+                    let _ = std::fs::remove_file(syncing(dir, seq));
+                    drop(lock);
                 }
             }
             continue;
@@ -184,7 +198,7 @@ mod tests {
         fs_only.process_image = Some(2);
         h.entries.push(fs_only);
         h.unsynced.insert(2, "boot-a".into());
-        assert!(settle(&mut h, t.path(), "boot-b").unwrap());
+        assert!(settle_in(&mut h, t.path(), "boot-b").unwrap());
         let left: Vec<u64> = h.entries.iter().map(|e| e.seq).collect();
         assert_eq!(left, [1], "image 1 was synced before; 2 and 3 used image 2");
         let gone: Vec<u64> = h.uncollected.iter().map(|e| e.seq).collect();
@@ -198,7 +212,7 @@ mod tests {
         let mut h = history_with_images(t.path(), &[1]);
         h.unsynced.insert(1, "boot-a".into());
         sync_image(t.path(), 1).unwrap();
-        assert!(settle(&mut h, t.path(), "boot-b").unwrap());
+        assert!(settle_in(&mut h, t.path(), "boot-b").unwrap());
         assert_eq!(h.entries.len(), 1);
         assert!(h.unsynced.is_empty());
         assert!(!marker(t.path(), 1).exists(), "the marker has served");
@@ -209,10 +223,13 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let mut h = history_with_images(t.path(), &[1]);
         h.unsynced.insert(1, "boot-a".into());
-        assert!(settle(&mut h, t.path(), "boot-a").unwrap());
+        assert!(settle_in(&mut h, t.path(), "boot-a").unwrap());
         assert_eq!(h.entries.len(), 1);
         assert!(h.unsynced.is_empty());
-        assert!(!settle(&mut h, t.path(), "boot-a").unwrap(), "nothing left");
+        assert!(
+            !settle_in(&mut h, t.path(), "boot-a").unwrap(),
+            "nothing left"
+        );
     }
 
     #[test]
@@ -221,11 +238,11 @@ mod tests {
         let mut h = history_with_images(t.path(), &[1]);
         h.unsynced.insert(1, "boot-a".into());
         let running = lock_syncing(t.path(), 1, true).unwrap().unwrap();
-        assert!(!settle(&mut h, t.path(), "boot-a").unwrap());
+        assert!(!settle_in(&mut h, t.path(), "boot-a").unwrap());
         assert_eq!(h.unsynced.len(), 1, "still the sync's");
         assert!(!marker(t.path(), 1).exists());
         sync_locked(t.path(), 1, running).unwrap();
-        assert!(settle(&mut h, t.path(), "boot-a").unwrap());
+        assert!(settle_in(&mut h, t.path(), "boot-a").unwrap());
         assert!(h.unsynced.is_empty());
     }
 

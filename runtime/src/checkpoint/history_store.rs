@@ -36,7 +36,7 @@ impl HistoryStore {
         let dir = history::dir(config, key);
         let lock = lock(&lock_path(config, key))?;
         let mut history = History::load(&dir, key)?;
-        if super::durability::settle(&mut history, &dir, &super::durability::boot_id())? {
+        if super::durability::settle(&mut history, &dir)? {
             history.save(&dir)?;
         }
         Ok(HistoryStore {
