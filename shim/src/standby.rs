@@ -275,6 +275,7 @@ impl TaskService {
                 Ok(ready) => {
                     tracing::info!(%id, seq, pid = ready.standby.pid,
                         ms = ready.standby.made_in.as_millis() as u64, "standby ready");
+                    warn_slow_moves();
                     if let Some(stale) = slot.fill(generation, ready) {
                         discard(&config, stale).await;
                     } else {
@@ -289,6 +290,21 @@ impl TaskService {
             }
         });
     }
+}
+
+/// Says once per shim, at its first replica, that adoptions here will wait for a
+/// grace period of the kernel's ([`crab_runtime::cgroup2::favors_dynamic_moves`]):
+/// most of a rollback's time on such a host, and a setting of the host's, not ours.
+fn warn_slow_moves() {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    SAID.call_once(|| {
+        if !crab_runtime::cgroup2::favors_dynamic_moves() {
+            tracing::warn!(
+                "cgroup2 is mounted without favordynmods: each standby adoption waits \
+                 for an RCU grace period (about 6 ms) to move its processes"
+            );
+        }
+    });
 }
 
 /// Adopts `ready` as the container, whose processes `killed` were sent SIGKILL

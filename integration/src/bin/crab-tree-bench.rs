@@ -270,13 +270,18 @@ fn main() {
     println!(
         "\nDepth {}, {} children per node ({} rollbacks), tool calls of {} ms plus the \
          `ctr task exec` that runs each (counted as tool time for both), python holding \
-         {} MiB; {} cores.",
+         {} MiB; {} cores; cgroup2 {} favordynmods.",
         cli.depth,
         cli.children,
         cli.depth * (cli.children.saturating_sub(1)),
         cli.tool_ms,
         cli.heap_mb,
-        cores()
+        cores(),
+        if crab_runtime::cgroup2::favors_dynamic_moves() {
+            "with"
+        } else {
+            "without"
+        }
     );
     for n in notes {
         println!("{n}.");
