@@ -32,8 +32,9 @@ write_test_config() {
 state_dir = "$1"
 log_level = "debug"
 [proxy]
-# The upstream the CRI and Docker tests' annotations choose (it never answers).
-upstreams = ["http://127.0.0.1:9"]
+# The upstream the CRI and Docker tests' annotations choose (it never answers),
+# and the scripted LLM of mini-swe-agent's test through the proxy's host door.
+upstreams = ["http://127.0.0.1:9", "http://127.0.0.1:18787"]
 TOML
 }
 

@@ -20,7 +20,9 @@ DockerEnvironment has started it, so the driver:
      the docker CLI still reaches dockerd through its unix socket), so that the
      proxy is at 127.0.0.1 and nothing else is reachable (the line `host`
      instead: it stays in the host's network, for a baseline whose api_base is
-     the LLM itself),
+     the LLM itself; the line `door <path>`: it stays in the host's network and
+     asks its LLM through the sandbox proxy's host door, the unix socket at
+     <path>, with an OpenAI client whose HTTP transport is that socket),
   4. runs the agent, prints `result <json>` (exit status, submission),
   5. waits for stdin to close, and exits 0 if the agent submitted, else 1.
 """
@@ -65,16 +67,28 @@ def main() -> int:
     if not line.strip():
         print("no pid on stdin: the sandbox is left alone", file=sys.stderr)
         return 1
-    if line.strip() != "host":
+    line = line.strip()
+    door = None
+    if line.startswith("door "):
+        door = line[len("door ") :]
+    elif line != "host":
         join_network_namespace(int(line))
 
+    api_base = args["api_base"]
+    if door is not None:
+        # litellm's OpenAI clients take their HTTP client from here; this one's
+        # requests go to the door's socket (the URL's host is not used).
+        import httpx
+
+        litellm.client_session = httpx.Client(transport=httpx.HTTPTransport(uds=door))
+        api_base = "http://sandbox/v1"
     model_config = dict(config.get("model", {}))
     model_config.update(
         model_name=args["model"],
         model_class=args["model_class"],
         model_kwargs={
             **model_config.get("model_kwargs", {}),
-            "api_base": args["api_base"],
+            "api_base": api_base,
             "api_key": "sk-dummy-for-the-scripted-server",
         },
     )

@@ -25,6 +25,14 @@ pub const VERSION: &str = "2.4.6";
 /// Where the proxy listens inside the sandbox, and so the agent's `api_base`.
 pub const LISTEN: &str = "127.0.0.1:8787";
 
+/// Where the scripted LLM listens when the agent reaches it through the
+/// sandbox's host door ([`Agent::go_through_door`]): the proxy is then the
+/// shim's, started for the annotation `io.crab.proxy.upstream`, which may only
+/// choose an upstream the host's configuration names in advance (the test
+/// configuration of `hack/test.sh` names this one). One such server per test
+/// process: its listener lives as long as the process.
+pub const DOOR_UPSTREAM: &str = "127.0.0.1:18787";
+
 /// The driver: mini-swe-agent's own classes, run in the sandbox's network
 /// namespace (the file says how).
 const DRIVER: &str = include_str!("mini_swe_agent.py");
@@ -224,6 +232,12 @@ impl Agent {
     /// without the turn proxy: its LLM reached directly).
     pub fn go_in_host_network(&mut self) {
         self.tell("host");
+    }
+
+    /// Lets the agent run in the host's network, asking its LLM through the
+    /// sandbox proxy's host door, the unix socket at `door` (`crabctl door`).
+    pub fn go_through_door(&mut self, door: &str) {
+        self.tell(&format!("door {door}"));
     }
 
     fn tell(&mut self, line: &str) {

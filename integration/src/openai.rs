@@ -131,13 +131,19 @@ impl Scripted {
     /// [`Scripted::start`], each step's answer sent `think[i]` after its
     /// request came (an evaluation's think times; a held step's once let go).
     pub fn paced(steps: Vec<Step>, think: Vec<Duration>) -> Scripted {
+        Scripted::paced_on("127.0.0.1:0", steps, think)
+    }
+
+    /// [`Scripted::paced`] on `addr` (a fixed port, for a proxy whose upstream
+    /// the host's configuration must name in advance).
+    pub fn paced_on(addr: &str, steps: Vec<Step>, think: Vec<Duration>) -> Scripted {
         assert!(!steps.is_empty(), "a script needs at least one step");
         assert_eq!(steps.len(), think.len(), "a think time per step");
         let script = Script { steps, think };
         let seen = Arc::new(Mutex::new(Vec::new()));
         let hold = Arc::new(Hold::default());
         let (s, h) = (seen.clone(), hold.clone());
-        let port = scripted::listen("scripted OpenAI server", move |conn| {
+        let port = scripted::listen_on("scripted OpenAI server", addr, move |conn| {
             serve(conn, &script, &h, &s)
         });
         Scripted { port, seen, hold }

@@ -28,7 +28,16 @@ pub struct Seen {
 /// thread of its own, for as long as the test process lives; answers the port.
 /// `what` names the server in a failure.
 pub(crate) fn listen(what: &str, serve: impl Fn(TcpStream) + Send + Sync + 'static) -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("bind the {what}: {e}"));
+    listen_on(what, "127.0.0.1:0", serve)
+}
+
+/// [`listen`] on `addr` (a port of 0: a free one). A taken port fails loudly.
+pub(crate) fn listen_on(
+    what: &str,
+    addr: &str,
+    serve: impl Fn(TcpStream) + Send + Sync + 'static,
+) -> u16 {
+    let l = TcpListener::bind(addr).unwrap_or_else(|e| panic!("bind the {what} on {addr}: {e}"));
     let port = l.local_addr().expect("its address").port();
     let serve = Arc::new(serve);
     std::thread::spawn(move || {

@@ -3,10 +3,16 @@
 //! LLM a scripted OpenAI chat completions server on the host, reached only through
 //! the sandbox's turn proxy: every request it makes ends a turn.
 //!
-//! The agent runs outside the sandbox and joins only its network namespace, as
-//! docs/proxy.md ("Where the agent lives") says an agent outside does; the
-//! sandbox has loopback only (`--network none`), so the proxy on 127.0.0.1:8787
-//! is the agent's only way to its LLM. It acts on the sandbox with `docker exec`.
+//! The agent runs outside the sandbox and acts on it with `docker exec`. It
+//! reaches the sandbox's proxy one of two ways (docs/proxy.md):
+//! - it joins the sandbox's network namespace, as "Where the agent lives" says
+//!   an agent outside does, and the proxy is one started by hand; the sandbox
+//!   has loopback only (`--network none`), so the proxy on 127.0.0.1:8787 is the
+//!   agent's only way to its LLM;
+//! - it stays in the host's network and asks through the host door of the
+//!   proxy the shim started (an annotation chooses its upstream): an HTTP
+//!   client over the door's unix socket.
+//!
 //! See docs/agents.md.
 
 // Needs root, the private containerd, dockerd and mini-swe-agent's venv: built
@@ -18,7 +24,9 @@ use std::time::{Duration, Instant};
 use crab_integration::docker::{
     crabctl_moby, docker_inspect, DockerGuard, DOCKER_PYTHON, DOCKER_RUNTIME,
 };
-use crab_integration::mini_swe_agent::{Agent, Options, Proxy, INPUT_COST, OUTPUT_COST};
+use crab_integration::mini_swe_agent::{
+    Agent, Options, Proxy, DOOR_UPSTREAM, INPUT_COST, OUTPUT_COST,
+};
 use crab_integration::openai::{Scripted, Step};
 use crab_integration::{interfaces, text};
 use serde_json::Value;
@@ -54,13 +62,34 @@ fn script() -> Vec<(Step, Option<&'static str>)> {
     ]
 }
 
-fn run(model_class: &str, config: &str) {
+/// How the agent reaches the sandbox's proxy.
+#[derive(PartialEq)]
+enum Via {
+    /// In the sandbox's network namespace, a proxy started by hand.
+    Namespace,
+    /// From the host's network, through the host door of the shim's proxy.
+    Door,
+}
+
+fn run(model_class: &str, config: &str, via: Via) {
     let started = Instant::now();
     let script = script();
-    let llm = Scripted::start(script.iter().map(|(s, _)| s.clone()).collect());
+    let steps: Vec<Step> = script.iter().map(|(s, _)| s.clone()).collect();
+    let llm = match via {
+        Via::Namespace => Scripted::start(steps),
+        Via::Door => {
+            let think = vec![Duration::ZERO; steps.len()];
+            Scripted::paced_on(DOOR_UPSTREAM, steps, think)
+        }
+    };
+    let upstream = format!("io.crab.proxy.upstream={}", llm.url());
+    let mut run_args = vec!["--rm", "--runtime", DOCKER_RUNTIME, "--network", "none"];
+    if via == Via::Door {
+        run_args.extend(["--annotation", &upstream]);
+    }
     let mut agent = Agent::start(&Options {
         image: DOCKER_PYTHON,
-        run_args: &["--rm", "--runtime", DOCKER_RUNTIME, "--network", "none"],
+        run_args: &run_args,
         config,
         model_class,
         task: TASK,
@@ -72,14 +101,28 @@ fn run(model_class: &str, config: &str) {
         DOCKER_RUNTIME
     );
     let proxy_log = agent.dir.path().join("proxy.log");
-    let _proxy = Proxy::start(&agent.id, &llm.url(), &proxy_log);
     let pid: i32 = docker_inspect(&sandbox.name, "{{.State.Pid}}")
         .parse()
         .expect("the sandbox init's pid");
-    // Loopback is the sandbox's only interface: the proxy is the agent's only way out.
-    assert_eq!(interfaces(pid), ["lo"]);
-
-    agent.go(pid);
+    let _proxy = match via {
+        Via::Namespace => {
+            let proxy = Proxy::start(&agent.id, &llm.url(), &proxy_log);
+            // Loopback is the sandbox's only interface: the proxy is the agent's
+            // only way out.
+            assert_eq!(interfaces(pid), ["lo"]);
+            agent.go(pid);
+            Some(proxy)
+        }
+        Via::Door => {
+            // The shim started the proxy with the task; `crabctl door` fails
+            // when none runs.
+            let door = crabctl_moby(&["door", &agent.id]);
+            let door = door.trim();
+            assert!(std::path::Path::new(door).exists(), "no door at {door:?}");
+            agent.go_through_door(door);
+            None
+        }
+    };
     let result: Value = serde_json::from_str(&agent.line("result ", Duration::from_secs(300)))
         .expect("the result is JSON");
     let seen = llm.seen();
@@ -184,10 +227,15 @@ fn run(model_class: &str, config: &str) {
 
 #[test]
 fn mini_swe_agent_with_tool_calls_works_in_a_docker_sandbox_one_checkpoint_per_request() {
-    run("litellm", "mini");
+    run("litellm", "mini", Via::Namespace);
 }
 
 #[test]
 fn mini_swe_agent_with_fenced_commands_works_in_a_docker_sandbox_one_checkpoint_per_request() {
-    run("litellm_textbased", "mini_textbased");
+    run("litellm_textbased", "mini_textbased", Via::Namespace);
+}
+
+#[test]
+fn mini_swe_agent_on_the_host_asks_through_the_door_one_checkpoint_per_request() {
+    run("litellm", "mini", Via::Door);
 }
