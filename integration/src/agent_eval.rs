@@ -38,6 +38,24 @@ pub enum Agent {
     MiniSweAgent,
 }
 
+impl Agent {
+    /// Its name in a report.
+    pub fn name(self) -> &'static str {
+        match self {
+            Agent::ClaudeCode => "Claude Code",
+            Agent::MiniSweAgent => "mini-swe-agent",
+        }
+    }
+
+    /// Where its runs' times start and end.
+    pub fn timed(self) -> &'static str {
+        match self {
+            Agent::ClaudeCode => "from `ctr run` to Claude Code's exit",
+            Agent::MiniSweAgent => "from the driver's start (its `docker run`) to the submission",
+        }
+    }
+}
+
 /// What the runs have in common.
 #[derive(Clone, Copy, Debug)]
 pub struct Pace {
@@ -284,13 +302,21 @@ pub fn fault_free(t: &Trajectory, sandbox: Sandbox, pace: Pace) -> FaultFree {
     }
 }
 
-/// Runs `t` under Claude Code in `n` sandboxes at once, fault-free; each
-/// must end verified.
-pub fn at_density(t: &Trajectory, sandbox: Sandbox, n: usize, pace: Pace) -> Vec<FaultFree> {
+/// Runs `t` under `agent` in `n` sandboxes at once, fault-free; each must
+/// end verified.
+pub fn at_density(
+    agent: Agent,
+    t: &Trajectory,
+    sandbox: Sandbox,
+    n: usize,
+    pace: Pace,
+) -> Vec<FaultFree> {
+    let run = match agent {
+        Agent::ClaudeCode => fault_free,
+        Agent::MiniSweAgent => crate::mini_eval::fault_free,
+    };
     let runs: Vec<FaultFree> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..n)
-            .map(|_| s.spawn(|| fault_free(t, sandbox, pace)))
-            .collect();
+        let handles: Vec<_> = (0..n).map(|_| s.spawn(|| run(t, sandbox, pace))).collect();
         handles
             .into_iter()
             .map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
@@ -299,8 +325,9 @@ pub fn at_density(t: &Trajectory, sandbox: Sandbox, n: usize, pace: Pace) -> Vec
     for r in &runs {
         assert!(
             r.ending.verified,
-            "{}: a run of {n} under {} fails its check",
+            "{}: a run of {n} of {} under {} fails its check",
             t.name,
+            agent.name(),
             sandbox.name()
         );
     }

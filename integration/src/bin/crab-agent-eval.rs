@@ -69,22 +69,32 @@ fn main() -> Result<()> {
         let t = Arc::new(Trajectory::load(&path).with_context(|| path.display().to_string())?);
         rows.push(agent_eval::evaluate(t, pace, &args.agents)?);
     }
+    let counts = args
+        .density
+        .split(',')
+        .filter(|n| !n.is_empty())
+        .map(|n| n.parse().with_context(|| format!("--density {n}")))
+        .collect::<Result<Vec<usize>>>()?;
     let mut density = Vec::new();
-    for n in args.density.split(',').filter(|n| !n.is_empty()) {
-        let n: usize = n.parse().with_context(|| format!("--density {n}"))?;
-        let t = &rows.first().context("--density needs a trajectory")?.t;
-        anyhow::ensure!(
-            args.agents.contains(&Agent::ClaudeCode),
-            "--density runs Claude Code: add it to --agents"
-        );
-        eprintln!("{}: {n} sandboxes under crab-plain, then crab", t.name);
-        let plain = agent_eval::at_density(t, Sandbox::CrabPlain, n, pace);
-        let crab = agent_eval::at_density(t, Sandbox::Crab, n, pace);
-        density.push((n, plain, crab));
+    for &agent in &args.agents {
+        for &n in &counts {
+            let t = &rows.first().context("--density needs a trajectory")?.t;
+            eprintln!(
+                "{}: {n} sandboxes of {} under crab-plain, then crab",
+                t.name,
+                agent.name()
+            );
+            let plain = agent_eval::at_density(agent, t, Sandbox::CrabPlain, n, pace);
+            let crab = agent_eval::at_density(agent, t, Sandbox::Crab, n, pace);
+            density.push((agent, n, plain, crab));
+        }
     }
     let mut report = report(&rows, pace, &args, &commit)?;
-    if !density.is_empty() {
-        report.push_str(&density_table(&rows[0].t.name, &density)?);
+    for &agent in &args.agents {
+        let runs: Vec<&Density> = density.iter().filter(|d| d.0 == agent).collect();
+        if !runs.is_empty() {
+            report.push_str(&density_table(agent, &rows[0].t.name, &runs)?);
+        }
     }
     print!("{report}");
     if let Some(out) = &args.out {
@@ -333,17 +343,18 @@ fn mini_sections(s: &mut String, rows: &[Row]) -> Result<()> {
     Ok(())
 }
 
-/// The density runs: (sandboxes, crab-plain's runs, crab's runs).
-type Density = (usize, Vec<FaultFree>, Vec<FaultFree>);
+/// The density runs: (the agent, sandboxes, crab-plain's runs, crab's runs).
+type Density = (Agent, usize, Vec<FaultFree>, Vec<FaultFree>);
 
-fn density_table(name: &str, runs: &[Density]) -> Result<String> {
+fn density_table(agent: Agent, name: &str, runs: &[&Density]) -> Result<String> {
     let mut s = String::new();
-    writeln!(s, "## At density\n")?;
+    writeln!(s, "## At density: {}\n", agent.name())?;
     writeln!(
         s,
         "{name} in N sandboxes at once (each with its own scripted server), under \
-         crab-plain, then under crab; the mean of the runs' times from `ctr run` to \
-         Claude Code's exit. Every run ended verified.\n"
+         crab-plain, then under crab; the mean of the runs' times {}. Every run ended \
+         verified.\n",
+        agent.timed()
     )?;
     writeln!(
         s,
@@ -352,7 +363,7 @@ fn density_table(name: &str, runs: &[Density]) -> Result<String> {
     let mean = |v: &[FaultFree]| {
         v.iter().map(|r| r.wall.as_secs_f64()).sum::<f64>() / v.len().max(1) as f64
     };
-    for (n, plain, crab) in runs {
+    for (_, n, plain, crab) in runs {
         let (p, c) = (mean(plain), mean(crab));
         let (skip, turns) = crab
             .iter()
