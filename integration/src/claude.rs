@@ -16,17 +16,59 @@ pub const STATE_PATHS: &[&str] = &[
     "io.crab.agent.state-paths=/root/.claude,/tmp/claude-0,/tmp/claude.out,/tmp/claude.err",
 ];
 
-/// Its environment: root in a sandbox, the scripted server's dummy key, no
-/// telemetry, error reports or updates (`ctr run` arguments).
+/// The same, for Claude Code run as the image's user `crab` ([`User::Crab`]).
+pub const STATE_PATHS_AS_CRAB: &[&str] = &[
+    "--annotation",
+    "io.crab.agent.state-paths=/home/crab/.claude,/tmp/claude-1000,/tmp/claude.out,/tmp/claude.err",
+];
+
+/// Who Claude Code runs as in the sandbox.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum User {
+    /// Root, the init's user, in `/root`.
+    Root,
+    /// The agent image's user `crab` (uid and gid 1000), in `/home/crab`,
+    /// started by the init (root) with `setpriv`: in a sandbox with a user
+    /// namespace, the agent holds no capability even there. (Without one,
+    /// where host root lacks CAP_SYS_RESOURCE, CRIU's prlimit of another
+    /// user's process gets EPERM: such a tree cannot be checkpointed.)
+    Crab,
+}
+
+impl User {
+    /// Its `ctr run` arguments: the home, and for root the word that lets it
+    /// skip permissions (Claude Code refuses `--dangerously-skip-permissions`
+    /// to root unless told it is in a sandbox).
+    fn env(self) -> &'static [&'static str] {
+        match self {
+            User::Root => &["--env", "HOME=/root", "--env", "IS_SANDBOX=1"],
+            User::Crab => &["--env", "HOME=/home/crab"],
+        }
+    }
+
+    /// The init: Claude Code headless in the user's home (stdin closed, which
+    /// it would otherwise wait 3 s for), its output and exit code kept, then
+    /// idle so the test can look inside. `$TASK` is what it is asked to do.
+    fn init(self) -> String {
+        let (home, run_as) = match self {
+            User::Root => ("/root", ""),
+            User::Crab => (
+                "/home/crab",
+                "setpriv --reuid 1000 --regid 1000 --init-groups ",
+            ),
+        };
+        format!(
+            "cd {home} && \
+             {run_as}claude -p \"$TASK\" --output-format stream-json --verbose \
+               --dangerously-skip-permissions </dev/null >/tmp/claude.out 2>/tmp/claude.err; \
+             echo $? >/dev/shm/claude.exit; exec sleep infinity"
+        )
+    }
+}
+
+/// Its environment: the scripted server's dummy key, no telemetry, error
+/// reports or updates (`ctr run` arguments; [`User::env`] adds the rest).
 const ENV: &[&str] = &[
-    "--env",
-    "HOME=/root",
-    // As root, Claude Code refuses --dangerously-skip-permissions unless
-    // told it is in a sandbox. (A non-root init cannot be checkpointed where
-    // root lacks CAP_SYS_RESOURCE: CRIU's prlimit of another user's process
-    // gets EPERM.)
-    "--env",
-    "IS_SANDBOX=1",
     "--env",
     "ANTHROPIC_API_KEY=sk-ant-dummy-for-the-scripted-server",
     "--env",
@@ -39,14 +81,6 @@ const ENV: &[&str] = &[
     "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1",
 ];
 
-/// The init: Claude Code headless in root's home (stdin closed, which it would
-/// otherwise wait 3 s for), its output and exit code kept, then idle so the
-/// test can look inside. `$TASK` is what it is asked to do.
-pub const INIT: &str = "cd /root && \
-    claude -p \"$TASK\" --output-format stream-json --verbose \
-      --dangerously-skip-permissions </dev/null >/tmp/claude.out 2>/tmp/claude.err; \
-    echo $? >/dev/shm/claude.exit; exec sleep infinity";
-
 /// Claude Code running `task` in a sandbox whose proxy goes to `llm`, with
 /// these extra `ctr run` arguments (annotations).
 pub fn run(llm: &Scripted, task: &str, extra: &[&str]) -> Guard {
@@ -56,6 +90,11 @@ pub fn run(llm: &Scripted, task: &str, extra: &[&str]) -> Guard {
 /// [`run`], with `config` (TOML) added to the shim's configuration: say a
 /// `fault_file` for a test that crashes the shim at a chosen point.
 pub fn run_configured(llm: &Scripted, task: &str, extra: &[&str], config: &str) -> Guard {
+    run_as(User::Root, llm, task, extra, config)
+}
+
+/// [`run_configured`], Claude Code run as `user`.
+pub fn run_as(user: User, llm: &Scripted, task: &str, extra: &[&str], config: &str) -> Guard {
     assert_agent_image();
     let upstream = llm.url();
     let config = config_with(&format!(
@@ -72,8 +111,9 @@ pub fn run_configured(llm: &Scripted, task: &str, extra: &[&str], config: &str) 
         &task,
     ];
     args.extend_from_slice(ENV);
+    args.extend_from_slice(user.env());
     args.extend_from_slice(extra);
-    Guard::run_detached(CRAB, AGENT, &args, &["sh", "-c", INIT])
+    Guard::run_detached(CRAB, AGENT, &args, &["sh", "-c", &user.init()])
 }
 
 /// Claude Code running `task` under `runtime` without a proxy or a
@@ -85,7 +125,8 @@ pub fn run_unproxied(llm: &Scripted, runtime: &str, task: &str) -> Guard {
     let base_url = format!("ANTHROPIC_BASE_URL={}", llm.url());
     let mut args = vec!["--net-host", "--env", &task, "--env", &base_url];
     args.extend_from_slice(ENV);
-    Guard::run_detached(runtime, AGENT, &args, &["sh", "-c", INIT])
+    args.extend_from_slice(User::Root.env());
+    Guard::run_detached(runtime, AGENT, &args, &["sh", "-c", &User::Root.init()])
 }
 
 fn assert_agent_image() {

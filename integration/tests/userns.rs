@@ -244,3 +244,130 @@ fn forks_of_a_namespaced_sandbox_run_in_its_mapping_with_its_memory() {
         }
     }
 }
+
+/// Claude Code's script for the test below: a Bash write, a Write, the answer.
+fn claude_script() -> Vec<crab_integration::anthropic::Step> {
+    use crab_integration::anthropic::Step;
+    vec![
+        Step::Tool(
+            "Bash",
+            serde_json::json!({"command": "printf 'hello from crab\\n' > /home/crab/hello.txt && id -u",
+                "description": "Write hello.txt"}),
+        ),
+        Step::Tool(
+            "Write",
+            serde_json::json!({"file_path": "/home/crab/notes.md", "content": CLAUDE_NOTES}),
+        ),
+        Step::Text("Done."),
+    ]
+}
+
+const CLAUDE_NOTES: &str = "# Notes\n\nWritten as uid 1000.\n";
+
+/// The host owner of a file in the sandbox of init `pid`.
+fn host_owner(pid: i32, path: &str) -> (u32, u32) {
+    let m = std::fs::metadata(format!("/proc/{pid}/root{path}"))
+        .unwrap_or_else(|e| panic!("{path}: {e}"));
+    (m.uid(), m.gid())
+}
+
+#[test]
+fn claude_code_as_a_non_root_user_in_a_user_namespace_works_and_rolls_back() {
+    use crab_integration::anthropic::Scripted;
+    use crab_integration::claude::{self, User};
+    let llm = Scripted::start(claude_script());
+    let extra: Vec<&str> = MAPS
+        .iter()
+        .chain(claude::STATE_PATHS_AS_CRAB)
+        .copied()
+        .collect();
+    let g = claude::run_as(
+        User::Crab,
+        &llm,
+        "Write hello.txt and notes.md.",
+        &extra,
+        "",
+    );
+    let pid = g.pid();
+    assert_eq!(uid_map(pid), "0 100000 65536");
+    let (code, out, err) = claude::finished(&g, &llm, Duration::from_secs(240));
+    assert_eq!(
+        code,
+        "0",
+        "requests: {:#?}\nstdout: {out}\nstderr: {err}",
+        claude::requests(&llm)
+    );
+    // Its tools ran as uid 1000 inside: 101000 on the host.
+    assert_eq!(host_owner(pid, "/home/crab/hello.txt"), (101_000, 101_000));
+    assert_eq!(host_owner(pid, "/home/crab/notes.md"), (101_000, 101_000));
+    assert_eq!(g.exec_ok(&["cat", "/home/crab/notes.md"]), CLAUDE_NOTES);
+    let bash = llm
+        .seen()
+        .iter()
+        .filter(|s| s.step == Some(1))
+        .flat_map(|s| s.tool_results())
+        .map(|(_, c)| c)
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(bash.contains("1000"), "the Bash tool's `id -u`: {bash}");
+
+    // One checkpoint per Messages request, each one of the whole tree (Claude
+    // Code, uid 1000, included) or a skip.
+    let messages = llm.seen().iter().filter(|s| s.is_message()).count();
+    let history: Vec<serde_json::Value> =
+        serde_json::from_str(&crabctl_ok(&["ls", &g.id, "--json"])).expect("crabctl ls --json");
+    assert_eq!(history.len(), messages, "{history:#?}");
+    // Back to the last request's checkpoint: Claude Code, restored waiting for
+    // its answer, gets it from the journal and exits again; its files stay
+    // the mapped user's.
+    let last = history
+        .iter()
+        .rev()
+        .find(|e| e["kind"] == "full")
+        .and_then(|e| e["seq"].as_u64())
+        .unwrap_or_else(|| panic!("no full checkpoint: {history:#?}"));
+    // The exit code's file goes first: only the restored Claude Code's exit
+    // (and its shell) can write it again.
+    g.exec_ok(&["rm", "/dev/shm/claude.exit"]);
+    let out = crabctl_ok(&["rollback", &g.id, &last.to_string()]);
+    eprintln!("{out}");
+    assert!(out.contains("processes and files restored"), "{out}");
+    let (code, out, err) = claude::finished(&g, &llm, Duration::from_secs(120));
+    assert_eq!(
+        code, "0",
+        "after the rollback\nstdout: {out}\nstderr: {err}"
+    );
+    let pid = g.pid();
+    assert_eq!(uid_map(pid), "0 100000 65536");
+    assert_eq!(host_ids(pid, "Uid:"), [100_000; 4]);
+    assert_eq!(host_owner(pid, "/home/crab/notes.md"), (101_000, 101_000));
+    assert_eq!(
+        g.exec_ok(&["cat", "/home/crab/hello.txt"]),
+        "hello from crab\n"
+    );
+}
+
+#[test]
+fn a_runtime_config_path_beside_a_uid_map_is_the_shims_configuration() {
+    // `ctr run --uidmap` sends runc's task options, which hide the container's
+    // runtime options from the shim's Create: the shim asks containerd for them.
+    // The upstream below is allowed by this configuration alone, so the create
+    // fails if the shim read another.
+    let config = config_with("[proxy]\nupstreams = [\"http://127.0.0.1:4\"]\n");
+    let mut flags: Vec<&str> = MAPS.to_vec();
+    flags.extend([
+        "--runtime-config-path",
+        config.to_str().expect("utf-8 path"),
+        "--annotation",
+        "io.crab.proxy.upstream=http://127.0.0.1:4",
+    ]);
+    let g = Guard::run_detached(CRAB, BUSYBOX, &flags, &["sleep", "1000"]);
+    assert_eq!(uid_map(g.pid()), "0 100000 65536");
+    let env = std::fs::read(format!("/proc/{}/environ", g.pid())).expect("the init's environ");
+    assert!(
+        env.split(|&b| b == 0)
+            .any(|v| v.starts_with(b"OPENAI_BASE_URL=")),
+        "no proxy injected: {}",
+        String::from_utf8_lossy(&env)
+    );
+}

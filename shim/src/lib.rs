@@ -11,6 +11,7 @@
 pub mod adopt;
 pub mod checkpoint;
 pub mod console;
+pub mod container_options;
 pub mod containers;
 pub mod control;
 pub mod cri_checkpoint;

@@ -23,12 +23,17 @@ pub struct RuntimeOptions {
 const RUNTIME_OPTIONS_TYPE: &str = "runtimeoptions.v1.Options";
 
 impl RuntimeOptions {
+    /// Whether options of type `type_url` are these.
+    pub fn is_ours(type_url: &str) -> bool {
+        type_url.ends_with(RUNTIME_OPTIONS_TYPE)
+    }
+
     /// Decodes `options`; other option types (such as runc's) carry nothing for Crab.
     pub fn from_any(any: Option<&Any>) -> Result<RuntimeOptions, String> {
         let Some(any) = any else {
             return Ok(RuntimeOptions::default());
         };
-        if !any.type_url.ends_with(RUNTIME_OPTIONS_TYPE) {
+        if !RuntimeOptions::is_ours(&any.type_url) {
             return Ok(RuntimeOptions::default());
         }
         let mut out = RuntimeOptions::default();

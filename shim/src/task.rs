@@ -101,6 +101,10 @@ impl TaskService {
                 config_path: r.config_path.clone(),
                 config_body: r.config_body.clone(),
             },
+            None if crate::container_options::hide_runtime_options(req.options.as_ref()) => {
+                crate::container_options::of_container(&self.address, &self.namespace, &req.id)
+                    .await?
+            }
             None => RuntimeOptions::from_any(req.options.as_ref())
                 .map_err(ShimError::InvalidArgument)?,
         };
