@@ -127,6 +127,7 @@ impl TaskService {
                     total_ms,
                     waited.as_secs_f64() * 1000.0,
                     entry.process_bytes,
+                    &entry.timings,
                 ),
                 Ok((_, None, _)) => {}
                 Err(_) => t.recorder.failed(),
