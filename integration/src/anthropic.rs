@@ -15,12 +15,11 @@
 //! Every request is recorded.
 
 use std::net::TcpStream;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::Mutex;
 
 use serde_json::{json, Value};
 
-use crate::scripted::{self, Hold};
+use crate::scripted::{self, Hold, Script};
 
 /// One answer of the script.
 #[derive(Clone, Debug)]
@@ -58,75 +57,27 @@ impl Seen {
     }
 }
 
-/// A running scripted server; it lives as long as the test process.
-pub struct Scripted {
-    /// Its port on 127.0.0.1.
-    pub port: u16,
-    seen: Arc<Mutex<Vec<Seen>>>,
-    hold: Arc<Hold>,
-}
+/// A running scripted server of Anthropic's Messages API; it lives as long as the test process.
+pub type Scripted = scripted::Server<Anthropic>;
 
-/// A script with the time the LLM "thinks" before each step's answer.
-struct Script {
-    steps: Vec<Step>,
-    think: Vec<Duration>,
-}
+/// Anthropic's Messages API, as [`Scripted`] speaks it.
+pub struct Anthropic;
 
 /// The id the server gives the `tool_use` block of step `i`.
 pub fn tool_use_id(i: usize) -> String {
     format!("toolu_crab_{i:02}")
 }
 
-impl Scripted {
-    /// Starts serving `steps` on 127.0.0.1 (a free port). Once the script is
-    /// used up, a main-loop request gets the last step again.
-    pub fn start(steps: Vec<Step>) -> Scripted {
-        let think = vec![Duration::ZERO; steps.len()];
-        Scripted::paced(steps, think)
-    }
+impl scripted::Api for Anthropic {
+    type Step = Step;
+    const NAME: &'static str = "scripted Anthropic server";
 
-    /// [`Scripted::start`], each step's answer sent `think[i]` after its
-    /// request came (an evaluation's think times).
-    pub fn paced(steps: Vec<Step>, think: Vec<Duration>) -> Scripted {
-        assert!(!steps.is_empty(), "a script needs at least one step");
-        assert_eq!(steps.len(), think.len(), "a think time per step");
-        let script = Script { steps, think };
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let hold = Arc::new(Hold::default());
-        let (s, h) = (seen.clone(), hold.clone());
-        let port = scripted::listen("scripted Anthropic server", move |conn| {
-            serve(conn, &script, &h, &s)
-        });
-        Scripted { port, seen, hold }
-    }
-
-    /// See [`Hold::hold_step`].
-    pub fn hold_step(&self, step: usize) {
-        self.hold.hold_step(step);
-    }
-
-    /// See [`Hold::wait_held`].
-    pub fn wait_held(&self, timeout: Duration) -> bool {
-        self.hold.wait_held(timeout)
-    }
-
-    /// See [`Hold::let_go`].
-    pub fn let_go(&self) {
-        self.hold.let_go();
-    }
-
-    /// Its base URL, for the proxy's upstream.
-    pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-
-    /// Every request so far.
-    pub fn seen(&self) -> Vec<Seen> {
-        self.seen.lock().unwrap().clone()
+    fn serve(conn: TcpStream, script: &Script<Step>, hold: &Hold, seen: &Mutex<Vec<Seen>>) {
+        serve(conn, script, hold, seen)
     }
 }
 
-fn serve(conn: TcpStream, script: &Script, hold: &Hold, seen: &Mutex<Vec<Seen>>) {
+fn serve(conn: TcpStream, script: &Script<Step>, hold: &Hold, seen: &Mutex<Vec<Seen>>) {
     let steps = &script.steps;
     let Some((method, target, body)) = scripted::read_request(&conn) else {
         return;

@@ -1,10 +1,11 @@
 //! What the scripted LLM servers ([`crate::anthropic`], [`crate::openai`])
-//! share: a thread per connection on a free port of 127.0.0.1, one HTTP/1
-//! request read per connection, the step at the conversation's place, a step
-//! held until the test lets it go, the record of what was asked, and a whole
-//! answer written back.
+//! share: the running server ([`Server`]), a thread per connection on a free
+//! port of 127.0.0.1, one HTTP/1 request read per connection, the step at the
+//! conversation's place, a step held until the test lets it go, the record of
+//! what was asked, and a whole answer written back.
 
 use std::io::{BufRead, BufReader, Read, Write};
+use std::marker::PhantomData;
 use std::net::{TcpListener, TcpStream};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
@@ -22,6 +23,87 @@ pub struct Seen {
     pub body: Value,
     /// The index of the step it was answered with, for main-loop requests.
     pub step: Option<usize>,
+}
+
+/// An LLM API a scripted server speaks: its steps, and how it answers one
+/// connection.
+pub trait Api: 'static {
+    /// One answer of its script.
+    type Step: Send + Sync + 'static;
+    /// The server's name in a failure.
+    const NAME: &'static str;
+    /// Answers the one request on `conn` from `script`, recorded in `seen`; a
+    /// main-loop step waits first while `hold` holds it.
+    fn serve(conn: TcpStream, script: &Script<Self::Step>, hold: &Hold, seen: &Mutex<Vec<Seen>>);
+}
+
+/// A script with the time the LLM "thinks" before each step's answer.
+pub struct Script<S> {
+    /// The answers, in the conversation's order.
+    pub steps: Vec<S>,
+    /// Before each one's answer.
+    pub think: Vec<Duration>,
+}
+
+/// A running scripted server of `A`'s API; it lives as long as the test process.
+pub struct Server<A: Api> {
+    /// Its port on 127.0.0.1.
+    pub port: u16,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    hold: Arc<Hold>,
+    api: PhantomData<fn() -> A>,
+}
+
+impl<A: Api> Server<A> {
+    /// Starts serving `steps` on 127.0.0.1 (a free port). Once the script is
+    /// used up, a main-loop request gets the last step again.
+    pub fn start(steps: Vec<A::Step>) -> Self {
+        let think = vec![Duration::ZERO; steps.len()];
+        Self::paced(steps, think)
+    }
+
+    /// [`Server::start`], each step's answer sent `think[i]` after its request
+    /// came (an evaluation's think times; a held step's once let go).
+    pub fn paced(steps: Vec<A::Step>, think: Vec<Duration>) -> Self {
+        assert!(!steps.is_empty(), "a script needs at least one step");
+        assert_eq!(steps.len(), think.len(), "a think time per step");
+        let script = Script { steps, think };
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let hold = Arc::new(Hold::default());
+        let (s, h) = (seen.clone(), hold.clone());
+        let port = listen(A::NAME, move |conn| A::serve(conn, &script, &h, &s));
+        Server {
+            port,
+            seen,
+            hold,
+            api: PhantomData,
+        }
+    }
+
+    /// See [`Hold::hold_step`].
+    pub fn hold_step(&self, step: usize) {
+        self.hold.hold_step(step);
+    }
+
+    /// See [`Hold::wait_held`].
+    pub fn wait_held(&self, timeout: Duration) -> bool {
+        self.hold.wait_held(timeout)
+    }
+
+    /// See [`Hold::let_go`].
+    pub fn let_go(&self) {
+        self.hold.let_go();
+    }
+
+    /// Its base URL, for the proxy's upstream.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Every request so far.
+    pub fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
 }
 
 /// Serves each connection to a free port of 127.0.0.1 with `serve`, in a
