@@ -172,7 +172,7 @@ impl TaskService {
             blocking(move || sandbox.classify(agent)).await?
         };
         if class.kind.dumps_processes() && !dry_run {
-            drop(lock_dumpable(&slot, id).await?);
+            drop(lock_dumpable(&slot, id, None).await?);
             let sandbox = sandbox.clone();
             class = blocking(move || sandbox.classify(agent)).await?;
         }
