@@ -123,29 +123,36 @@ fn address(fd: i32, which: NameFn) -> Option<SocketAddr> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::{TcpListener, TcpStream};
 
-    #[test]
-    fn the_process_holding_a_connection_is_found_from_the_other_end() {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        let (_server, peer) = l.accept().unwrap();
-        let me = std::process::id() as i32;
+    /// A connection held by this process at both ends, as its client's side
+    /// sees it; the sockets are kept open as long as the answer lives.
+    fn connection() -> (AgentConn, [TcpStream; 2]) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (server, peer) = l.accept().unwrap();
         let conn = AgentConn {
             local: peer,
             remote: l.local_addr().unwrap(),
         };
+        (conn, [c, server])
+    }
+
+    #[test]
+    fn the_process_holding_a_connection_is_found_from_the_other_end() {
+        let (conn, _sockets) = connection();
+        let me = std::process::id() as i32;
         assert_eq!(holders(&[me], conn), [me]);
         // The same addresses the other way round are the proxy's end, not the agent's.
         let other = AgentConn {
-            local: l.local_addr().unwrap(),
-            remote: peer,
+            local: conn.remote,
+            remote: conn.local,
         };
         let mut wrong = conn;
-        wrong.local.set_port(peer.port().wrapping_add(1));
+        wrong.local.set_port(conn.local.port().wrapping_add(1));
         assert!(holders(&[me], wrong).is_empty());
         // Our own accepted socket is that reversed connection, and it is here too.
         assert_eq!(holders(&[me], other), [me]);
-        drop(c);
     }
 
     #[test]
@@ -162,14 +169,8 @@ mod tests {
 
     #[test]
     fn a_connection_held_by_this_process_is_under_its_parent() {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let _c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        let (_server, peer) = l.accept().unwrap();
+        let (conn, _sockets) = connection();
         let me = std::process::id() as i32;
-        let conn = AgentConn {
-            local: peer,
-            remote: l.local_addr().unwrap(),
-        };
         let parent = procs::parent(me).expect("this process has a parent");
         // The walk stops below pid 1.
         if parent > 1 {
