@@ -14,12 +14,9 @@
 //! 200; anything else a 404 in the API's error shape, and a line on stderr.
 //! Every request is recorded.
 
-use std::net::TcpStream;
-use std::sync::Mutex;
-
 use serde_json::{json, Value};
 
-use crate::scripted::{self, Hold, Script};
+use crate::scripted::{self, Hold, Reply, Request, Script};
 
 /// One answer of the script.
 #[derive(Clone, Debug)]
@@ -57,7 +54,8 @@ impl Seen {
     }
 }
 
-/// A running scripted server of Anthropic's Messages API; it lives as long as the test process.
+/// A running scripted server of Anthropic's Messages API; it lives as long as the
+/// test process.
 pub type Scripted = scripted::Server<Anthropic>;
 
 /// Anthropic's Messages API, as [`Scripted`] speaks it.
@@ -71,71 +69,52 @@ pub fn tool_use_id(i: usize) -> String {
 impl scripted::Api for Anthropic {
     type Step = Step;
     const NAME: &'static str = "scripted Anthropic server";
+    const REQUEST_ID_HEADER: &'static str = "request-id";
 
-    fn serve(conn: TcpStream, script: &Script<Step>, hold: &Hold, seen: &Mutex<Vec<Seen>>) {
-        serve(conn, script, hold, seen)
-    }
-}
-
-fn serve(conn: TcpStream, script: &Script<Step>, hold: &Hold, seen: &Mutex<Vec<Seen>>) {
-    let steps = &script.steps;
-    let Some((method, target, body)) = scripted::read_request(&conn) else {
-        return;
-    };
-    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    let path = target.split('?').next().unwrap_or("").to_string();
-    let mut step = None;
-    let (status, ctype, payload) = match (method.as_str(), path.as_str()) {
-        ("POST", "/v1/messages") => {
-            let main_loop = body["tools"]
-                .as_array()
-                .is_some_and(|t| t.iter().any(|t| t["name"] == "Bash"));
-            let answer = if main_loop {
-                let i = scripted::step_at(&body, steps.len());
-                step = Some(i);
-                hold.wait_if_held(i);
-                std::thread::sleep(script.think[i]);
-                (i, steps[i].clone())
-            } else {
-                (usize::MAX, Step::Text("OK"))
-            };
-            let model = body["model"]
-                .as_str()
-                .unwrap_or("claude-scripted")
-                .to_string();
-            if body["stream"] == true {
-                (200, "text/event-stream", sse(&model, answer.0, &answer.1))
-            } else {
-                let m = message(&model, answer.0, &answer.1);
-                (200, "application/json", m.to_string())
+    fn answer(request: &Request, script: &Script<Step>, hold: &Hold) -> (Option<usize>, Reply) {
+        let (method, path, body) = (&request.method, &request.path, &request.body);
+        let mut step = None;
+        let reply = match (method.as_str(), path.as_str()) {
+            ("POST", "/v1/messages") => {
+                let main_loop = body["tools"]
+                    .as_array()
+                    .is_some_and(|t| t.iter().any(|t| t["name"] == "Bash"));
+                let answer = if main_loop {
+                    let i = script.step_for(body, hold);
+                    step = Some(i);
+                    (i, script.steps[i].clone())
+                } else {
+                    (usize::MAX, Step::Text("OK"))
+                };
+                let model = body["model"]
+                    .as_str()
+                    .unwrap_or("claude-scripted")
+                    .to_string();
+                if body["stream"] == true {
+                    (200, "text/event-stream", sse(&model, answer.0, &answer.1))
+                } else {
+                    let m = message(&model, answer.0, &answer.1);
+                    (200, "application/json", m.to_string())
+                }
             }
-        }
-        ("POST", "/v1/messages/count_tokens") => (
-            200,
-            "application/json",
-            json!({"input_tokens": body.to_string().len() / 4}).to_string(),
-        ),
-        ("HEAD" | "GET", "/") => (200, "application/json", String::new()),
-        _ => {
-            eprintln!("scripted Anthropic server: unexpected {method} {target}");
-            let e = json!({"type": "error", "error": {"type": "not_found_error",
-                "message": format!("{method} {path} is not scripted")}});
-            (404, "application/json", e.to_string())
-        }
-    };
-    let request = Seen {
-        method,
-        target,
-        body,
-        step,
-    };
-    let answer = scripted::Answer {
-        status,
-        content_type: ctype,
-        payload,
-        request_id_header: "request-id",
-    };
-    scripted::reply(conn, seen, request, answer);
+            ("POST", "/v1/messages/count_tokens") => (
+                200,
+                "application/json",
+                json!({"input_tokens": body.to_string().len() / 4}).to_string(),
+            ),
+            ("HEAD" | "GET", "/") => (200, "application/json", String::new()),
+            _ => {
+                eprintln!(
+                    "scripted Anthropic server: unexpected {method} {}",
+                    request.target
+                );
+                let e = json!({"type": "error", "error": {"type": "not_found_error",
+                    "message": format!("{method} {path} is not scripted")}});
+                (404, "application/json", e.to_string())
+            }
+        };
+        (step, reply)
+    }
 }
 
 /// The content block of step `i`, complete.
@@ -231,6 +210,7 @@ fn sse(model: &str, i: usize, step: &Step) -> String {
 mod tests {
     use super::*;
     use std::io::{Read, Write};
+    use std::net::TcpStream;
 
     fn post(port: u16, body: &Value) -> String {
         let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();

@@ -15,12 +15,9 @@
 //! A test may hold a step's answers ([`Scripted::hold_step`]) to stop the agent
 //! there, as the Anthropic server does.
 
-use std::net::TcpStream;
-use std::sync::Mutex;
-
 use serde_json::{json, Value};
 
-use crate::scripted::{self, Hold, Script};
+use crate::scripted::{self, Hold, Reply, Request, Script};
 
 /// The info string of the fenced block holding a text answer's command: what
 /// mini-swe-agent's text-based models look for (`action_regex`).
@@ -100,7 +97,8 @@ fn offers_tool(body: &Value) -> bool {
         .is_some_and(|t| t.iter().any(|t| t["function"]["name"] == TOOL))
 }
 
-/// A running scripted server of OpenAI's chat completions API; it lives as long as the test process.
+/// A running scripted server of OpenAI's chat completions API; it lives as long as the
+/// test process.
 pub type Scripted = scripted::Server<OpenAi>;
 
 /// OpenAI's chat completions API, as [`Scripted`] speaks it.
@@ -114,58 +112,39 @@ pub fn tool_call_id(i: usize) -> String {
 impl scripted::Api for OpenAi {
     type Step = Step;
     const NAME: &'static str = "scripted OpenAI server";
+    const REQUEST_ID_HEADER: &'static str = "x-request-id";
 
-    fn serve(conn: TcpStream, script: &Script<Step>, hold: &Hold, seen: &Mutex<Vec<Seen>>) {
-        serve(conn, script, hold, seen)
-    }
-}
-
-fn serve(conn: TcpStream, script: &Script<Step>, hold: &Hold, seen: &Mutex<Vec<Seen>>) {
-    let steps = &script.steps;
-    let Some((method, target, body)) = scripted::read_request(&conn) else {
-        return;
-    };
-    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    let path = target.split('?').next().unwrap_or("").to_string();
-    let mut step = None;
-    let (status, ctype, payload) = match (method.as_str(), path.as_str()) {
-        ("POST", "/v1/chat/completions") => {
-            let i = scripted::step_at(&body, steps.len());
-            step = Some(i);
-            hold.wait_if_held(i);
-            std::thread::sleep(script.think[i]);
-            let model = body["model"].as_str().unwrap_or("scripted").to_string();
-            let tool = offers_tool(&body);
-            if body["stream"] == true {
-                let usage = body["stream_options"]["include_usage"] == true;
-                let text = sse(&model, i, &steps[i], tool, usage);
-                (200, "text/event-stream", text)
-            } else {
-                let c = completion(&model, i, &steps[i], tool);
-                (200, "application/json", c.to_string())
+    fn answer(request: &Request, script: &Script<Step>, hold: &Hold) -> (Option<usize>, Reply) {
+        let (method, path, body) = (&request.method, &request.path, &request.body);
+        let mut step = None;
+        let reply = match (method.as_str(), path.as_str()) {
+            ("POST", "/v1/chat/completions") => {
+                let i = script.step_for(body, hold);
+                step = Some(i);
+                let model = body["model"].as_str().unwrap_or("scripted").to_string();
+                let tool = offers_tool(body);
+                if body["stream"] == true {
+                    let usage = body["stream_options"]["include_usage"] == true;
+                    let text = sse(&model, i, &script.steps[i], tool, usage);
+                    (200, "text/event-stream", text)
+                } else {
+                    let c = completion(&model, i, &script.steps[i], tool);
+                    (200, "application/json", c.to_string())
+                }
             }
-        }
-        ("HEAD" | "GET", "/") => (200, "application/json", String::new()),
-        _ => {
-            eprintln!("scripted OpenAI server: unexpected {method} {target}");
-            let e = json!({"error": {"message": format!("{method} {path} is not scripted"),
-                "type": "invalid_request_error", "param": null, "code": "not_found"}});
-            (404, "application/json", e.to_string())
-        }
-    };
-    let request = Seen {
-        method,
-        target,
-        body,
-        step,
-    };
-    let answer = scripted::Answer {
-        status,
-        content_type: ctype,
-        payload,
-        request_id_header: "x-request-id",
-    };
-    scripted::reply(conn, seen, request, answer);
+            ("HEAD" | "GET", "/") => (200, "application/json", String::new()),
+            _ => {
+                eprintln!(
+                    "scripted OpenAI server: unexpected {method} {}",
+                    request.target
+                );
+                let e = json!({"error": {"message": format!("{method} {path} is not scripted"),
+                    "type": "invalid_request_error", "param": null, "code": "not_found"}});
+                (404, "application/json", e.to_string())
+            }
+        };
+        (step, reply)
+    }
 }
 
 /// The answer's text: the thought, and with no tool, the command in its fence.
@@ -264,6 +243,7 @@ fn sse(model: &str, i: usize, step: &Step, tool: bool, with_usage: bool) -> Stri
 mod tests {
     use super::*;
     use std::io::{Read, Write};
+    use std::net::TcpStream;
     use std::time::Duration;
 
     fn send(port: u16, method: &str, path: &str, body: &Value) -> String {

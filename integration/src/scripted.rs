@@ -25,17 +25,38 @@ pub struct Seen {
     pub step: Option<usize>,
 }
 
-/// An LLM API a scripted server speaks: its steps, and how it answers one
-/// connection.
+/// An LLM API a scripted server speaks: its steps, and how it answers a request.
 pub trait Api: 'static {
     /// One answer of its script.
     type Step: Send + Sync + 'static;
     /// The server's name in a failure.
     const NAME: &'static str;
-    /// Answers the one request on `conn` from `script`, recorded in `seen`; a
-    /// main-loop step waits first while `hold` holds it.
-    fn serve(conn: TcpStream, script: &Script<Self::Step>, hold: &Hold, seen: &Mutex<Vec<Seen>>);
+    /// The header that carries the request id, as the API names it.
+    const REQUEST_ID_HEADER: &'static str;
+    /// The answer to `request` from `script`, and the index of the step it
+    /// answered with (main-loop requests); such a step waits first while
+    /// `hold` holds it, then for its think time.
+    fn answer(
+        request: &Request,
+        script: &Script<Self::Step>,
+        hold: &Hold,
+    ) -> (Option<usize>, Reply);
 }
+
+/// One request, as [`Api::answer`] reads it.
+pub struct Request {
+    /// The method.
+    pub method: String,
+    /// The request target (path and query).
+    pub target: String,
+    /// The target's path.
+    pub path: String,
+    /// The body, parsed (`Null` when it was empty or not JSON).
+    pub body: Value,
+}
+
+/// An answer: its status, its content type and its payload.
+pub type Reply = (u16, &'static str, String);
 
 /// A script with the time the LLM "thinks" before each step's answer.
 pub struct Script<S> {
@@ -43,6 +64,17 @@ pub struct Script<S> {
     pub steps: Vec<S>,
     /// Before each one's answer.
     pub think: Vec<Duration>,
+}
+
+impl<S> Script<S> {
+    /// The step that answers the conversation in `body` ([`step_at`]), once
+    /// `hold` lets it go and its think time has passed.
+    pub fn step_for(&self, body: &Value, hold: &Hold) -> usize {
+        let i = step_at(body, self.steps.len());
+        hold.wait_if_held(i);
+        std::thread::sleep(self.think[i]);
+        i
+    }
 }
 
 /// A running scripted server of `A`'s API; it lives as long as the test process.
@@ -71,7 +103,7 @@ impl<A: Api> Server<A> {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let hold = Arc::new(Hold::default());
         let (s, h) = (seen.clone(), hold.clone());
-        let port = listen(A::NAME, move |conn| A::serve(conn, &script, &h, &s));
+        let port = listen(A::NAME, move |conn| serve::<A>(conn, &script, &h, &s));
         Server {
             port,
             seen,
@@ -126,7 +158,7 @@ pub(crate) fn listen(what: &str, serve: impl Fn(TcpStream) + Send + Sync + 'stat
 /// The step of a script of `steps` that answers the conversation in `body`:
 /// step `i` answers one holding `i` answers of the assistant (so a request sent
 /// again gets the same step); past the end, the last.
-pub(crate) fn step_at(body: &Value, steps: usize) -> usize {
+fn step_at(body: &Value, steps: usize) -> usize {
     let answered = body["messages"]
         .as_array()
         .map_or(0, |m| m.iter().filter(|m| m["role"] == "assistant").count());
@@ -184,31 +216,45 @@ impl Hold {
     }
 }
 
-/// A whole answer, written after the request is recorded in `seen`.
-pub(crate) struct Answer<'a> {
-    pub status: u16,
-    pub content_type: &'a str,
-    pub payload: String,
-    /// The header that carries the request id, as the API names it.
-    pub request_id_header: &'a str,
-}
-
-/// Records `request` in `seen`, then writes `answer` on `conn` (no body for a
-/// `HEAD`) and closes.
-pub(crate) fn reply(mut conn: TcpStream, seen: &Mutex<Vec<Seen>>, request: Seen, answer: Answer) {
+/// Answers the one request on `conn` as `A` does, from `script`; records it
+/// in `seen` before the answer is written (no body for a `HEAD`), then closes.
+fn serve<A: Api>(
+    mut conn: TcpStream,
+    script: &Script<A::Step>,
+    hold: &Hold,
+    seen: &Mutex<Vec<Seen>>,
+) {
+    let Some((method, target, body)) = read_request(&conn) else {
+        return;
+    };
+    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let path = target.split('?').next().unwrap_or("").to_string();
+    let request = Request {
+        method,
+        target,
+        path,
+        body,
+    };
+    let (step, (status, content_type, payload)) = A::answer(&request, script, hold);
     let head_only = request.method == "HEAD";
-    seen.lock().unwrap().push(request);
-    let Answer {
-        status,
-        content_type,
-        payload,
-        request_id_header,
-    } = answer;
+    let Request {
+        method,
+        target,
+        body,
+        ..
+    } = request;
+    seen.lock().unwrap().push(Seen {
+        method,
+        target,
+        body,
+        step,
+    });
     let reason = if status == 200 { "OK" } else { "Not Found" };
     let head = format!(
         "HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n\
-         {request_id_header}: req_crab\r\nConnection: close\r\n\r\n",
-        payload.len()
+         {}: req_crab\r\nConnection: close\r\n\r\n",
+        payload.len(),
+        A::REQUEST_ID_HEADER,
     );
     let _ = conn.write_all(head.as_bytes());
     if !head_only {
@@ -219,7 +265,7 @@ pub(crate) fn reply(mut conn: TcpStream, seen: &Mutex<Vec<Seen>>, request: Seen,
 
 /// Reads one HTTP/1 request: method, target and body (by Content-Length or
 /// chunked).
-pub(crate) fn read_request(conn: &TcpStream) -> Option<(String, String, Vec<u8>)> {
+fn read_request(conn: &TcpStream) -> Option<(String, String, Vec<u8>)> {
     let mut r = BufReader::new(conn.try_clone().ok()?);
     let mut line = String::new();
     r.read_line(&mut line).ok()?;
