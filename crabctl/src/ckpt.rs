@@ -43,6 +43,7 @@ pub fn checkpoint(
             namespace: namespace.into(),
             id: id.into(),
             request,
+            caller: None,
         },
     )?;
     if let Response::Entry { entry } = r {
@@ -70,6 +71,7 @@ pub fn take_full(config: &Config, namespace: &str, id: &str) -> Result<String> {
             name: None,
             mark: false,
         },
+        caller: None,
     };
     match call(config, request)? {
         Response::Entry { entry } => Ok(entry.name),

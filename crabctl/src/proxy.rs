@@ -177,7 +177,7 @@ impl Sandbox for Target {
         }
     }
 
-    fn checkpoint(&self, name: Option<String>) -> Result<Value, Failure> {
+    fn checkpoint(&self, name: Option<String>, caller: &TurnContext) -> Result<Value, Failure> {
         self.checkpoints.take(
             self.config.quota.agent_checkpoints_per_minute,
             "quota.agent_checkpoints_per_minute",
@@ -190,6 +190,8 @@ impl Sandbox for Target {
                 name,
                 mark: false,
             },
+            // The shim checks whether the caller runs in an exec it would wait for.
+            caller: agent_conn(true, caller),
         };
         match self.call(request, TURN_TIMEOUT)? {
             Response::Entry { entry } => json(&entry),
@@ -242,7 +244,7 @@ impl Sandbox for Target {
 /// The caller's connection for the shim: the proxy's view reversed, the
 /// caller's socket being the proxy's peer. For a turn only when journaling
 /// (without a journal the shim must not skip the agent's checkpoints, so it
-/// need not know it); for a rollback always.
+/// need not know it); for a rollback and a checkpoint always.
 fn agent_conn(journal: bool, ctx: &TurnContext) -> Option<AgentConn> {
     match (journal, ctx.peer, ctx.local) {
         (true, Some(local), Some(remote)) => Some(AgentConn { local, remote }),

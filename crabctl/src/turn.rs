@@ -67,6 +67,8 @@ pub fn stats(config: &Config, namespace: &str, id: &str, json: bool) -> Result<(
         ("checkpoint", &s.checkpoint_ms),
         ("slot wait", &s.queue_ms),
         ("answer held", &s.gating_ms),
+        ("freeze", &s.freeze_ms),
+        ("sync", &s.sync_ms),
     ] {
         println!(
             "  {what:<11} ms: p50 {:.1}  p95 {:.1}  p99 {:.1}  max {:.1}  ({} samples)",

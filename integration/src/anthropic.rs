@@ -14,13 +14,9 @@
 //! 200; anything else a 404 in the API's error shape, and a line on stderr.
 //! Every request is recorded.
 
-use std::net::TcpStream;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
-
 use serde_json::{json, Value};
 
-use crate::scripted::{self, Hold};
+use crate::scripted::{self, Hold, Reply, Request, Script};
 
 /// One answer of the script.
 #[derive(Clone, Debug)]
@@ -58,133 +54,67 @@ impl Seen {
     }
 }
 
-/// A running scripted server; it lives as long as the test process.
-pub struct Scripted {
-    /// Its port on 127.0.0.1.
-    pub port: u16,
-    seen: Arc<Mutex<Vec<Seen>>>,
-    hold: Arc<Hold>,
-}
+/// A running scripted server of Anthropic's Messages API; it lives as long as the
+/// test process.
+pub type Scripted = scripted::Server<Anthropic>;
 
-/// A script with the time the LLM "thinks" before each step's answer.
-struct Script {
-    steps: Vec<Step>,
-    think: Vec<Duration>,
-}
+/// Anthropic's Messages API, as [`Scripted`] speaks it.
+pub struct Anthropic;
 
 /// The id the server gives the `tool_use` block of step `i`.
 pub fn tool_use_id(i: usize) -> String {
     format!("toolu_crab_{i:02}")
 }
 
-impl Scripted {
-    /// Starts serving `steps` on 127.0.0.1 (a free port). Once the script is
-    /// used up, a main-loop request gets the last step again.
-    pub fn start(steps: Vec<Step>) -> Scripted {
-        let think = vec![Duration::ZERO; steps.len()];
-        Scripted::paced(steps, think)
-    }
+impl scripted::Api for Anthropic {
+    type Step = Step;
+    const NAME: &'static str = "scripted Anthropic server";
+    const REQUEST_ID_HEADER: &'static str = "request-id";
 
-    /// [`Scripted::start`], each step's answer sent `think[i]` after its
-    /// request came (an evaluation's think times).
-    pub fn paced(steps: Vec<Step>, think: Vec<Duration>) -> Scripted {
-        assert!(!steps.is_empty(), "a script needs at least one step");
-        assert_eq!(steps.len(), think.len(), "a think time per step");
-        let script = Script { steps, think };
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let hold = Arc::new(Hold::default());
-        let (s, h) = (seen.clone(), hold.clone());
-        let port = scripted::listen("scripted Anthropic server", move |conn| {
-            serve(conn, &script, &h, &s)
-        });
-        Scripted { port, seen, hold }
-    }
-
-    /// See [`Hold::hold_step`].
-    pub fn hold_step(&self, step: usize) {
-        self.hold.hold_step(step);
-    }
-
-    /// See [`Hold::wait_held`].
-    pub fn wait_held(&self, timeout: Duration) -> bool {
-        self.hold.wait_held(timeout)
-    }
-
-    /// See [`Hold::let_go`].
-    pub fn let_go(&self) {
-        self.hold.let_go();
-    }
-
-    /// Its base URL, for the proxy's upstream.
-    pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-
-    /// Every request so far.
-    pub fn seen(&self) -> Vec<Seen> {
-        self.seen.lock().unwrap().clone()
-    }
-}
-
-fn serve(conn: TcpStream, script: &Script, hold: &Hold, seen: &Mutex<Vec<Seen>>) {
-    let steps = &script.steps;
-    let Some((method, target, body)) = scripted::read_request(&conn) else {
-        return;
-    };
-    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    let path = target.split('?').next().unwrap_or("").to_string();
-    let mut step = None;
-    let (status, ctype, payload) = match (method.as_str(), path.as_str()) {
-        ("POST", "/v1/messages") => {
-            let main_loop = body["tools"]
-                .as_array()
-                .is_some_and(|t| t.iter().any(|t| t["name"] == "Bash"));
-            let answer = if main_loop {
-                let i = scripted::step_at(&body, steps.len());
-                step = Some(i);
-                hold.wait_if_held(i);
-                std::thread::sleep(script.think[i]);
-                (i, steps[i].clone())
-            } else {
-                (usize::MAX, Step::Text("OK"))
-            };
-            let model = body["model"]
-                .as_str()
-                .unwrap_or("claude-scripted")
-                .to_string();
-            if body["stream"] == true {
-                (200, "text/event-stream", sse(&model, answer.0, &answer.1))
-            } else {
-                let m = message(&model, answer.0, &answer.1);
-                (200, "application/json", m.to_string())
+    fn answer(request: &Request, script: &Script<Step>, hold: &Hold) -> (Option<usize>, Reply) {
+        let (method, path, body) = (&request.method, &request.path, &request.body);
+        let mut step = None;
+        let reply = match (method.as_str(), path.as_str()) {
+            ("POST", "/v1/messages") => {
+                let main_loop = body["tools"]
+                    .as_array()
+                    .is_some_and(|t| t.iter().any(|t| t["name"] == "Bash"));
+                let answer = if main_loop {
+                    let i = script.step_for(body, hold);
+                    step = Some(i);
+                    (i, script.steps[i].clone())
+                } else {
+                    (usize::MAX, Step::Text("OK"))
+                };
+                let model = body["model"]
+                    .as_str()
+                    .unwrap_or("claude-scripted")
+                    .to_string();
+                if body["stream"] == true {
+                    (200, "text/event-stream", sse(&model, answer.0, &answer.1))
+                } else {
+                    let m = message(&model, answer.0, &answer.1);
+                    (200, "application/json", m.to_string())
+                }
             }
-        }
-        ("POST", "/v1/messages/count_tokens") => (
-            200,
-            "application/json",
-            json!({"input_tokens": body.to_string().len() / 4}).to_string(),
-        ),
-        ("HEAD" | "GET", "/") => (200, "application/json", String::new()),
-        _ => {
-            eprintln!("scripted Anthropic server: unexpected {method} {target}");
-            let e = json!({"type": "error", "error": {"type": "not_found_error",
-                "message": format!("{method} {path} is not scripted")}});
-            (404, "application/json", e.to_string())
-        }
-    };
-    let request = Seen {
-        method,
-        target,
-        body,
-        step,
-    };
-    let answer = scripted::Answer {
-        status,
-        content_type: ctype,
-        payload,
-        request_id_header: "request-id",
-    };
-    scripted::reply(conn, seen, request, answer);
+            ("POST", "/v1/messages/count_tokens") => (
+                200,
+                "application/json",
+                json!({"input_tokens": body.to_string().len() / 4}).to_string(),
+            ),
+            ("HEAD" | "GET", "/") => (200, "application/json", String::new()),
+            _ => {
+                eprintln!(
+                    "scripted Anthropic server: unexpected {method} {}",
+                    request.target
+                );
+                let e = json!({"type": "error", "error": {"type": "not_found_error",
+                    "message": format!("{method} {path} is not scripted")}});
+                (404, "application/json", e.to_string())
+            }
+        };
+        (step, reply)
+    }
 }
 
 /// The content block of step `i`, complete.
@@ -280,6 +210,7 @@ fn sse(model: &str, i: usize, step: &Step) -> String {
 mod tests {
     use super::*;
     use std::io::{Read, Write};
+    use std::net::TcpStream;
 
     fn post(port: u16, body: &Value) -> String {
         let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();

@@ -15,13 +15,9 @@
 //! A test may hold a step's answers ([`Scripted::hold_step`]) to stop the agent
 //! there, as the Anthropic server does.
 
-use std::net::TcpStream;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
-
 use serde_json::{json, Value};
 
-use crate::scripted::{self, Hold};
+use crate::scripted::{self, Hold, Reply, Request, Script};
 
 /// The info string of the fenced block holding a text answer's command: what
 /// mini-swe-agent's text-based models look for (`action_regex`).
@@ -101,126 +97,54 @@ fn offers_tool(body: &Value) -> bool {
         .is_some_and(|t| t.iter().any(|t| t["function"]["name"] == TOOL))
 }
 
-/// A running scripted server; it lives as long as the test process.
-pub struct Scripted {
-    /// Its port on 127.0.0.1.
-    pub port: u16,
-    seen: Arc<Mutex<Vec<Seen>>>,
-    hold: Arc<Hold>,
-}
+/// A running scripted server of OpenAI's chat completions API; it lives as long as the
+/// test process.
+pub type Scripted = scripted::Server<OpenAi>;
 
-/// A script with the time the LLM "thinks" before each step's answer.
-struct Script {
-    steps: Vec<Step>,
-    think: Vec<Duration>,
-}
+/// OpenAI's chat completions API, as [`Scripted`] speaks it.
+pub struct OpenAi;
 
 /// The id the server gives the tool call of step `i`.
 pub fn tool_call_id(i: usize) -> String {
     format!("call_crab_{i:02}")
 }
 
-impl Scripted {
-    /// Starts serving `steps` on 127.0.0.1 (a free port). Once the script is
-    /// used up, a request gets the last step again.
-    pub fn start(steps: Vec<Step>) -> Scripted {
-        let think = vec![Duration::ZERO; steps.len()];
-        Scripted::paced(steps, think)
-    }
+impl scripted::Api for OpenAi {
+    type Step = Step;
+    const NAME: &'static str = "scripted OpenAI server";
+    const REQUEST_ID_HEADER: &'static str = "x-request-id";
 
-    /// [`Scripted::start`], each step's answer sent `think[i]` after its
-    /// request came (an evaluation's think times; a held step's once let go).
-    pub fn paced(steps: Vec<Step>, think: Vec<Duration>) -> Scripted {
-        Scripted::paced_on("127.0.0.1:0", steps, think)
-    }
-
-    /// [`Scripted::paced`] on `addr` (a fixed port, for a proxy whose upstream
-    /// the host's configuration must name in advance).
-    pub fn paced_on(addr: &str, steps: Vec<Step>, think: Vec<Duration>) -> Scripted {
-        assert!(!steps.is_empty(), "a script needs at least one step");
-        assert_eq!(steps.len(), think.len(), "a think time per step");
-        let script = Script { steps, think };
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let hold = Arc::new(Hold::default());
-        let (s, h) = (seen.clone(), hold.clone());
-        let port = scripted::listen_on("scripted OpenAI server", addr, move |conn| {
-            serve(conn, &script, &h, &s)
-        });
-        Scripted { port, seen, hold }
-    }
-
-    /// See [`Hold::hold_step`].
-    pub fn hold_step(&self, step: usize) {
-        self.hold.hold_step(step);
-    }
-
-    /// See [`Hold::wait_held`].
-    pub fn wait_held(&self, timeout: Duration) -> bool {
-        self.hold.wait_held(timeout)
-    }
-
-    /// See [`Hold::let_go`].
-    pub fn let_go(&self) {
-        self.hold.let_go();
-    }
-
-    /// Its base URL, for the proxy's upstream.
-    pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-
-    /// Every request so far.
-    pub fn seen(&self) -> Vec<Seen> {
-        self.seen.lock().unwrap().clone()
-    }
-}
-
-fn serve(conn: TcpStream, script: &Script, hold: &Hold, seen: &Mutex<Vec<Seen>>) {
-    let steps = &script.steps;
-    let Some((method, target, body)) = scripted::read_request(&conn) else {
-        return;
-    };
-    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    let path = target.split('?').next().unwrap_or("").to_string();
-    let mut step = None;
-    let (status, ctype, payload) = match (method.as_str(), path.as_str()) {
-        ("POST", "/v1/chat/completions") => {
-            let i = scripted::step_at(&body, steps.len());
-            step = Some(i);
-            hold.wait_if_held(i);
-            std::thread::sleep(script.think[i]);
-            let model = body["model"].as_str().unwrap_or("scripted").to_string();
-            let tool = offers_tool(&body);
-            if body["stream"] == true {
-                let usage = body["stream_options"]["include_usage"] == true;
-                let text = sse(&model, i, &steps[i], tool, usage);
-                (200, "text/event-stream", text)
-            } else {
-                let c = completion(&model, i, &steps[i], tool);
-                (200, "application/json", c.to_string())
+    fn answer(request: &Request, script: &Script<Step>, hold: &Hold) -> (Option<usize>, Reply) {
+        let (method, path, body) = (&request.method, &request.path, &request.body);
+        let mut step = None;
+        let reply = match (method.as_str(), path.as_str()) {
+            ("POST", "/v1/chat/completions") => {
+                let i = script.step_for(body, hold);
+                step = Some(i);
+                let model = body["model"].as_str().unwrap_or("scripted").to_string();
+                let tool = offers_tool(body);
+                if body["stream"] == true {
+                    let usage = body["stream_options"]["include_usage"] == true;
+                    let text = sse(&model, i, &script.steps[i], tool, usage);
+                    (200, "text/event-stream", text)
+                } else {
+                    let c = completion(&model, i, &script.steps[i], tool);
+                    (200, "application/json", c.to_string())
+                }
             }
-        }
-        ("HEAD" | "GET", "/") => (200, "application/json", String::new()),
-        _ => {
-            eprintln!("scripted OpenAI server: unexpected {method} {target}");
-            let e = json!({"error": {"message": format!("{method} {path} is not scripted"),
-                "type": "invalid_request_error", "param": null, "code": "not_found"}});
-            (404, "application/json", e.to_string())
-        }
-    };
-    let request = Seen {
-        method,
-        target,
-        body,
-        step,
-    };
-    let answer = scripted::Answer {
-        status,
-        content_type: ctype,
-        payload,
-        request_id_header: "x-request-id",
-    };
-    scripted::reply(conn, seen, request, answer);
+            ("HEAD" | "GET", "/") => (200, "application/json", String::new()),
+            _ => {
+                eprintln!(
+                    "scripted OpenAI server: unexpected {method} {}",
+                    request.target
+                );
+                let e = json!({"error": {"message": format!("{method} {path} is not scripted"),
+                    "type": "invalid_request_error", "param": null, "code": "not_found"}});
+                (404, "application/json", e.to_string())
+            }
+        };
+        (step, reply)
+    }
 }
 
 /// The answer's text: the thought, and with no tool, the command in its fence.
@@ -319,6 +243,8 @@ fn sse(model: &str, i: usize, step: &Step, tool: bool, with_usage: bool) -> Stri
 mod tests {
     use super::*;
     use std::io::{Read, Write};
+    use std::net::TcpStream;
+    use std::time::Duration;
 
     fn send(port: u16, method: &str, path: &str, body: &Value) -> String {
         let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();

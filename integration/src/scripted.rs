@@ -1,10 +1,11 @@
 //! What the scripted LLM servers ([`crate::anthropic`], [`crate::openai`])
-//! share: a thread per connection on a free port of 127.0.0.1, one HTTP/1
-//! request read per connection, the step at the conversation's place, a step
-//! held until the test lets it go, the record of what was asked, and a whole
-//! answer written back.
+//! share: the running server ([`Server`]), a thread per connection on a free
+//! port of 127.0.0.1, one HTTP/1 request read per connection, the step at the
+//! conversation's place, a step held until the test lets it go, the record of
+//! what was asked, and a whole answer written back.
 
 use std::io::{BufRead, BufReader, Read, Write};
+use std::marker::PhantomData;
 use std::net::{TcpListener, TcpStream};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
@@ -24,14 +25,129 @@ pub struct Seen {
     pub step: Option<usize>,
 }
 
-/// Serves each connection to a free port of 127.0.0.1 with `serve`, in a
-/// thread of its own, for as long as the test process lives; answers the port.
-/// `what` names the server in a failure.
-pub(crate) fn listen(what: &str, serve: impl Fn(TcpStream) + Send + Sync + 'static) -> u16 {
-    listen_on(what, "127.0.0.1:0", serve)
+/// An LLM API a scripted server speaks: its steps, and how it answers a request.
+pub trait Api: 'static {
+    /// One answer of its script.
+    type Step: Send + Sync + 'static;
+    /// The server's name in a failure.
+    const NAME: &'static str;
+    /// The header that carries the request id, as the API names it.
+    const REQUEST_ID_HEADER: &'static str;
+    /// The answer to `request` from `script`, and the index of the step it
+    /// answered with (main-loop requests); such a step waits first while
+    /// `hold` holds it, then for its think time.
+    fn answer(
+        request: &Request,
+        script: &Script<Self::Step>,
+        hold: &Hold,
+    ) -> (Option<usize>, Reply);
 }
 
-/// [`listen`] on `addr` (a port of 0: a free one). A taken port fails loudly.
+/// One request, as [`Api::answer`] reads it.
+pub struct Request {
+    /// The method.
+    pub method: String,
+    /// The request target (path and query).
+    pub target: String,
+    /// The target's path.
+    pub path: String,
+    /// The body, parsed (`Null` when it was empty or not JSON).
+    pub body: Value,
+}
+
+/// An answer: its status, its content type and its payload.
+pub type Reply = (u16, &'static str, String);
+
+/// A script with the time the LLM "thinks" before each step's answer.
+pub struct Script<S> {
+    /// The answers, in the conversation's order.
+    pub steps: Vec<S>,
+    /// Before each one's answer.
+    pub think: Vec<Duration>,
+}
+
+impl<S> Script<S> {
+    /// The step that answers the conversation in `body` ([`step_at`]), once
+    /// `hold` lets it go and its think time has passed.
+    pub fn step_for(&self, body: &Value, hold: &Hold) -> usize {
+        let i = step_at(body, self.steps.len());
+        hold.wait_if_held(i);
+        std::thread::sleep(self.think[i]);
+        i
+    }
+}
+
+/// A running scripted server of `A`'s API; it lives as long as the test process.
+pub struct Server<A: Api> {
+    /// Its port on 127.0.0.1.
+    pub port: u16,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    hold: Arc<Hold>,
+    api: PhantomData<fn() -> A>,
+}
+
+impl<A: Api> Server<A> {
+    /// Starts serving `steps` on 127.0.0.1 (a free port). Once the script is
+    /// used up, a main-loop request gets the last step again.
+    pub fn start(steps: Vec<A::Step>) -> Self {
+        let think = vec![Duration::ZERO; steps.len()];
+        Self::paced(steps, think)
+    }
+
+    /// [`Server::start`], each step's answer sent `think[i]` after its request
+    /// came (an evaluation's think times; a held step's once let go).
+    pub fn paced(steps: Vec<A::Step>, think: Vec<Duration>) -> Self {
+        Self::paced_on("127.0.0.1:0", steps, think)
+    }
+
+    /// [`Server::paced`] on `addr` (a fixed port, for a proxy whose upstream
+    /// the host's configuration must name in advance).
+    pub fn paced_on(addr: &str, steps: Vec<A::Step>, think: Vec<Duration>) -> Self {
+        assert!(!steps.is_empty(), "a script needs at least one step");
+        assert_eq!(steps.len(), think.len(), "a think time per step");
+        let script = Script { steps, think };
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let hold = Arc::new(Hold::default());
+        let (s, h) = (seen.clone(), hold.clone());
+        let port = listen_on(A::NAME, addr, move |conn| serve::<A>(conn, &script, &h, &s));
+        Server {
+            port,
+            seen,
+            hold,
+            api: PhantomData,
+        }
+    }
+
+    /// See [`Hold::hold_step`].
+    pub fn hold_step(&self, step: usize) {
+        self.hold.hold_step(step);
+    }
+
+    /// See [`Hold::wait_held`].
+    pub fn wait_held(&self, timeout: Duration) -> bool {
+        self.hold.wait_held(timeout)
+    }
+
+    /// See [`Hold::let_go`].
+    pub fn let_go(&self) {
+        self.hold.let_go();
+    }
+
+    /// Its base URL, for the proxy's upstream.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Every request so far.
+    pub fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+/// Serves each connection to `addr` (a port of 0: a free one of 127.0.0.1)
+/// with `serve`, in a thread of its own, for as long as the test process lives;
+/// answers the port. `what` names the server in a failure; a taken port fails
+/// loudly.
 pub(crate) fn listen_on(
     what: &str,
     addr: &str,
@@ -53,7 +169,7 @@ pub(crate) fn listen_on(
 /// The step of a script of `steps` that answers the conversation in `body`:
 /// step `i` answers one holding `i` answers of the assistant (so a request sent
 /// again gets the same step); past the end, the last.
-pub(crate) fn step_at(body: &Value, steps: usize) -> usize {
+fn step_at(body: &Value, steps: usize) -> usize {
     let answered = body["messages"]
         .as_array()
         .map_or(0, |m| m.iter().filter(|m| m["role"] == "assistant").count());
@@ -111,31 +227,45 @@ impl Hold {
     }
 }
 
-/// A whole answer, written after the request is recorded in `seen`.
-pub(crate) struct Answer<'a> {
-    pub status: u16,
-    pub content_type: &'a str,
-    pub payload: String,
-    /// The header that carries the request id, as the API names it.
-    pub request_id_header: &'a str,
-}
-
-/// Records `request` in `seen`, then writes `answer` on `conn` (no body for a
-/// `HEAD`) and closes.
-pub(crate) fn reply(mut conn: TcpStream, seen: &Mutex<Vec<Seen>>, request: Seen, answer: Answer) {
+/// Answers the one request on `conn` as `A` does, from `script`; records it
+/// in `seen` before the answer is written (no body for a `HEAD`), then closes.
+fn serve<A: Api>(
+    mut conn: TcpStream,
+    script: &Script<A::Step>,
+    hold: &Hold,
+    seen: &Mutex<Vec<Seen>>,
+) {
+    let Some((method, target, body)) = read_request(&conn) else {
+        return;
+    };
+    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let path = target.split('?').next().unwrap_or("").to_string();
+    let request = Request {
+        method,
+        target,
+        path,
+        body,
+    };
+    let (step, (status, content_type, payload)) = A::answer(&request, script, hold);
     let head_only = request.method == "HEAD";
-    seen.lock().unwrap().push(request);
-    let Answer {
-        status,
-        content_type,
-        payload,
-        request_id_header,
-    } = answer;
+    let Request {
+        method,
+        target,
+        body,
+        ..
+    } = request;
+    seen.lock().unwrap().push(Seen {
+        method,
+        target,
+        body,
+        step,
+    });
     let reason = if status == 200 { "OK" } else { "Not Found" };
     let head = format!(
         "HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n\
-         {request_id_header}: req_crab\r\nConnection: close\r\n\r\n",
-        payload.len()
+         {}: req_crab\r\nConnection: close\r\n\r\n",
+        payload.len(),
+        A::REQUEST_ID_HEADER,
     );
     let _ = conn.write_all(head.as_bytes());
     if !head_only {
@@ -146,7 +276,7 @@ pub(crate) fn reply(mut conn: TcpStream, seen: &Mutex<Vec<Seen>>, request: Seen,
 
 /// Reads one HTTP/1 request: method, target and body (by Content-Length or
 /// chunked).
-pub(crate) fn read_request(conn: &TcpStream) -> Option<(String, String, Vec<u8>)> {
+fn read_request(conn: &TcpStream) -> Option<(String, String, Vec<u8>)> {
     let mut r = BufReader::new(conn.try_clone().ok()?);
     let mut line = String::new();
     r.read_line(&mut line).ok()?;

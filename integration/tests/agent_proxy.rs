@@ -81,6 +81,20 @@ fn the_shim_starts_the_proxy_and_a_sandboxed_agent_finds_it_through_its_environm
     assert_eq!(stats["turns"], 1, "{stats}");
     assert_eq!(stats["full"], 1, "{stats}");
     assert_eq!(stats["checkpoint_ms"]["count"], 1, "{stats}");
+    // The full turn froze the container and wrote a process image: one sample
+    // of each step, each within the whole checkpoint.
+    let ms = |what: &str| stats[what]["max"].as_f64().expect("a figure");
+    for step in ["freeze_ms", "sync_ms"] {
+        assert_eq!(stats[step]["count"], 1, "{step}: {stats}");
+    }
+    assert!(
+        ms("freeze_ms") + ms("sync_ms") <= ms("checkpoint_ms"),
+        "{stats}"
+    );
+    let text = crabctl_ok(&["stats", &g.id]);
+    for line in ["  freeze      ms: p50 ", "  sync        ms: p50 "] {
+        assert!(text.contains(line), "no {line:?} in {text}");
+    }
     assert!(
         wait_until(Duration::from_secs(5), || {
             let s: Value = serde_json::from_str(&crabctl_ok(&["stats", &g.id, "--json"])).unwrap();

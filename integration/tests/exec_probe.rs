@@ -1,7 +1,8 @@
 //! Exec processes beside checkpoints (issue 18): a platform's probe, a monitoring
 //! `ctr task exec`, runs while an agent's turns end. A checkpoint that dumps
 //! processes waits for a running exec (up to `[checkpoint] exec_wait_ms`), an exec
-//! started during a checkpoint waits for it, and neither fails.
+//! started during a checkpoint waits for it, and neither fails. A checkpoint
+//! asked for through the agent API from inside an exec fails at once.
 
 // Needs root and the private containerd: built only with the `host-tests` feature (hack/test.sh enables it).
 #![cfg(feature = "host-tests")]
@@ -257,4 +258,60 @@ fn a_paused_container_is_thawed_for_the_wait_and_paused_again() {
     assert_eq!(count(&g), frozen, "a paused container counted");
     ctr_ok(&["task", "resume", &g.id]);
     assert!(keeps_counting(&g), "the container was left frozen");
+}
+
+/// An agent's tool in an exec: asks its sandbox's agent API for a checkpoint,
+/// prints the status, the body and how long the answer took (ms) as JSON, then
+/// goes on (`/tmp/after`).
+const CHECKPOINT_FROM_EXEC: &str = r#"
+import json, os, time, urllib.request, urllib.error
+req = urllib.request.Request('http://127.0.0.1:8787/.crab/v1/checkpoints', method='POST',
+    data=json.dumps({'name': 'from-exec'}).encode(),
+    headers={'Content-Type': 'application/json',
+             'Authorization': 'Bearer ' + os.environ['CRAB_API_TOKEN']})
+started = time.monotonic()
+try:
+    r = urllib.request.urlopen(req, timeout=60)
+    status, body = r.status, r.read().decode()
+except urllib.error.HTTPError as e:
+    status, body = e.code, e.read().decode()
+ms = (time.monotonic() - started) * 1000
+print(json.dumps({'status': status, 'body': body, 'ms': ms}), flush=True)
+"#;
+
+#[test]
+fn an_agent_api_checkpoint_asked_from_inside_an_exec_is_refused_without_waiting_for_it() {
+    let wait_ms = 20_000;
+    let g = crab_integration::llm::proxied_sandbox(
+        Duration::ZERO,
+        &format!("[checkpoint]\nexec_wait_ms = {wait_ms}"),
+        &["sleep", "infinity"],
+    );
+    // The caller is a child of the exec's shell: its exec is found through its parents.
+    let script = "python3 -c \"$0\"; echo after > /tmp/after";
+    let started = Instant::now();
+    let out = g.exec(&["sh", "-c", script, CHECKPOINT_FROM_EXEC]);
+    let took = started.elapsed();
+    let (o, e) = text(&out);
+    assert!(out.status.success(), "exec: {:?} {o}{e}", out.status);
+    let answer: Value = serde_json::from_str(o.trim()).unwrap_or_else(|err| panic!("{err}: {o}"));
+    assert_eq!(answer["status"], 412, "{answer}");
+    let body: Value = serde_json::from_str(answer["body"].as_str().unwrap()).unwrap();
+    assert_eq!(body["kind"], "failed-precondition", "{body}");
+    let why = body["error"].as_str().unwrap();
+    assert!(why.contains("from inside exec process"), "{why}");
+    // No wait for the bound: the exec it would wait for is the one asking.
+    let bound = Duration::from_millis(wait_ms / 2);
+    assert!(
+        answer["ms"].as_f64().unwrap() < bound.as_millis() as f64 && took < bound,
+        "answered in {} ms, the exec took {took:?}",
+        answer["ms"]
+    );
+    // The exec went on after the answer, nothing was recorded, and the
+    // container is not left frozen: a checkpoint from the host now succeeds.
+    assert_eq!(g.exec_ok(&["cat", "/tmp/after"]).trim(), "after");
+    let h: Vec<Value> = serde_json::from_str(&crabctl_ok(&["ls", &g.id, "--json"])).unwrap();
+    assert!(h.is_empty(), "{h:?}");
+    let out = crabctl_ok(&["checkpoint", &g.id]);
+    assert!(out.contains("(full, seq"), "{out}");
 }

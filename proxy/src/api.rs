@@ -30,8 +30,14 @@ pub(crate) const MAX_FORKS: u32 = 64;
 pub trait Sandbox: Send + Sync + 'static {
     /// The container's checkpoints, as a JSON array.
     fn list(&self) -> std::result::Result<Value, Failure>;
-    /// Takes a checkpoint now, optionally named; returns its entry.
-    fn checkpoint(&self, name: Option<String>) -> std::result::Result<Value, Failure>;
+    /// Takes a checkpoint now, optionally named; returns its entry. `caller`:
+    /// the connection the request came on (the caller may run in a process
+    /// the checkpoint would wait for, such as an exec: then it must not wait).
+    fn checkpoint(
+        &self,
+        name: Option<String>,
+        caller: &TurnContext,
+    ) -> std::result::Result<Value, Failure>;
     /// Rolls the container back to `checkpoint` (a name or a sequence number).
     /// `caller`: the connection the request came on (the caller may live in the
     /// sandbox: then only its files should go back, so that it gets the answer).
@@ -167,7 +173,9 @@ impl Op {
         tokio::task::spawn_blocking(move || {
             Ok(match self {
                 Op::List => json!({ "checkpoints": sandbox.list()? }),
-                Op::Checkpoint { name } => json!({ "checkpoint": sandbox.checkpoint(name)? }),
+                Op::Checkpoint { name } => {
+                    json!({ "checkpoint": sandbox.checkpoint(name, &caller)? })
+                }
                 Op::Rollback { checkpoint } => {
                     json!({ "rolled_back": sandbox.rollback(&checkpoint, &caller)? })
                 }

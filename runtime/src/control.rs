@@ -34,6 +34,12 @@ pub enum Request {
         /// What to take.
         #[serde(flatten)]
         request: CheckpointRequest,
+        /// The connection the agent API's request came on, as the caller's
+        /// socket sees it: when the caller runs in an exec the checkpoint would
+        /// wait for, the checkpoint fails at once (that exec waits for this
+        /// answer, and would outlive any wait).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        caller: Option<AgentConn>,
     },
     /// List the checkpoints.
     List {

@@ -97,7 +97,7 @@ impl TaskService {
         let _claim = slot.begin(Operation::Checkpointing)?;
         // Running execs are waited for (they cannot be dumped), the claim holding
         // new ones back.
-        let inst = crate::exec_wait::lock_dumpable(&slot, &req.id).await?;
+        let inst = crate::exec_wait::lock_dumpable(&slot, &req.id, None).await?;
         let image = if inst.image.is_empty() {
             None
         } else {

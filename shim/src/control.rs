@@ -106,8 +106,13 @@ impl TaskService {
             };
         }
         let result = match req {
-            Request::Checkpoint { id, request, .. } => self
-                .crab_checkpoint(&id, request)
+            Request::Checkpoint {
+                id,
+                request,
+                caller,
+                ..
+            } => self
+                .crab_checkpoint(&id, request, caller)
                 .await
                 .map(|entry| Response::Entry { entry }),
             Request::List { id, .. } => self
@@ -173,12 +178,17 @@ impl TaskService {
         })
     }
 
-    /// `crabctl checkpoint`.
-    pub async fn crab_checkpoint(&self, id: &str, req: CheckpointRequest) -> ShimResult<Entry> {
+    /// `crabctl checkpoint`, and the agent API's (`caller` is its connection).
+    pub async fn crab_checkpoint(
+        &self,
+        id: &str,
+        req: CheckpointRequest,
+        caller: Option<AgentConn>,
+    ) -> ShimResult<Entry> {
         let slot = self.containers.get(id)?;
         let _claim = slot.begin(Operation::Checkpointing)?;
         let sandbox = if req.kind.dumps_processes() {
-            lock_dumpable(&slot, id).await?.sandbox.clone()
+            lock_dumpable(&slot, id, caller).await?.sandbox.clone()
         } else {
             // The files alone: running execs are frozen with the rest, not dumped.
             let inst = slot.lock().await?;

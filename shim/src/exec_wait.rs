@@ -14,12 +14,15 @@
 //! - a paused container's execs are frozen and cannot exit (containerd's client
 //!   pauses a task before it checkpoints it): the container is thawed while the
 //!   checkpoint waits, and frozen again before the dump, whatever the outcome;
-//! - after the bound the checkpoint fails as before, naming the execs it waited for.
+//! - after the bound the checkpoint fails as before, naming the execs it waited for;
+//! - a checkpoint the agent API was asked for from inside one of those execs
+//!   fails at once: that exec waits for the answer, so it would outlive any wait.
 
 use std::time::Duration;
 
 use containerd_shim::protos::api::Status;
 use crab_runtime::container::Container;
+use crab_runtime::control::AgentConn;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -45,16 +48,27 @@ pub(crate) fn execs_run(inst: &Instance) -> bool {
     !running_execs(inst).is_empty()
 }
 
+/// A running exec process: its id, its pid, and its exit to come.
+struct Running {
+    exec_id: String,
+    pid: i32,
+    exit: watch::Receiver<Option<Exit>>,
+}
+
 /// The exec processes of `inst` that run: started (an exec registered but not
 /// started is no process yet; its start waits for the checkpoint) and not exited.
-fn running_execs(inst: &Instance) -> Vec<(String, watch::Receiver<Option<Exit>>)> {
+fn running_execs(inst: &Instance) -> Vec<Running> {
     let mut running: Vec<_> = inst
         .execs
         .values()
         .filter(|p| p.pid != 0 && p.status != Status::STOPPED && p.exit().is_none())
-        .map(|p| (p.exec_id.clone(), p.subscribe()))
+        .map(|p| Running {
+            exec_id: p.exec_id.clone(),
+            pid: p.pid,
+            exit: p.subscribe(),
+        })
         .collect();
-    running.sort_by(|a, b| a.0.cmp(&b.0));
+    running.sort_by(|a, b| a.exec_id.cmp(&b.exec_id));
     running
 }
 
@@ -62,7 +76,13 @@ fn running_execs(inst: &Instance) -> Vec<(String, watch::Receiver<Option<Exit>>)
 /// dumps processes; the caller holds the container's claim. Waits up to the
 /// container's `[checkpoint] exec_wait_ms` (see the module's docs), then fails
 /// with [`ShimError::FailedPrecondition`] naming the execs still running.
-pub(crate) async fn lock_dumpable<'a>(slot: &'a Slot, id: &str) -> ShimResult<InstanceGuard<'a>> {
+/// `caller`: the agent API's connection, when the checkpoint was asked for
+/// there; if a process holding it runs in one of the execs, fails at once.
+pub(crate) async fn lock_dumpable<'a>(
+    slot: &'a Slot,
+    id: &str,
+    mut caller: Option<AgentConn>,
+) -> ShimResult<InstanceGuard<'a>> {
     let started = Instant::now();
     let mut thawed: Option<Container> = None;
     let mut waited_for: Vec<String> = Vec::new();
@@ -78,8 +98,25 @@ pub(crate) async fn lock_dumpable<'a>(slot: &'a Slot, id: &str) -> ShimResult<In
         if running.is_empty() {
             break Ok(inst);
         }
+        if let Some(conn) = caller.take() {
+            // The caller's own exec waits for this answer while the checkpoint
+            // would wait for it to exit: waiting could only end at the bound.
+            let sandbox = inst.sandbox.clone();
+            let pids: Vec<i32> = running.iter().map(|r| r.pid).collect();
+            drop(inst);
+            match blocking(move || Ok(sandbox.caller_under(conn, &pids))).await {
+                Ok(None) => continue,
+                Ok(Some(pid)) => {
+                    let exec = running.iter().find(|r| r.pid == pid);
+                    let exec = exec.map_or("?", |r| r.exec_id.as_str());
+                    tracing::info!(%id, exec, "checkpoint asked for from inside an exec: refused without waiting");
+                    break Err(asked_from_exec(id, exec));
+                }
+                Err(e) => break Err(e),
+            }
+        }
         let bound = inst.config().checkpoint.exec_wait();
-        let names: Vec<String> = running.iter().map(|(n, _)| n.clone()).collect();
+        let names: Vec<String> = running.iter().map(|r| r.exec_id.clone()).collect();
         if started.elapsed() >= bound {
             break Err(still_running(id, &names, bound));
         }
@@ -98,7 +135,7 @@ pub(crate) async fn lock_dumpable<'a>(slot: &'a Slot, id: &str) -> ShimResult<In
                 "checkpoint waits for exec processes to exit");
             waited_for = names;
         }
-        let exits = all_exited(running.into_iter().map(|(_, rx)| rx));
+        let exits = all_exited(running.into_iter().map(|r| r.exit));
         // Past the bound, the next round reports what still runs.
         let _ = tokio::time::timeout_at(started + bound, exits).await;
     };
@@ -123,6 +160,15 @@ async fn all_exited(receivers: impl Iterator<Item = watch::Receiver<Option<Exit>
     for mut rx in receivers {
         let _ = rx.wait_for(Option::is_some).await;
     }
+}
+
+fn asked_from_exec(id: &str, exec: &str) -> ShimError {
+    ShimError::FailedPrecondition(format!(
+        "cannot checkpoint container {id}: it was asked for from inside exec process {exec:?}, \
+         which the checkpoint would wait for (it is not a descendant of the init, so it \
+         cannot be dumped) while it waits for this answer; ask from the container's init \
+         or from the host"
+    ))
 }
 
 fn still_running(id: &str, execs: &[String], bound: Duration) -> ShimError {

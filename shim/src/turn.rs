@@ -127,6 +127,7 @@ impl TaskService {
                     total_ms,
                     waited.as_secs_f64() * 1000.0,
                     entry.process_bytes,
+                    &entry.timings,
                 ),
                 Ok((_, None, _)) => {}
                 Err(_) => t.recorder.failed(),
@@ -171,7 +172,7 @@ impl TaskService {
             blocking(move || sandbox.classify(agent)).await?
         };
         if class.kind.dumps_processes() && !dry_run {
-            drop(lock_dumpable(&slot, id).await?);
+            drop(lock_dumpable(&slot, id, None).await?);
             let sandbox = sandbox.clone();
             class = blocking(move || sandbox.classify(agent)).await?;
         }

@@ -27,7 +27,7 @@ impl Sandbox for Refusing {
     fn list(&self) -> Result<Value, Failure> {
         Ok(Value::Array(Vec::new()))
     }
-    fn checkpoint(&self, _: Option<String>) -> Result<Value, Failure> {
+    fn checkpoint(&self, _: Option<String>, _: &TurnContext) -> Result<Value, Failure> {
         Err(Failure::new(ErrorKind::Busy, "fuzzing"))
     }
     fn rollback(&self, _: &str, _: &TurnContext) -> Result<Value, Failure> {

@@ -249,7 +249,7 @@ impl Sandbox for TestSandbox {
         self.record("list".into());
         Ok(json!([{"seq": 1, "name": "first"}]))
     }
-    fn checkpoint(&self, name: Option<String>) -> Result<Value, Failure> {
+    fn checkpoint(&self, name: Option<String>, _: &TurnContext) -> Result<Value, Failure> {
         self.record(format!("checkpoint {name:?}"));
         match name.as_deref() {
             Some("fail") => Err(Failure::new(ErrorKind::Internal, "disk full")),

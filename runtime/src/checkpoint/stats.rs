@@ -9,7 +9,7 @@ use std::collections::VecDeque;
 
 use serde::{Deserialize, Serialize};
 
-use super::Kind;
+use super::{Kind, Timings};
 
 /// How many recent samples each distribution keeps.
 const SAMPLES: usize = 4096;
@@ -54,6 +54,15 @@ pub struct TurnStats {
     pub queue_ms: Summary,
     /// How long agents' answers were held for their turn's checkpoint.
     pub gating_ms: Summary,
+    /// Of a turn's checkpoint, freezing the container (turns that froze it:
+    /// all but skips). Defaults keep a newer `crabctl` reading an older shim.
+    #[serde(default)]
+    pub freeze_ms: Summary,
+    /// Of a turn's checkpoint, from the dump to its process image on disk (the
+    /// thaw, the byte quota, the sync with host durability): turns that dumped
+    /// processes.
+    #[serde(default)]
+    pub sync_ms: Summary,
     /// The container's standby replica, when it has one ready.
     #[serde(default)]
     pub standby: Option<crate::standby::Info>,
@@ -102,11 +111,20 @@ pub struct Recorder {
     checkpoint: Samples,
     queue: Samples,
     gating: Samples,
+    freeze: Samples,
+    sync: Samples,
 }
 
 impl Recorder {
-    /// A turn that recorded a checkpoint of `kind`.
-    pub fn turn(&mut self, kind: Kind, total_ms: f64, queue_ms: f64, bytes: u64) {
+    /// A turn that recorded a checkpoint of `kind`, whose steps took `timings`.
+    pub fn turn(
+        &mut self,
+        kind: Kind,
+        total_ms: f64,
+        queue_ms: f64,
+        bytes: u64,
+        timings: &Timings,
+    ) {
         let c = &mut self.counts;
         c.turns += 1;
         match kind {
@@ -118,6 +136,14 @@ impl Recorder {
         c.bytes_written += bytes;
         self.checkpoint.push(total_ms);
         self.queue.push(queue_ms);
+        // A skip neither freezes nor dumps, and an fs-only turn writes no process
+        // image: their zeros would only drag the percentiles down.
+        if kind != Kind::Skip {
+            self.freeze.push(timings.freeze_ms as f64);
+        }
+        if kind.dumps_processes() {
+            self.sync.push(timings.sync_ms as f64);
+        }
     }
 
     /// A turn whose checkpoint failed.
@@ -142,6 +168,8 @@ impl Recorder {
             checkpoint_ms: self.checkpoint.summary(),
             queue_ms: self.queue.summary(),
             gating_ms: self.gating.summary(),
+            freeze_ms: self.freeze.summary(),
+            sync_ms: self.sync.summary(),
             ..self.counts.clone()
         }
     }
@@ -155,20 +183,37 @@ mod tests {
     fn turns_are_counted_by_kind_and_summarised() {
         let mut r = Recorder::default();
         for i in 1..=100 {
-            r.turn(Kind::Skip, i as f64, 0.0, 0);
+            r.turn(Kind::Skip, i as f64, 0.0, 0, &Timings::default());
         }
-        r.turn(Kind::Full, 500.0, 3.0, 1 << 20);
+        let full = Timings {
+            freeze_ms: 4,
+            fs_ms: 100,
+            dump_ms: 300,
+            sync_ms: 90,
+            total_ms: 500,
+        };
+        r.turn(Kind::Full, 500.0, 3.0, 1 << 20, &full);
+        let fs_only = Timings {
+            freeze_ms: 2,
+            fs_ms: 50,
+            total_ms: 60,
+            ..Timings::default()
+        };
+        r.turn(Kind::FsOnly, 60.0, 0.0, 0, &fs_only);
         r.failed();
         r.promoted();
         r.gated(7.5);
         let s = r.stats();
-        assert_eq!((s.turns, s.skip, s.full, s.failed), (102, 100, 1, 1));
+        assert_eq!((s.turns, s.skip, s.full, s.failed), (103, 100, 1, 1));
         assert_eq!((s.promoted, s.bytes_written), (1, 1 << 20));
-        assert_eq!(s.checkpoint_ms.count, 101);
-        assert_eq!(s.checkpoint_ms.p50, 51.0);
+        assert_eq!(s.checkpoint_ms.count, 102);
+        assert_eq!(s.checkpoint_ms.p50, 52.0);
         assert_eq!(s.checkpoint_ms.max, 500.0);
         assert_eq!(s.gating_ms.p99, 7.5);
         assert_eq!(s.queue_ms.max, 3.0);
+        // The skips froze nothing; the fs-only turn wrote no process image.
+        assert_eq!((s.freeze_ms.count, s.freeze_ms.max), (2, 4.0));
+        assert_eq!((s.sync_ms.count, s.sync_ms.max), (1, 90.0));
     }
 
     #[test]

@@ -44,6 +44,28 @@ pub fn holders(pids: &[i32], conn: AgentConn) -> Vec<i32> {
         .collect()
 }
 
+/// Of `roots`, the one a process among `pids` holding `conn` runs under: that
+/// process itself or its nearest ancestor in `roots` (such as the exec it was
+/// started in). None when no holder is below any of them.
+pub fn holder_under(pids: &[i32], conn: AgentConn, roots: &[i32]) -> Option<i32> {
+    holders(pids, conn)
+        .into_iter()
+        .find_map(|pid| under(pid, roots, procs::parent))
+}
+
+/// The first of `pid` and its ancestors (`parent` of each) that is in `roots`.
+fn under(pid: i32, roots: &[i32], parent: impl Fn(i32) -> Option<i32>) -> Option<i32> {
+    let mut p = pid;
+    // Bounded: a pid reused while it is walked must not make a loop.
+    for _ in 0..4096 {
+        if roots.contains(&p) {
+            return Some(p);
+        }
+        p = parent(p).filter(|&pp| pp > 1 && pp != p)?;
+    }
+    None
+}
+
 fn holds(pid: i32, conn: AgentConn) -> bool {
     procs::streams(pid).is_some_and(|s| {
         s.fds
@@ -101,29 +123,61 @@ fn address(fd: i32, which: NameFn) -> Option<SocketAddr> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::{TcpListener, TcpStream};
 
-    #[test]
-    fn the_process_holding_a_connection_is_found_from_the_other_end() {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        let (_server, peer) = l.accept().unwrap();
-        let me = std::process::id() as i32;
+    /// A connection held by this process at both ends, as its client's side
+    /// sees it; the sockets are kept open as long as the answer lives.
+    fn connection() -> (AgentConn, [TcpStream; 2]) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (server, peer) = l.accept().unwrap();
         let conn = AgentConn {
             local: peer,
             remote: l.local_addr().unwrap(),
         };
+        (conn, [c, server])
+    }
+
+    #[test]
+    fn the_process_holding_a_connection_is_found_from_the_other_end() {
+        let (conn, _sockets) = connection();
+        let me = std::process::id() as i32;
         assert_eq!(holders(&[me], conn), [me]);
         // The same addresses the other way round are the proxy's end, not the agent's.
         let other = AgentConn {
-            local: l.local_addr().unwrap(),
-            remote: peer,
+            local: conn.remote,
+            remote: conn.local,
         };
         let mut wrong = conn;
-        wrong.local.set_port(peer.port().wrapping_add(1));
+        wrong.local.set_port(conn.local.port().wrapping_add(1));
         assert!(holders(&[me], wrong).is_empty());
         // Our own accepted socket is that reversed connection, and it is here too.
         assert_eq!(holders(&[me], other), [me]);
-        drop(c);
+    }
+
+    #[test]
+    fn a_holder_is_found_under_itself_or_its_nearest_listed_ancestor() {
+        // 40 -> 30 -> 20 -> 10 -> 1
+        let parent = |p: i32| Some(if p > 10 { p - 10 } else { 1 });
+        assert_eq!(under(40, &[20, 30], parent), Some(30));
+        assert_eq!(under(20, &[20], parent), Some(20));
+        assert_eq!(under(40, &[50], parent), None);
+        // A process that is gone, or whose parent is outside the namespace.
+        assert_eq!(under(40, &[20], |_| None), None);
+        assert_eq!(under(40, &[20], |_| Some(0)), None);
+    }
+
+    #[test]
+    fn a_connection_held_by_this_process_is_under_its_parent() {
+        let (conn, _sockets) = connection();
+        let me = std::process::id() as i32;
+        let parent = procs::parent(me).expect("this process has a parent");
+        // The walk stops below pid 1.
+        if parent > 1 {
+            assert_eq!(holder_under(&[me], conn, &[parent]), Some(parent));
+        }
+        assert_eq!(holder_under(&[me], conn, &[me, parent]), Some(me));
+        assert_eq!(holder_under(&[], conn, &[parent]), None);
     }
 
     #[test]

@@ -96,6 +96,15 @@ pub fn blocked_at(tid: i32) -> Option<(String, String)> {
     Some((f[7].to_string(), f[8].to_string()))
 }
 
+/// The parent of process `pid` (None once it is gone; 0 for a process whose
+/// parent is outside its pid namespace).
+pub fn parent(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command may hold spaces and parentheses: fields start after the last ')'.
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
 /// The processes (thread-group leaders) in `cgroup`.
 pub fn processes(cgroup: &Path) -> Vec<i32> {
     let text = std::fs::read_to_string(cgroup.join("cgroup.procs")).unwrap_or_default();

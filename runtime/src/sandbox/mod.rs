@@ -123,6 +123,14 @@ impl Sandbox {
         !inspect::agent::holders(&processes, conn).is_empty()
     }
 
+    /// Of `roots` (processes of the container, such as its execs'), the one the
+    /// process of the container holding the TCP connection `conn` (as its side
+    /// sees it) runs under: that process or its nearest ancestor.
+    pub fn caller_under(&self, conn: AgentConn, roots: &[i32]) -> Option<i32> {
+        let processes = inspect::procs::processes(self.container.tracking().path());
+        inspect::agent::holder_under(&processes, conn, roots)
+    }
+
     /// The checkpoints, oldest first.
     pub fn checkpoints(&self) -> Result<Vec<Entry>> {
         Ok(HistoryStore::open(&self.config, &self.container.key()?)?
