@@ -315,3 +315,55 @@ fn an_agent_api_checkpoint_asked_from_inside_an_exec_is_refused_without_waiting_
     let out = crabctl_ok(&["checkpoint", &g.id]);
     assert!(out.contains("(full, seq"), "{out}");
 }
+
+/// An agent started with `ctr task exec` (as `docker exec sandbox agent` would):
+/// starts a tool in the background, then asks its LLM through the proxy; prints
+/// the status and how long the answer took (ms) as JSON.
+const AGENT_IN_EXEC: &str = r#"
+import json, subprocess, time, urllib.request, urllib.error
+subprocess.Popen(['sleep', '300'])
+req = urllib.request.Request('http://127.0.0.1:8787/v1/chat/completions', method='POST',
+    data=b'{"messages": []}', headers={'Content-Type': 'application/json'})
+started = time.monotonic()
+try:
+    r = urllib.request.urlopen(req, timeout=60)
+    status = r.status
+except urllib.error.HTTPError as e:
+    status = e.code
+print(json.dumps({'status': status, 'ms': (time.monotonic() - started) * 1000}), flush=True)
+"#;
+
+#[test]
+fn a_turn_whose_agent_runs_in_an_exec_fails_at_once_instead_of_waiting_for_its_own_exec() {
+    let wait_ms = 20_000;
+    let g = crab_integration::llm::proxied_sandbox(
+        Duration::ZERO,
+        &format!("[checkpoint]\nexec_wait_ms = {wait_ms}\n[policy]\nfail_closed = false"),
+        &["sleep", "infinity"],
+    );
+    // The sandbox's first turn dumps its processes; the agent's exec cannot be
+    // dumped and waits for the turn's answer.
+    let started = Instant::now();
+    let out = g.exec(&["python3", "-c", AGENT_IN_EXEC]);
+    let took = started.elapsed();
+    let (o, e) = text(&out);
+    assert!(out.status.success(), "exec: {:?} {o}{e}", out.status);
+    let answer: Value = serde_json::from_str(o.trim()).unwrap_or_else(|err| panic!("{err}: {o}"));
+    // Not failed closed: the LLM's answer comes through, and at once.
+    assert_eq!(answer["status"], 200, "{answer}");
+    let bound = Duration::from_millis(wait_ms / 2);
+    assert!(
+        answer["ms"].as_f64().unwrap() < bound.as_millis() as f64 && took < bound,
+        "answered in {} ms, the exec took {took:?}",
+        answer["ms"]
+    );
+    // The turn is counted failed and recorded nothing.
+    let stats: Value = serde_json::from_str(&crabctl_ok(&["stats", &g.id, "--json"])).unwrap();
+    assert_eq!(
+        (stats["turns"].as_u64(), stats["failed"].as_u64()),
+        (Some(1), Some(1)),
+        "{stats}"
+    );
+    let h: Vec<Value> = serde_json::from_str(&crabctl_ok(&["ls", &g.id, "--json"])).unwrap();
+    assert!(h.is_empty(), "{h:?}");
+}

@@ -15,7 +15,8 @@
 //!   pauses a task before it checkpoints it): the container is thawed while the
 //!   checkpoint waits, and frozen again before the dump, whatever the outcome;
 //! - after the bound the checkpoint fails as before, naming the execs it waited for;
-//! - a checkpoint the agent API was asked for from inside one of those execs
+//! - a checkpoint the agent API was asked for from inside one of those execs, or a
+//!   turn whose agent (the process holding the proxy connection) runs in one,
 //!   fails at once: that exec waits for the answer, so it would outlive any wait.
 
 use std::time::Duration;
@@ -164,10 +165,11 @@ async fn all_exited(receivers: impl Iterator<Item = watch::Receiver<Option<Exit>
 
 fn asked_from_exec(id: &str, exec: &str) -> ShimError {
     ShimError::FailedPrecondition(format!(
-        "cannot checkpoint container {id}: it was asked for from inside exec process {exec:?}, \
-         which the checkpoint would wait for (it is not a descendant of the init, so it \
-         cannot be dumped) while it waits for this answer; ask from the container's init \
-         or from the host"
+        "cannot checkpoint container {id}: it was asked for (through the agent API, or by \
+         an LLM request ending a turn) from inside exec process {exec:?}, which the \
+         checkpoint would wait for (it is not a descendant of the init, so it cannot be \
+         dumped) while it waits for this answer; ask from the container's init or its \
+         children, or from the host"
     ))
 }
 

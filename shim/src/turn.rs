@@ -166,13 +166,14 @@ impl TaskService {
         }
         // An exec runs: a turn that dumps no process does not wait for it;
         // one that does waits (then classifies again: the exec may have changed
-        // files meanwhile).
+        // files meanwhile), but not for the exec its own agent runs in (an agent
+        // started with `docker exec`): that one waits for this turn's answer.
         let mut class = {
             let sandbox = sandbox.clone();
             blocking(move || sandbox.classify(agent)).await?
         };
         if class.kind.dumps_processes() && !dry_run {
-            drop(lock_dumpable(&slot, id, None).await?);
+            drop(lock_dumpable(&slot, id, agent).await?);
             let sandbox = sandbox.clone();
             class = blocking(move || sandbox.classify(agent)).await?;
         }
