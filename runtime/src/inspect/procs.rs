@@ -69,10 +69,9 @@ pub fn task(tid: i32) -> Option<Task> {
 /// Thread `tid` of process `tgid`.
 fn thread(tgid: i32, tid: i32) -> Option<Task> {
     let stat = std::fs::read_to_string(format!("/proc/{tgid}/task/{tid}/stat")).ok()?;
-    // The command may hold spaces and parentheses: fields start after the last ')'.
-    let (head, rest) = stat.rsplit_once(')')?;
-    let comm = head.split_once('(')?.1.to_string();
-    let start = rest.split_whitespace().nth(19)?.parse().ok()?;
+    let (comm, mut fields) = split_stat(&stat)?;
+    let comm = comm.to_string();
+    let start = fields.nth(19)?.parse().ok()?;
     let sched = std::fs::read_to_string(format!("/proc/{tgid}/task/{tid}/schedstat")).ok()?;
     let runtime_ns = sched.split_whitespace().next()?.parse().ok()?;
     Some(Task {
@@ -100,9 +99,14 @@ pub fn blocked_at(tid: i32) -> Option<(String, String)> {
 /// parent is outside its pid namespace).
 pub fn parent(pid: i32) -> Option<i32> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command may hold spaces and parentheses: fields start after the last ')'.
-    let (_, rest) = stat.rsplit_once(')')?;
-    rest.split_whitespace().nth(1)?.parse().ok()
+    split_stat(&stat)?.1.nth(1)?.parse().ok()
+}
+
+/// A `stat` file's command and the fields after it (the state first). The
+/// command may hold spaces and parentheses: the fields start after the last ')'.
+fn split_stat(stat: &str) -> Option<(&str, std::str::SplitWhitespace<'_>)> {
+    let (head, rest) = stat.rsplit_once(')')?;
+    Some((head.split_once('(')?.1, rest.split_whitespace()))
 }
 
 /// The processes (thread-group leaders) in `cgroup`.
