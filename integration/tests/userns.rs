@@ -371,3 +371,73 @@ fn a_runtime_config_path_beside_a_uid_map_is_the_shims_configuration() {
         String::from_utf8_lossy(&env)
     );
 }
+
+fn ns_of(pid: i32, kind: &str) -> std::path::PathBuf {
+    std::fs::read_link(format!("/proc/{pid}/ns/{kind}")).unwrap()
+}
+
+/// A pod in a user namespace (Kubernetes' `hostUsers: false`) as containerd's CRI
+/// builds it: the sandbox makes the namespace, and each container joins it and the
+/// sandbox's network by path, the pod's maps beside them.
+#[test]
+fn a_container_joining_a_pods_user_namespace_runs_in_it_rolls_back_its_files_and_refuses_process_checkpoints(
+) {
+    let pod = Guard::run_detached(CRAB, BUSYBOX, MAPS, &["sleep", "3600"]);
+    let sandbox = pod.pid();
+    let user = format!("user:/proc/{sandbox}/ns/user");
+    let net = format!("network:/proc/{sandbox}/ns/net");
+    let g = counter(&["--with-ns", &user, "--with-ns", &net]);
+    let pid = g.pid();
+    assert_eq!(ns_of(pid, "user"), ns_of(sandbox, "user"));
+    assert_eq!(ns_of(pid, "net"), ns_of(sandbox, "net"));
+    assert_eq!(host_ids(pid, "Uid:"), [100_000; 4]);
+    let out = g.exec_ok(&["sh", "-c", "id -u; cat /proc/self/uid_map"]);
+    let words: Vec<&str> = out.split_whitespace().collect();
+    assert_eq!(words, ["0", "0", "100000", "65536"], "{out}");
+
+    // Files: checkpointed and rolled back, the processes kept.
+    g.exec_ok(&["sh", "-c", "echo before > /f"]);
+    crabctl_ok(&["checkpoint", "--kind", "fs-only", &g.id, "--name", "files"]);
+    g.exec_ok(&["sh", "-c", "echo after > /f"]);
+    let out = crabctl_ok(&["rollback", &g.id, "files"]);
+    assert!(out.contains("files restored, processes kept"), "{out}");
+    assert_eq!(g.exec_ok(&["cat", "/f"]).trim(), "before");
+    assert_eq!(ns_of(g.pid(), "user"), ns_of(sandbox, "user"));
+
+    // Processes: refused before anything is frozen; the container counts on.
+    let out = crabctl(&["checkpoint", &g.id], &[]);
+    let (o, e) = text(&out);
+    assert!(!out.status.success(), "{o}{e}");
+    assert!(e.contains("joins the user namespace"), "{e}");
+    let now = g.number("/tmp/count");
+    assert!(wait_until(Duration::from_secs(5), || g
+        .number("/tmp/count")
+        > now));
+
+    // Maps in the spec that are not the namespace's own are refused at create.
+    let id = unique_id("uns-join");
+    let _bad = Guard::new(&id);
+    let out = ctr_run(
+        &[
+            "run",
+            "-d",
+            "--runtime",
+            CRAB,
+            "--uidmap",
+            "0:200000:65536",
+            "--gidmap",
+            "0:200000:65536",
+            "--with-ns",
+            &user,
+            BUSYBOX,
+            &id,
+            "sleep",
+            "30",
+        ],
+        None,
+        Duration::from_secs(60),
+    );
+    let (o, e) = text(&out);
+    assert!(!out.status.success(), "{o}{e}");
+    assert!(e.contains("but the user namespace it joins maps"), "{e}");
+}

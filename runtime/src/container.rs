@@ -65,7 +65,8 @@ impl Container {
     pub fn create(config: &Config, opts: CreateOpts, stdio: ChildStdio) -> Result<(Self, i32)> {
         let spec = load_spec(&opts.bundle)?;
         check_rootfs(&opts.bundle, &spec)?;
-        crate::userns::check_bundle(&opts.bundle, &spec)?;
+        let maps = crate::userns::check_bundle(&opts.bundle, &spec)?;
+        let joined_maps = maps.filter(|_| crate::userns::joined::path(&spec).is_some());
         let terminal = spec
             .process()
             .as_ref()
@@ -94,6 +95,9 @@ impl Container {
             tracking: tracking.path().to_path_buf(),
         };
         let pid = match helper::run(make, stdio).and_then(|pid| {
+            if let Some(maps) = &joined_maps {
+                crate::userns::joined::verify_created(&opts.bundle, pid, maps)?;
+            }
             container.save_state()?;
             Ok(pid)
         }) {

@@ -55,6 +55,15 @@ pub enum Error {
         /// What was attempted.
         operation: &'static str,
     },
+    /// The container's processes cannot be checkpointed in a way that restores:
+    /// refused before anything is frozen or dumped.
+    #[error("cannot checkpoint the processes of container {id}: {reason}")]
+    ProcessDumpRefused {
+        /// The container id.
+        id: String,
+        /// Why, and what still works.
+        reason: String,
+    },
     /// The helper process that runs libcontainer's forking calls failed.
     #[error("helper process failed to {operation}: {message}")]
     Helper {
@@ -235,6 +244,7 @@ impl Error {
             Error::NotFound(_) | Error::SnapshotNotFound { .. } => ErrorKind::NotFound,
             Error::WrongState { .. }
             | Error::NoProcessImage { .. }
+            | Error::ProcessDumpRefused { .. }
             | Error::CriuMissing(_)
             | Error::NoTree(_) => ErrorKind::FailedPrecondition,
             Error::PoolFull { .. } => ErrorKind::Unavailable,

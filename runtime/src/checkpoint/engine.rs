@@ -254,7 +254,7 @@ pub(crate) fn dump_request(
         own_network = false;
     }
     // A user namespace's host device binds (libcontainer cannot mknod there).
-    let external_keyed = if crate::userns::of_spec(spec).is_some() {
+    let external_keyed = if crate::userns::in_user_namespace(spec) {
         crate::userns::dev_binds::dumped(pid).unwrap_or_else(|e| {
             tracing::warn!(pid, error = %e, "host device binds of the container");
             Vec::new()
@@ -312,6 +312,7 @@ impl Container {
             }
         };
         let spec = load_spec(&self.state.bundle)?;
+        crate::userns::joined::refuse_process_dump(self.id(), &spec)?;
         let started = Instant::now();
         let mut timings = Timings::default();
         // The inspector's view is reset by a dump that leaves the task running.

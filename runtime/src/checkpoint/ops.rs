@@ -87,6 +87,10 @@ impl Container {
                 operation: "take a process-only checkpoint",
             });
         }
+        if matches!(req.kind, Kind::Full | Kind::ProcessOnly) {
+            let spec = load_spec(&self.state.bundle)?;
+            crate::userns::joined::refuse_process_dump(key.id(), &spec)?;
+        }
         let status = self.status()?;
         let pid = match (status, self.lc()?.pid()) {
             (ContainerStatus::Running | ContainerStatus::Paused, Some(p)) => p.as_raw(),

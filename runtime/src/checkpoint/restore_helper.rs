@@ -178,7 +178,7 @@ fn serve(call: Restore) -> Result<Restored> {
     }
     let mut external_mounts = bind_mounts(&spec);
     external_mounts.extend(crate::cgroup_view::restored(&spec)?);
-    if crate::userns::of_spec(&spec).is_some() {
+    if crate::userns::in_user_namespace(&spec) {
         external_mounts.extend(crate::userns::dev_binds::restored(&spec));
     }
     if let Some(tty) = &dumped.stdio.tty {

@@ -28,6 +28,7 @@
 pub mod dev_binds;
 pub mod exec_view;
 pub mod images;
+pub mod joined;
 pub mod restored;
 
 use std::os::unix::fs::MetadataExt;
@@ -119,6 +120,10 @@ pub enum Refused {
         /// The other.
         b: Extent,
     },
+    /// The namespace joined by path cannot be read, or maps other ids than the
+    /// spec says ([`joined`]).
+    #[error("{0}")]
+    Joined(String),
     /// An extent maps host root (id 0) into the namespace.
     #[error(
         "{which} extent {extent:?} maps host {kind} 0 into the sandbox: its files \
@@ -134,6 +139,28 @@ pub enum Refused {
     },
 }
 
+/// Whether the container runs in a user namespace other than the host's, one it
+/// makes or one it joins ([`joined`]): libcontainer binds host devices into it
+/// then (it cannot `mknod` there), which CRIU must be told about.
+pub fn in_user_namespace(spec: &Spec) -> bool {
+    of_spec(spec).is_some() || joined::path(spec).is_some()
+}
+
+/// The spec's own maps, whatever namespace they are for.
+fn spec_maps(spec: &Spec) -> Mappings {
+    let conv = |v: Option<&Vec<LinuxIdMapping>>| {
+        v.into_iter()
+            .flatten()
+            .map(Extent::from_oci)
+            .collect::<Vec<_>>()
+    };
+    let linux = spec.linux().as_ref();
+    Mappings {
+        uids: conv(linux.and_then(|l| l.uid_mappings().as_ref())),
+        gids: conv(linux.and_then(|l| l.gid_mappings().as_ref())),
+    }
+}
+
 /// The spec's mappings, when it asks for a new user namespace (`None`: it runs in
 /// the host's, or joins one by path).
 pub fn of_spec(spec: &Spec) -> Option<Mappings> {
@@ -143,16 +170,7 @@ pub fn of_spec(spec: &Spec) -> Option<Mappings> {
         .iter()
         .flatten()
         .any(|n| n.typ() == LinuxNamespaceType::User && n.path().is_none());
-    if !new_userns {
-        return None;
-    }
-    let conv = |v: &Option<Vec<LinuxIdMapping>>| {
-        v.iter().flatten().map(Extent::from_oci).collect::<Vec<_>>()
-    };
-    Some(Mappings {
-        uids: conv(linux.uid_mappings()),
-        gids: conv(linux.gid_mappings()),
-    })
+    new_userns.then(|| spec_maps(spec))
 }
 
 /// Checks the mappings a spec asks for: each extent non-empty and within 32 bits, at
@@ -160,7 +178,17 @@ pub fn of_spec(spec: &Spec) -> Option<Mappings> {
 /// together with a new user namespace, and host id 0 in neither: a sandbox whose
 /// files and processes could be host root's is no sandbox. The kernel would refuse
 /// the first ones at the write of `uid_map`; this names them before anything runs.
+///
+/// A namespace joined by path ([`joined`]) is checked the same way, on the maps
+/// it really has; the spec's, if given, must be those.
 pub fn check(spec: &Spec) -> Result<Option<Mappings>, Refused> {
+    if let Some(path) = joined::path(spec) {
+        let ns = joined::maps_of(&path).map_err(Refused::Joined)?;
+        joined::spec_agrees(&spec_maps(spec), &ns).map_err(Refused::Joined)?;
+        check_extents("the joined namespace's uid_map", "uid", &ns.uids)?;
+        check_extents("the joined namespace's gid_map", "gid", &ns.gids)?;
+        return Ok(Some(ns));
+    }
     let linux = spec.linux().as_ref();
     let has_maps = linux.is_some_and(|l| {
         l.uid_mappings().as_ref().is_some_and(|m| !m.is_empty())

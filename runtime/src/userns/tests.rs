@@ -84,3 +84,22 @@ fn test_a_tree_of_host_root_is_not_one_for_the_mappings() {
     assert!(tree_owner_mismatch(&maps, (0, 0)).is_some());
     assert!(tree_owner_mismatch(&maps, (200_000, 200_000)).is_some());
 }
+
+#[test]
+fn test_joining_the_hosts_own_user_namespace_is_refused_as_host_root() {
+    let mut s = spec(&[], &[], false);
+    let mut linux = s.linux().clone().unwrap();
+    let mut namespaces = linux.namespaces().clone().unwrap();
+    namespaces.push(
+        serde_json::from_value(serde_json::json!({
+            "type": "user",
+            "path": format!("/proc/{}/ns/user", std::process::id()),
+        }))
+        .unwrap(),
+    );
+    linux.set_namespaces(Some(namespaces));
+    s.set_linux(Some(linux));
+    assert!(in_user_namespace(&s));
+    let e = check(&s).unwrap_err();
+    assert!(matches!(e, Refused::HostRoot { kind: "uid", .. }), "{e}");
+}
