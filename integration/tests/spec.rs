@@ -384,3 +384,70 @@ fn an_exec_asking_for_a_terminal_gets_one_whatever_its_process_spec_says() {
     );
     assert_eq!(seen.trim(), "tty");
 }
+
+#[test]
+fn an_idmapped_bind_mount_is_refused_naming_it_rather_than_mounted_with_host_ids() {
+    let host = TempDir::new();
+    let flag = format!(
+        "type=bind,src={},dst=/mapped,options=rbind:idmap",
+        host.0.display()
+    );
+    let (_, out) = run_rm(BUSYBOX, &["--mount", &flag], &["true"]);
+    assert_fails_naming(&out, "an idmapped mount", &["/mapped", "idmapped mount"]);
+}
+
+/// `containerd.types.RuntimeInfo` as containerd's Go client decodes it (the fields
+/// read here), written down again rather than taken from the shim's own crate.
+#[derive(Clone, PartialEq, prost::Message)]
+struct RuntimeInfo {
+    #[prost(string, tag = "1")]
+    name: String,
+    #[prost(message, optional, tag = "3")]
+    options: Option<prost_types::Any>,
+    #[prost(message, optional, tag = "4")]
+    features: Option<prost_types::Any>,
+}
+
+/// containerd's introspection: `containerd-shim-crab-v2 -info`, the runtime's
+/// options on stdin, answers a `containerd.types.RuntimeInfo` whose features are
+/// runtime-spec's document, as containerd 2.x decodes it before a task with
+/// idmapped mounts and for its CRI handlers.
+#[test]
+fn the_shim_answers_containerds_info_request_with_its_features() {
+    use prost::Message;
+    use std::io::Write;
+    let options = prost_types::Any {
+        type_url: "runtimeoptions.v1.Options".into(),
+        value: vec![],
+    };
+    let mut child = std::process::Command::new("containerd-shim-crab-v2")
+        .arg("-info")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("containerd-shim-crab-v2 on PATH");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(&options.encode_to_vec())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let info = RuntimeInfo::decode(out.stdout.as_slice()).unwrap();
+    assert_eq!(info.name, "io.containerd.crab.v2");
+    assert_eq!(info.options.unwrap().type_url, "runtimeoptions.v1.Options");
+    let features = info.features.expect("features");
+    assert_eq!(
+        features.type_url,
+        "types.containerd.io/opencontainers/runtime-spec/1/features/Features"
+    );
+    let doc: Value = serde_json::from_slice(&features.value).unwrap();
+    let namespaces = doc["linux"]["namespaces"].as_array().unwrap();
+    assert!(namespaces.contains(&json!("user")), "{doc}");
+    assert_eq!(doc["linux"]["mountExtensions"]["idmap"]["enabled"], false);
+    assert!(doc["mountOptions"]
+        .as_array()
+        .unwrap()
+        .contains(&json!("rro")));
+}

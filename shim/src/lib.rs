@@ -19,6 +19,7 @@ pub mod dead_socket;
 pub mod error;
 pub mod events;
 pub mod exec_wait;
+pub mod info;
 pub mod instance;
 pub mod io;
 pub mod logging;
@@ -45,6 +46,9 @@ pub fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some(crab_runtime::helper::HELPER_ARG) {
         crab_runtime::helper::main(&args[2..]);
+    }
+    if args.get(1).map(String::as_str) == Some("-info") {
+        info::main();
     }
     if crab_runtime::checkpoint::hooks::is_action_script() {
         crab_runtime::checkpoint::hooks::main();

@@ -27,6 +27,7 @@
 
 pub mod dev_binds;
 pub mod exec_view;
+pub mod idmapped_mounts;
 pub mod images;
 pub mod joined;
 pub mod restored;
@@ -268,10 +269,12 @@ pub fn tree_owner_mismatch(maps: &Mappings, root_owner: (u32, u32)) -> Option<St
     })
 }
 
-/// What a create or a restore checks of a bundle with a user namespace: the
-/// mappings ([`check`]) and that its root file system was made for them
-/// ([`tree_owner_mismatch`]). Answers the mappings (`None`: no user namespace).
+/// What a create or a restore checks of a bundle's ids: no idmapped mount
+/// ([`idmapped_mounts`]), and with a user namespace, the mappings ([`check`]) and
+/// that its root file system was made for them ([`tree_owner_mismatch`]). Answers
+/// the mappings (`None`: no user namespace).
 pub fn check_bundle(bundle: &Path, spec: &Spec) -> crate::Result<Option<Mappings>> {
+    idmapped_mounts::refuse(bundle, spec)?;
     let invalid = |message: String| crate::Error::InvalidSpec {
         bundle: bundle.to_path_buf(),
         message,
