@@ -169,29 +169,23 @@ fn a_non_root_process_in_a_user_namespace_checkpoints_rolls_back_and_restores() 
 
 #[test]
 fn a_mapping_of_host_root_into_the_sandbox_is_refused() {
-    let id = unique_id("uns-root");
-    let _g = Guard::new(&id);
-    let out = ctr_run(
-        &[
-            "run",
-            "-d",
-            "--runtime",
-            CRAB,
-            "--uidmap",
-            "0:0:65536",
-            "--gidmap",
-            "0:100000:65536",
-            BUSYBOX,
-            &id,
-            "sleep",
-            "30",
-        ],
-        None,
-        Duration::from_secs(60),
+    create_fails_naming(
+        &["--uidmap", "0:0:65536", "--gidmap", "0:100000:65536"],
+        "maps host uid 0 into the sandbox",
     );
+}
+
+/// `ctr run -d` of a busybox with `flags` fails, its error naming `needle`.
+fn create_fails_naming(flags: &[&str], needle: &str) {
+    let id = unique_id("uns-refused");
+    let _g = Guard::new(&id);
+    let mut args = vec!["run", "-d", "--runtime", CRAB];
+    args.extend_from_slice(flags);
+    args.extend_from_slice(&[BUSYBOX, &id, "sleep", "30"]);
+    let out = ctr_run(&args, None, Duration::from_secs(60));
     let (o, e) = text(&out);
     assert!(!out.status.success(), "{o}{e}");
-    assert!(e.contains("maps host uid 0 into the sandbox"), "{e}");
+    assert!(e.contains(needle), "{e}");
 }
 
 #[test]
@@ -415,29 +409,15 @@ fn a_container_joining_a_pods_user_namespace_runs_in_it_rolls_back_its_files_and
         > now));
 
     // Maps in the spec that are not the namespace's own are refused at create.
-    let id = unique_id("uns-join");
-    let _bad = Guard::new(&id);
-    let out = ctr_run(
+    create_fails_naming(
         &[
-            "run",
-            "-d",
-            "--runtime",
-            CRAB,
             "--uidmap",
             "0:200000:65536",
             "--gidmap",
             "0:200000:65536",
             "--with-ns",
             &user,
-            BUSYBOX,
-            &id,
-            "sleep",
-            "30",
         ],
-        None,
-        Duration::from_secs(60),
+        "but the user namespace it joins maps",
     );
-    let (o, e) = text(&out);
-    assert!(!out.status.success(), "{o}{e}");
-    assert!(e.contains("but the user namespace it joins maps"), "{e}");
 }
