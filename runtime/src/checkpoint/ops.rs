@@ -87,10 +87,20 @@ impl Container {
                 operation: "take a process-only checkpoint",
             });
         }
-        if matches!(req.kind, Kind::Full | Kind::ProcessOnly) {
+        let (with_fs, with_proc) = match req.kind {
+            Kind::Full => (true, true),
+            Kind::FsOnly => (true, false),
+            Kind::ProcessOnly => (false, true),
+            Kind::Skip => (false, false),
+        };
+        // Read before the freeze: a dump no restore could use is refused here.
+        let spec = if with_proc {
             let spec = load_spec(&self.state.bundle)?;
             crate::userns::joined::refuse_process_dump(key.id(), &spec)?;
-        }
+            Some(spec)
+        } else {
+            None
+        };
         let status = self.status()?;
         let pid = match (status, self.lc()?.pid()) {
             (ContainerStatus::Running | ContainerStatus::Paused, Some(p)) => p.as_raw(),
@@ -101,12 +111,6 @@ impl Container {
                     operation: "checkpoint",
                 })
             }
-        };
-        let (with_fs, with_proc) = match req.kind {
-            Kind::Full => (true, true),
-            Kind::FsOnly => (true, false),
-            Kind::ProcessOnly => (false, true),
-            Kind::Skip => (false, false),
         };
         let started = Instant::now();
         let mut timings = Timings::default();
@@ -131,11 +135,10 @@ impl Container {
                 timings.fs_ms = t.elapsed().as_millis() as u64;
                 fault::point("checkpoint.snapshotted");
             }
-            if with_proc {
+            if let Some(spec) = &spec {
                 let t = Instant::now();
                 let _ = std::fs::remove_dir_all(&tmp);
                 create_private_dir(&tmp.join(CRIU_DIR))?;
-                let spec = load_spec(&self.state.bundle)?;
                 let stdio = stdio_keys(pid);
                 let request = dump_request(
                     criu::Tool::from_config(config),
@@ -143,7 +146,7 @@ impl Container {
                     tmp.join(CRIU_DIR),
                     true,
                     &self.cgroup_path()?,
-                    &spec,
+                    spec,
                     &stdio,
                     true,
                 );

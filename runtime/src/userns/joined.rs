@@ -12,14 +12,14 @@
 //! Only `/proc/<pid>/ns/user` paths are taken: the maps are read from that
 //! process, and the namespace file is opened first and compared after the read, so
 //! a pid reused meanwhile is noticed. The namespace libcontainer then joins is
-//! checked once more on the created init (`super::restored::verify`).
+//! checked once more on the created init ([`verify_created`]).
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use oci_spec::runtime::{LinuxNamespaceType, Spec};
 
-use super::{restored::parse_map, Mappings};
+use super::{restored::read_maps, Mappings};
 
 /// The path of the user namespace the spec joins, if it joins one.
 pub fn path(spec: &Spec) -> Option<PathBuf> {
@@ -51,28 +51,14 @@ pub fn maps_of(path: &Path) -> Result<Mappings, String> {
             path.display()
         )
     })?;
-    let inode = |p: &Path| {
-        std::fs::metadata(p)
-            .map(|m| (m.dev(), m.ino()))
-            .map_err(|e| format!("the user namespace to join, {}: {e}", p.display()))
-    };
-    // Held open, so the namespace read is the one first seen.
-    let held = std::fs::File::open(path)
-        .map_err(|e| format!("the user namespace to join, {}: {e}", path.display()))?;
-    let first = held
-        .metadata()
-        .map(|m| (m.dev(), m.ino()))
-        .map_err(|e| format!("the user namespace to join, {}: {e}", path.display()))?;
-    let read = |which: &str| -> Result<Vec<super::Extent>, String> {
-        let file = format!("/proc/{pid}/{which}_map");
-        let text = std::fs::read_to_string(&file).map_err(|e| format!("read {file}: {e}"))?;
-        parse_map(&text).ok_or_else(|| format!("unreadable {file}: {text:?}"))
-    };
-    let maps = Mappings {
-        uids: read("uid")?,
-        gids: read("gid")?,
-    };
-    if inode(path)? != first {
+    let failed = |e: std::io::Error| format!("the user namespace to join, {}: {e}", path.display());
+    let id = |m: std::fs::Metadata| (m.dev(), m.ino());
+    // Held open while the maps are read: the namespace stays alive, so its inode
+    // number cannot pass to another one meanwhile.
+    let held = std::fs::File::open(path).map_err(failed)?;
+    let first = held.metadata().map(id).map_err(failed)?;
+    let maps = read_maps(pid)?;
+    if std::fs::metadata(path).map(id).map_err(failed)? != first {
         return Err(format!(
             "process {pid} left the user namespace to join while its maps were read"
         ));
@@ -110,16 +96,7 @@ pub fn verify_created(bundle: &Path, pid: i32, maps: &Mappings) -> crate::Result
         bundle: bundle.to_path_buf(),
         message: format!("the user namespace joined is not the one checked: {message}"),
     };
-    let read = |which: &str| {
-        let file = format!("/proc/{pid}/{which}_map");
-        let text =
-            std::fs::read_to_string(&file).map_err(|e| invalid(format!("read {file}: {e}")))?;
-        parse_map(&text).ok_or_else(|| invalid(format!("unreadable {file}: {text:?}")))
-    };
-    let now = Mappings {
-        uids: read("uid")?,
-        gids: read("gid")?,
-    };
+    let now = read_maps(pid).map_err(invalid)?;
     spec_agrees(maps, &now).map_err(invalid)
 }
 

@@ -37,6 +37,20 @@ pub fn parse_map(text: &str) -> Option<Vec<Extent>> {
         .collect()
 }
 
+/// The maps of the user namespace process `pid` is in, from its `uid_map` and
+/// `gid_map`. `Err` names the file that could not be read or parsed.
+pub fn read_maps(pid: impl std::fmt::Display) -> std::result::Result<Mappings, String> {
+    let read = |which: &str| {
+        let file = format!("/proc/{pid}/{which}_map");
+        let text = std::fs::read_to_string(&file).map_err(|e| format!("read {file}: {e}"))?;
+        parse_map(&text).ok_or_else(|| format!("unreadable {file}: {text:?}"))
+    };
+    Ok(Mappings {
+        uids: read("uid")?,
+        gids: read("gid")?,
+    })
+}
+
 /// Compares the maps read from a restored process with what the spec asked for
 /// (`None`: no user namespace). `Err` names the difference.
 pub fn compare(
