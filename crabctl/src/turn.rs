@@ -89,6 +89,18 @@ pub fn stats(config: &Config, namespace: &str, id: &str, json: bool) -> Result<(
     } else if let Some(why) = &s.standby_missing {
         println!("  standby: none ({why})");
     }
+    if !s.fork_replicas.is_empty() {
+        let pids: Vec<String> = s.fork_replicas.iter().map(|r| r.pid.to_string()).collect();
+        println!(
+            "  replicas for forks: {} of checkpoint seq {}, init pids {}",
+            s.fork_replicas.len(),
+            s.fork_replicas[0].seq,
+            pids.join(" ")
+        );
+    }
+    if let Some(why) = &s.fork_replicas_missing {
+        println!("  replicas for forks: fewer than asked ({why})");
+    }
     if s.standby_dropped > 0 {
         println!(
             "  standby: {} dropped for memory pressure",

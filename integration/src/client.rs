@@ -120,6 +120,16 @@ pub fn restore_from_history(
     (any("containerd.runc.v1.Options", &runc), request)
 }
 
+/// runc's task options naming `path` as the CRIU image path (where `crabctl`
+/// names its restore requests).
+pub fn options_naming(path: &std::path::Path) -> prost_types::Any {
+    let runc = RuncOptions {
+        shim_cgroup: String::new(),
+        criu_image_path: path.to_string_lossy().into_owned(),
+    };
+    any("containerd.runc.v1.Options", &runc)
+}
+
 fn any(type_url: &str, m: &impl prost::Message) -> prost_types::Any {
     prost_types::Any {
         type_url: type_url.to_string(),

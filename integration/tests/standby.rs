@@ -146,6 +146,60 @@ fn a_rollback_to_the_checkpoint_a_standby_holds_adopts_it_and_restores_memory_an
     }
 }
 
+/// The spec's cgroup mount, as Docker, Kubernetes and containerd's CRI give every
+/// container (`ctr`'s default spec has none).
+const CGROUP_VIEW: &[&str] = &[
+    "--mount",
+    "type=cgroup,src=cgroup,dst=/sys/fs/cgroup,options=ro:nosuid:noexec:nodev",
+];
+
+/// The memory limit and the processes the container's cgroup view shows (the v1
+/// memory and pids hierarchies, or the unified tree on a v2-only host).
+fn cgroup_view(g: &Guard) -> (String, String) {
+    let read = |v1: &str, v2: &str| {
+        let script = format!("cat /sys/fs/cgroup/{v1} 2>/dev/null || cat /sys/fs/cgroup/{v2}");
+        g.exec_ok(&["sh", "-c", &script]).trim().to_string()
+    };
+    (
+        read("memory/memory.limit_in_bytes", "memory.max"),
+        read("pids/cgroup.procs", "cgroup.procs"),
+    )
+}
+
+#[test]
+fn a_container_that_adopted_its_standby_sees_its_own_cgroup_files() {
+    let flags = [
+        ASK_FOR_STANDBY,
+        &["--memory-limit", "268435456"],
+        CGROUP_VIEW,
+    ]
+    .concat();
+    let g = counter(&flags);
+    let (limit, procs) = cgroup_view(&g);
+    assert_eq!(limit, "268435456");
+    assert!(
+        procs.lines().any(|p| p == "1"),
+        "the init is not in {procs:?}"
+    );
+    crabctl_ok(&["checkpoint", &g.id, "--name", "base"]);
+    wait_for_standby(&g.id, newest_seq(&g.id));
+    let out = crabctl_ok(&["rollback", &g.id, "base"]);
+    assert!(out.contains("standby adopted"), "{out}");
+    // The replica's own cgroups are gone by now: its view must not have shown them.
+    let (limit, procs) = cgroup_view(&g);
+    assert_eq!(limit, "268435456", "after the adoption");
+    assert!(
+        procs.lines().any(|p| p == "1"),
+        "the adopted init is not in the view's {procs:?}"
+    );
+    let write = g.exec(&[
+        "sh",
+        "-c",
+        "echo 1 > /sys/fs/cgroup/pids/pids.max || echo 1 > /sys/fs/cgroup/pids.max",
+    ]);
+    assert_ne!(write.status.code(), Some(0), "the view is writable");
+}
+
 #[test]
 fn twenty_rollbacks_between_two_checkpoints_land_on_each_with_or_without_a_standby() {
     let g = counter(ASK_FOR_STANDBY);

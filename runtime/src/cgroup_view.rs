@@ -97,7 +97,13 @@ pub fn dumped(pid: i32, spec: &Spec) -> Result<Vec<String>> {
 /// joined the restored container's cgroups: (mount point inside the container,
 /// that cgroup's directory on this host). They are what libcontainer binds at
 /// create: one per v1 hierarchy of this host, or the unified tree on a v2-only host.
-pub fn restored(spec: &Spec) -> Result<Vec<(String, PathBuf)>> {
+///
+/// A standby replica's restore (`standby`: what its cgroups add to the
+/// container's names, [`crate::standby::cgroup_path`]) joins cgroups beside the
+/// container's, which are removed once it is adopted: its view shows the
+/// container's own cgroups instead, where its processes move at adoption. A bind
+/// of the standby's would show an empty directory from then on.
+pub fn restored(spec: &Spec, standby: Option<&str>) -> Result<Vec<(String, PathBuf)>> {
     let Some((dest, _)) = spec_mount(spec) else {
         return Ok(Vec::new());
     };
@@ -113,21 +119,34 @@ pub fn restored(spec: &Spec) -> Result<Vec<(String, PathBuf)>> {
             (!name.is_empty() && !name.contains('/')).then(|| name.to_string())
         })
         .collect();
+    let viewed = |name: &str| {
+        let path = own_path(&own, name).ok_or_else(|| missing_hierarchy(name))?;
+        Ok::<_, Error>(container_path(path, standby))
+    };
     if host.is_empty() {
         // A v2-only host: the unified tree is mounted at `dest` itself.
-        let path = own_path(&own, "").ok_or_else(|| missing_hierarchy("unified"))?;
+        let path = viewed("")?;
         let source = Path::new(HOST_ROOT).join(path.trim_start_matches('/'));
         return Ok(vec![(dest.to_string_lossy().into_owned(), source)]);
     }
     host.into_iter()
         .map(|name| {
-            let path = own_path(&own, &name).ok_or_else(|| missing_hierarchy(&name))?;
+            let path = viewed(&name)?;
             let source = Path::new(HOST_ROOT)
                 .join(&name)
                 .join(path.trim_start_matches('/'));
             Ok((dest.join(&name).to_string_lossy().into_owned(), source))
         })
         .collect()
+}
+
+/// The container's own cgroup path from the restoring process's `path`: the same,
+/// or without the standby's `suffix` it ends with.
+fn container_path(path: String, standby: Option<&str>) -> String {
+    match standby.and_then(|s| path.strip_suffix(s)) {
+        Some(own) => own.to_string(),
+        None => path,
+    }
 }
 
 fn missing_hierarchy(name: &str) -> Error {
@@ -297,6 +316,21 @@ mod tests {
         assert_eq!(own_path(own, "pids").as_deref(), Some("/p"));
         assert_eq!(own_path(own, "").as_deref(), Some("/u"));
         assert_eq!(own_path(own, "memory"), None);
+    }
+
+    #[test]
+    fn a_standbys_view_shows_the_containers_own_cgroup_it_moves_to_at_adoption() {
+        let standby = "/crab/web@standby-41-3";
+        assert_eq!(
+            container_path(standby.into(), Some("@standby-41-3")),
+            "/crab/web"
+        );
+        // A plain restore's view is the cgroup it joined.
+        assert_eq!(container_path("/crab/web".into(), None), "/crab/web");
+        assert_eq!(
+            container_path("/crab/web".into(), Some("@standby-41-3")),
+            "/crab/web"
+        );
     }
 
     #[test]

@@ -81,6 +81,11 @@ pub struct Standby {
     /// when availability falls below this is dropped (replicas go first under
     /// memory pressure, before the kernel reclaims or kills anything else).
     pub min_available_mib: u64,
+    /// How many replicas of its newest checkpoint a container keeps for forks (the
+    /// annotation `io.crab.standby.forks` chooses per container; at most
+    /// [`MAX_FORK_REPLICAS`]). Each is a whole copy of the checkpoint's processes
+    /// and counts in `max_per_host`. 0: none, every fork restores from the images.
+    pub forks: u32,
 }
 
 impl Default for Standby {
@@ -90,9 +95,16 @@ impl Default for Standby {
             max_per_host: 8,
             max_image_mib: 0,
             min_available_mib: 1024,
+            forks: 0,
         }
     }
 }
+
+/// The annotation by which a container asks for replicas for forks (a count).
+pub const FORK_REPLICAS_ANNOTATION: &str = "io.crab.standby.forks";
+
+/// The most replicas for forks one container keeps.
+pub const MAX_FORK_REPLICAS: u32 = 64;
 
 /// The annotation by which a container asks for a standby replica (`true`) or
 /// declines one (`false`), whatever [`Standby::enabled`] says.
@@ -102,6 +114,23 @@ impl Standby {
     /// Applies a container's [`STANDBY_ANNOTATION`].
     pub fn choose(&mut self, value: &str) -> Result<(), String> {
         self.enabled = switch(value)?;
+        Ok(())
+    }
+
+    /// Whether a container keeps any replica: for its rollbacks or for forks.
+    pub fn wants_replicas(&self) -> bool {
+        self.enabled || self.forks > 0
+    }
+
+    /// Applies a container's [`FORK_REPLICAS_ANNOTATION`].
+    pub fn choose_forks(&mut self, value: &str) -> Result<(), String> {
+        let n: u32 = value
+            .parse()
+            .map_err(|_| format!("{value:?} is not a count"))?;
+        if n > MAX_FORK_REPLICAS {
+            return Err(format!("{n} is more than {MAX_FORK_REPLICAS}"));
+        }
+        self.forks = n;
         Ok(())
     }
 }
@@ -759,6 +788,9 @@ impl Config {
                 ));
             }
         }
+        if self.standby.forks > MAX_FORK_REPLICAS {
+            return Err(bad("standby.forks", format!("at most {MAX_FORK_REPLICAS}")));
+        }
         if self.checkpoint.keep_last == 0 {
             return Err(bad("checkpoint.keep_last", "must be at least 1".into()));
         }
@@ -1033,6 +1065,20 @@ fail_closed = false
         let c = Config::parse("[proxy]\nmax_body = \"1K\"\nlog_max_size = \"2M\"", "t").unwrap();
         assert_eq!(c.proxy.max_body_bytes(), Ok(1024));
         assert_eq!(c.proxy.log_max_bytes(), Ok(2 << 20));
+    }
+
+    #[test]
+    fn test_a_count_of_fork_replicas_is_bounded_in_the_file_and_the_annotation() {
+        let e = Config::parse("[standby]\nforks = 65", "t").unwrap_err();
+        assert!(e.to_string().contains("standby.forks"), "{e}");
+        let mut c = Config::parse("[standby]\nforks = 64", "t").unwrap();
+        assert!(c.standby.wants_replicas());
+        c.standby.choose_forks("0").unwrap();
+        assert!(!c.standby.wants_replicas());
+        for bad in ["65", "lots", "-1", ""] {
+            assert!(c.standby.choose_forks(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(c.standby.forks, 0, "a refused value changed nothing");
     }
 
     #[test]

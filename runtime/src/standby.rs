@@ -24,6 +24,9 @@
 #[path = "standby_memory.rs"]
 pub mod memory;
 
+#[path = "standby_fork.rs"]
+mod fork;
+
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -50,6 +53,17 @@ pub const CGROUP_SUFFIX: &str = "@standby";
 /// Standbys made by this process so far (for their names).
 static MADE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
+/// What a replica is for, which decides the cgroups its view shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum Use {
+    /// The container's own rollback: its processes move into the container's
+    /// cgroups at adoption, and its cgroup view shows those from the start.
+    Rollback,
+    /// A fork's processes ([`Container::adopt_fork_replica`]): its cgroups become
+    /// the fork's by a rename, and its view shows them.
+    Fork,
+}
+
 /// Where a standby is restored (the restore's helper reads it).
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Target {
@@ -57,6 +71,16 @@ pub struct Target {
     pub rootfs: PathBuf,
     /// What its cgroups and work directory add to the container's names.
     pub suffix: String,
+    /// What it is for.
+    pub usage: Use,
+}
+
+impl Target {
+    /// What the restored processes' cgroup view is to strip from the cgroups the
+    /// restore joined ([`crate::cgroup_view::restored`]).
+    pub fn view_strips(&self) -> Option<&str> {
+        (self.usage == Use::Rollback).then_some(self.suffix.as_str())
+    }
 }
 
 /// The checkpoint a standby is made of.
@@ -104,6 +128,8 @@ pub struct Standby {
     pub pid: i32,
     /// How long making it took.
     pub made_in: Duration,
+    /// What it is for.
+    pub usage: Use,
     id: String,
     tree: PathBuf,
     tracking: TrackingCgroup,
@@ -181,7 +207,13 @@ impl Container {
     /// host's budgets admit it ([`reserve`]). The init's stdio are `stdio` (pipes
     /// the caller starts copying at adoption). Takes no slot: the caller bounds
     /// it. On failure nothing of it is left.
-    pub fn make_standby(&self, config: &Config, of: &Of, stdio: ChildStdio) -> Result<Standby> {
+    pub fn make_standby(
+        &self,
+        config: &Config,
+        of: &Of,
+        stdio: ChildStdio,
+        usage: Use,
+    ) -> Result<Standby> {
         let Of {
             seq,
             images,
@@ -199,6 +231,9 @@ impl Container {
             return Err(refused(
                 "it shares a network or pid namespace (the replica would meet the live processes there)",
             ));
+        }
+        if usage == Use::Fork {
+            fork::check_makeable(&spec)?;
         }
         let key = self.key()?;
         let suffix = next_suffix();
@@ -242,6 +277,7 @@ impl Container {
                 standby: Some(Target {
                     rootfs: root.clone(),
                     suffix: suffix.clone(),
+                    usage,
                 }),
             };
             helper::run(make, stdio)
@@ -251,6 +287,7 @@ impl Container {
                 seq,
                 pid: restored.pid,
                 made_in: started.elapsed(),
+                usage,
                 id: self.state.id.clone(),
                 tree,
                 tracking,
@@ -289,6 +326,14 @@ impl Container {
         killed: Vec<i32>,
     ) -> Result<(i32, Leftovers)> {
         let started = Instant::now();
+        if standby.usage != Use::Rollback {
+            let _ = standby.discard(config);
+            return Err(Error::WrongState {
+                id: self.state.id.clone(),
+                state: "offered a replica made for forks".into(),
+                operation: "adopt the standby",
+            });
+        }
         let pids = standby.pids()?;
         let leftovers = Leftovers {
             id: self.state.id.clone(),

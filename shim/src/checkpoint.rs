@@ -62,6 +62,9 @@ pub struct PendingRestore {
     /// What the shim removes once the processes are back (an unpacked checkpoint of
     /// containerd's, which containerd never removes; an unpacked import).
     pub cleanup: Vec<PathBuf>,
+    /// A fork's replica of the checkpoint, taken from the container it is forked
+    /// from, adopted at `Start` in place of a restore ([`crate::standby_forks`]).
+    pub replica: Option<crate::standby::Ready>,
 }
 
 /// Whose checkpoint directory a restore reads, which says what the shim may do with it.
@@ -231,6 +234,13 @@ impl TaskService {
                 Plan::History(src, Box::new(pinned))
             }
         };
+        // A fork of a container this shim serves may take one of its replicas.
+        let fork_of = match &plan {
+            Plan::History(src, pinned) if *src != key && !req.terminal => {
+                Some((src.clone(), pinned.entry.seq))
+            }
+            _ => None,
+        };
         let rootfs_mounted = match &plan {
             Plan::History(src, pinned) if *src != key => {
                 let snapshot = pinned.entry.fs_snapshot.clone().unwrap_or_default();
@@ -277,6 +287,7 @@ impl TaskService {
                             images,
                             dumped,
                             cleanup,
+                            replica: None,
                         },
                     ))
                 }
@@ -293,19 +304,23 @@ impl TaskService {
                             images,
                             dumped,
                             cleanup: vec![pin],
+                            replica: None,
                         },
                     ))
                 }
             }
         })
         .await;
-        let (sandbox, pending) = match prepared {
+        let (sandbox, mut pending) = match prepared {
             Ok(v) => v,
             Err(e) => {
                 rootfs::release(&config, &key, &bundle.join("rootfs"), rootfs_mounted).await;
                 return Err(e);
             }
         };
+        if let Some((src, seq)) = fork_of {
+            pending.replica = self.take_fork_replica(&src, seq).await;
+        }
         let init = crate::process::Process::new(
             "",
             crate::io::StdioPaths {
@@ -332,12 +347,40 @@ impl TaskService {
             proxy_listener,
             api_token: None,
             standby: Default::default(),
+            fork_replicas: Default::default(),
         })
     }
 
     /// `Start` of a container created from a checkpoint.
     pub(crate) async fn start_restored(&self, inst: &mut Instance) -> ShimResult<i32> {
-        let pending = inst.restore.take().expect("caller checked");
+        let mut pending = inst.restore.take().expect("caller checked");
+        if let Some(ready) = pending.replica.take() {
+            let started = Instant::now();
+            let rootfs = inst.bundle.join("rootfs");
+            let dumped_id = pending.dumped.id.clone();
+            let adopted = crate::standby_forks::adopt(
+                &inst.sandbox,
+                ready,
+                rootfs,
+                dumped_id,
+                &inst.init.stdio,
+            )
+            .await;
+            if let Some((pid, io)) = adopted {
+                tracing::info!(id = %inst.container().id(), pid,
+                    ms = started.elapsed().as_millis() as u64, "restored from a replica");
+                let cleanup = pending.cleanup;
+                tokio::task::spawn_blocking(move || {
+                    for p in &cleanup {
+                        let _ = std::fs::remove_dir_all(p);
+                    }
+                });
+                inst.init.pid = pid;
+                inst.init.io = Some(io);
+                inst.oom = crate::oom::watch(inst.container(), self.events.clone());
+                return Ok(pid);
+            }
+        }
         let sandbox = inst.sandbox.clone();
         let (images, dumped) = (pending.images.clone(), pending.dumped.clone());
         let terminal = dumped.stdio.tty.is_some();

@@ -150,6 +150,8 @@ impl TaskService {
                     if let Ok(inst) = slot.lock().await {
                         (stats.standby, stats.standby_missing, stats.standby_dropped) =
                             inst.standby.report();
+                        (stats.fork_replicas, stats.fork_replicas_missing) =
+                            inst.fork_replicas.report();
                     }
                 }
                 Ok(Response::Stats { stats })
@@ -195,7 +197,7 @@ impl TaskService {
             check_checkpointable(&inst, id)?;
             inst.sandbox.clone()
         };
-        let wants_standby = sandbox.config().standby.enabled;
+        let wants_standby = sandbox.config().standby.wants_replicas();
         let (entry, _) = blocking(move || sandbox.checkpoint(req, &Priority::high())).await?;
         tracing::info!(%id, seq = entry.seq, kind = ?entry.kind, total_ms = entry.timings.total_ms,
             freeze_ms = entry.timings.freeze_ms, fs_ms = entry.timings.fs_ms,

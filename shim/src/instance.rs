@@ -50,6 +50,8 @@ pub struct Instance {
     pub api_token: Option<String>,
     /// Its standby replica, when it asks for one ([`crate::standby`]).
     pub standby: crate::standby::Slot,
+    /// Its replicas for forks, when it asks for them ([`crate::standby_forks`]).
+    pub fork_replicas: crate::standby_forks::Pool,
 }
 
 impl Instance {

@@ -92,6 +92,28 @@ impl PipeIo {
         Ok((io, child))
     }
 
+    /// Pipes for a process whose fifos are not known yet (a replica for forks):
+    /// the write end of its stdin is kept until [`PipeIo::bind`] names them.
+    pub fn unbound() -> ShimResult<(PipeIo, ChildStdio)> {
+        let kept = StdioPaths {
+            stdin: "(not yet known)".into(),
+            ..Default::default()
+        };
+        let (mut io, child) = PipeIo::new(&kept)?;
+        io.paths = StdioPaths::default();
+        Ok((io, child))
+    }
+
+    /// Names the fifos of [`PipeIo::unbound`] pipes; without a stdin fifo, the
+    /// process reads EOF on its stdin from now on, as if made for none.
+    pub fn bind(mut self, paths: &StdioPaths) -> PipeIo {
+        if paths.stdin.is_empty() {
+            self.stdin_w = None;
+        }
+        self.paths = paths.clone();
+        self
+    }
+
     /// Starts the copy tasks.
     pub fn start(self) -> ShimResult<ProcessIo> {
         let mut outputs = Vec::new();

@@ -256,7 +256,9 @@ pub fn start(config: &Config, l: &Launch) -> ShimResult<TurnProxy> {
         .map_err(|e| fail(format!("open {}: {e}", l.log.display())))?;
     let program = program(config);
     let mut cmd = Command::new(&program);
-    cmd.arg("--config")
+    // Not the shim's directory, which goes with the container it started for.
+    cmd.current_dir("/")
+        .arg("--config")
         .arg(l.config_file)
         .args(["--address", l.address, "--namespace", l.namespace])
         .args(["proxy", l.id, "--managed"])

@@ -63,6 +63,15 @@ impl Shim for Service {
                 crate::shim_cgroup::join(cgroup).map_err(containerd_shim::Error::Other)?;
             }
         }
+        // A fork of a container keeping replicas for forks goes to that
+        // container's shim, which holds them.
+        if let Some(address) =
+            crate::fork_group::source_shim(&self.bundle, &opts.namespace, &opts.id, &stdin)
+        {
+            std::fs::write(self.bundle.join("address"), &address)
+                .map_err(|e| containerd_shim::Error::Other(format!("write address file: {e}")))?;
+            return Ok(address);
+        }
         let grouping = sandbox_group(&self.bundle).unwrap_or_else(|| opts.id.clone());
         if grouping == opts.id {
             // A container's own socket left by a shim that died with its host (or

@@ -16,7 +16,7 @@ use std::time::Duration;
 use crab_runtime::checkpoint::history::Entry;
 use crab_runtime::config::STANDBY_ANNOTATION;
 use crab_runtime::sandbox::Sandbox;
-use crab_runtime::standby::Standby;
+use crab_runtime::standby::{Standby, Use};
 
 use crate::instance::Instance;
 use crate::io::{PipeIo, ProcessIo};
@@ -28,6 +28,15 @@ pub struct Ready {
     pub standby: Standby,
     /// Their stdio, not yet copied to the task's fifos.
     pub pipes: PipeIo,
+}
+
+impl std::fmt::Debug for Ready {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ready")
+            .field("seq", &self.standby.seq)
+            .field("pid", &self.standby.pid)
+            .finish()
+    }
 }
 
 #[derive(Default)]
@@ -227,14 +236,15 @@ pub fn configure(
 
 impl TaskService {
     /// After a checkpoint with a process image of a container asking for
-    /// replicas (`wants`: its configuration's `standby.enabled`): a replica of
-    /// it, in the background (the container's lock is taken there, not here; a
-    /// container that does not ask never takes it).
+    /// replicas (`wants`: its configuration's `standby.wants_replicas()`): a
+    /// replica of it for its rollbacks and those for forks, in the background
+    /// (the container's lock is taken there, not here; a container that does not
+    /// ask never takes it).
     pub(crate) fn standby_after(&self, id: &str, wants: bool, entry: &Entry) {
         if !entry.kind.dumps_processes() || !wants {
             return;
         }
-        let (service, id, seq) = (self.clone(), id.to_string(), entry.seq);
+        let (service, id, entry) = (self.clone(), id.to_string(), entry.clone());
         tokio::spawn(async move {
             let Ok(slot) = service.containers.get(&id) else {
                 return;
@@ -242,7 +252,8 @@ impl TaskService {
             let Ok(inst) = slot.lock().await else {
                 return;
             };
-            service.refresh_standby(&id, &inst, seq);
+            service.refresh_standby(&id, &inst, entry.seq);
+            service.fork_replicas_after(&inst, &entry);
         });
     }
 
@@ -267,7 +278,8 @@ impl TaskService {
             let made = async {
                 let (pipes, child) = PipeIo::new(&stdio)?;
                 let standby =
-                    blocking(move || sandbox.make_standby(&seq.to_string(), child)).await?;
+                    blocking(move || sandbox.make_standby(&seq.to_string(), child, Use::Rollback))
+                        .await?;
                 Ok::<_, crate::error::ShimError>(Ready { standby, pipes })
             }
             .await;

@@ -120,6 +120,7 @@ impl TaskService {
         let proxy_listener = crate::proxy_listener::claim(&mut config, &spec)?;
         crate::checkpoint::configure(&mut config, &spec)?;
         crate::standby::configure(&mut config, &spec)?;
+        crate::standby_forks::configure(&mut config, &spec)?;
         // Standbys of a shim that crashed: their processes are stopped, not gone.
         // A read of one directory, at every create (a restore's too).
         let c = config.clone();
@@ -211,6 +212,7 @@ impl TaskService {
             proxy_listener: None,
             api_token,
             standby: Default::default(),
+            fork_replicas: Default::default(),
         });
         self.publish_create(&req, pid).await;
         Ok(CreateTaskResponse {
@@ -514,6 +516,9 @@ impl TaskService {
         if let Some(ready) = inst.standby.clear() {
             crate::standby::discard(inst.config(), ready).await;
         }
+        for ready in inst.fork_replicas.clear() {
+            crate::standby::discard(inst.config(), ready).await;
+        }
         if let Some(t) = inst.control.take() {
             t.abort();
             let path = crab_runtime::control::socket_path(inst.config(), &self.namespace, &req.id);
@@ -524,6 +529,9 @@ impl TaskService {
         if let Some(pending) = inst.restore.take() {
             for p in &pending.cleanup {
                 let _ = std::fs::remove_dir_all(p);
+            }
+            if let Some(ready) = pending.replica {
+                crate::standby::discard(inst.config(), ready).await;
             }
         }
         let c = inst.container().clone();

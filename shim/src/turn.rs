@@ -159,7 +159,7 @@ impl TaskService {
             check_checkpointable(&inst, id)?;
             (inst.sandbox.clone(), execs_run(&inst))
         };
-        let wants_standby = sandbox.config().standby.enabled;
+        let wants_standby = sandbox.config().standby.wants_replicas();
         if !execs {
             let (class, taken) = blocking(move || sandbox.turn(dry_run, &priority, agent)).await?;
             return Ok((class, taken, wants_standby));

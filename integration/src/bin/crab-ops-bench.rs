@@ -1,10 +1,11 @@
 //! Crab's own operations on a small running container (a busybox shell counting in
 //! memory), through `crabctl`: checkpoint (full and fs-only), rollback in place,
-//! fork of 1, 10 and 50 clones, and migration to a second containerd (export +
+//! fork of 1, 10 and 50 clones (and of 1 and 10 from replicas for forks made
+//! beforehand, docs/standby.md), and migration to a second containerd (export +
 //! import). Prints a Markdown table; times are of the whole `crabctl` command.
 //!
-//! `crab-ops-bench [--iterations N] [--forks 1,10,50]`; needs the private containerd
-//! of `hack/containerd.sh` (see `hack/bench.sh`).
+//! `crab-ops-bench [--iterations N] [--forks 1,10,50] [--replica-forks 1,10]`; needs
+//! the private containerd of `hack/containerd.sh` (see `hack/bench.sh`).
 
 use std::path::Path;
 use std::process::Command;
@@ -22,6 +23,64 @@ struct Cli {
     /// Clones per fork (comma-separated).
     #[arg(long, value_name = "K,...", default_value = "1,10,50")]
     forks: List<usize>,
+    /// Clones per fork from as many replicas made beforehand (comma-separated).
+    #[arg(long, value_name = "K,...", default_value = "1,10")]
+    replica_forks: List<usize>,
+}
+
+/// Init pids of `id`'s replicas for forks (`crabctl stats`).
+fn replica_pids(id: &str) -> Vec<i64> {
+    let v: serde_json::Value =
+        serde_json::from_str(&crabctl_ok(&["stats", id, "--json"])).unwrap_or_default();
+    v["fork_replicas"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|r| r["pid"].as_i64()).collect())
+        .unwrap_or_default()
+}
+
+/// `crabctl fork --count k` of a container keeping `k` replicas for forks, each
+/// run once they are all ready: (the fork's times, forks that adopted one, forks).
+fn forks_from_replicas(k: usize, runs: usize) -> (Vec<Duration>, usize, usize) {
+    let annotation = format!("io.crab.standby.forks={k}");
+    let config = config_with(&format!("[standby]\nmax_per_host = {}\n", k + 8));
+    let config = config.display().to_string();
+    let flags = [
+        "--annotation",
+        &annotation,
+        "--runtime-config-path",
+        &config,
+    ];
+    let g = Guard::run_detached(CRAB, BUSYBOX, &flags, &["sh", "-c", COUNTER]);
+    std::thread::sleep(Duration::from_secs(1));
+    crabctl_ok(&["checkpoint", &g.id, "--name", "base"]);
+    let (mut times, mut adopted) = (Vec::new(), 0);
+    for _ in 0..runs {
+        let mut ready = Vec::new();
+        let all = wait_until(Duration::from_secs(60), || {
+            ready = replica_pids(&g.id);
+            ready.len() == k
+        });
+        assert!(
+            all,
+            "{} of {k} replicas for forks after a minute",
+            ready.len()
+        );
+        let prefix = unique_id("rf");
+        let guards: Vec<Guard> = (1..=k)
+            .map(|i| Guard::new(&format!("{prefix}-{i}")))
+            .collect();
+        let count = k.to_string();
+        times.push(timed(&[
+            "fork", &g.id, "base", "--count", &count, "--prefix", &prefix,
+        ]));
+        adopted += guards
+            .iter()
+            .filter(|f| ready.contains(&(f.pid() as i64)))
+            .count();
+        drop(guards);
+    }
+    let _ = std::fs::remove_file(&config);
+    (times, adopted, k * runs)
 }
 
 const COUNTER: &str = "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.2; done";
@@ -105,6 +164,15 @@ fn main() {
             "one run; clones started in parallel",
         );
         drop(guards);
+    }
+
+    for &k in cli.replica_forks.iter() {
+        let (times, adopted, made) = forks_from_replicas(k, n.min(5));
+        row(
+            &format!("`crabctl fork --count {k}`, {k} replicas ready"),
+            stats(times),
+            &format!("{adopted} of {made} forks adopted a replica"),
+        );
     }
 
     second_containerd("start");

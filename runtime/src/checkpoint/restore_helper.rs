@@ -177,7 +177,8 @@ fn serve(call: Restore) -> Result<Restored> {
         inherit.push((fd.as_raw_fd(), key.clone()));
     }
     let mut external_mounts = bind_mounts(&spec);
-    external_mounts.extend(crate::cgroup_view::restored(&spec)?);
+    let strips = target.as_ref().and_then(|t| t.view_strips());
+    external_mounts.extend(crate::cgroup_view::restored(&spec, strips)?);
     if crate::userns::in_user_namespace(&spec) {
         external_mounts.extend(crate::userns::dev_binds::restored(&spec));
     }

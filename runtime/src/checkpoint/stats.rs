@@ -73,6 +73,12 @@ pub struct TurnStats {
     /// Replicas dropped because the host ran short of memory.
     #[serde(default)]
     pub standby_dropped: u64,
+    /// The container's replicas for forks that are ready (`io.crab.standby.forks`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fork_replicas: Vec<crate::standby::Info>,
+    /// Why the container has fewer replicas for forks than it asks for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fork_replicas_missing: Option<String>,
 }
 
 /// Recent samples of one quantity.

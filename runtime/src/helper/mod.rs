@@ -126,8 +126,12 @@ pub(crate) fn run<C: Call>(
     let exe = std::path::PathBuf::from("/proc/self/exe");
     let json = serde_json::to_string(&request).expect("request serializes");
     let mut cmd = Command::new(&exe);
+    // Not the caller's directory: a shim's is the bundle it started for, which
+    // containerd removes with that container while the shim serves others (a
+    // pod's, a fork's), and a helper started there could not read its cwd.
     cmd.arg(HELPER_ARG)
         .arg(json)
+        .current_dir("/")
         .stdin(ProcessStdio::null())
         .stdout(ProcessStdio::piped())
         .stderr(ProcessStdio::piped());

@@ -173,7 +173,12 @@ impl Sandbox {
     /// Makes a standby replica of checkpoint `name` ([`crate::standby`]), in one of
     /// the host's slots at low priority: a checkpoint or restore that somebody
     /// waits for goes first. The init's stdio are `stdio`.
-    pub fn make_standby(&self, name: &str, stdio: ChildStdio) -> Result<Standby> {
+    pub fn make_standby(
+        &self,
+        name: &str,
+        stdio: ChildStdio,
+        usage: crate::standby::Use,
+    ) -> Result<Standby> {
         let (entry, image) = self.find(name)?;
         let no_image = || crate::Error::NoProcessImage {
             container: self.container.id().to_string(),
@@ -189,7 +194,7 @@ impl Sandbox {
             image_bytes: entry.process_bytes,
         };
         bounded_at(&self.config, &Priority::low(), || {
-            self.container.make_standby(&self.config, &of, stdio)
+            self.container.make_standby(&self.config, &of, stdio, usage)
         })
         .map(|(s, _)| s)
     }
@@ -208,6 +213,20 @@ impl Sandbox {
         inspect::taint(&self.container);
         self.container
             .adopt_standby(&self.config, standby, rootfs, killed)
+    }
+
+    /// Makes `standby`, a replica for forks of checkpoint of `dumped_id` this
+    /// new container is forked from, its processes
+    /// ([`Container::adopt_fork_replica`]); answers the init's pid and what is
+    /// left to clean.
+    pub fn adopt_fork_replica(
+        &self,
+        standby: Standby,
+        rootfs: &std::path::Path,
+        dumped_id: &str,
+    ) -> Result<(i32, Leftovers)> {
+        self.container
+            .adopt_fork_replica(&self.config, standby, rootfs, dumped_id)
     }
 
     /// Removes what an adoption left, once the processes it replaced are gone.
