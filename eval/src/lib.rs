@@ -7,6 +7,7 @@ pub mod demo;
 pub mod density;
 pub mod outcome;
 pub mod plot;
+pub mod provenance;
 pub mod replay;
 pub mod report;
 pub mod run;

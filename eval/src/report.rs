@@ -45,6 +45,8 @@ pub struct Results {
     pub density_speedup: f64,
     /// End-to-end figures.
     pub densities: Vec<Density>,
+    /// The run, named in the report.
+    pub run: Option<crate::provenance::Run>,
 }
 
 /// Whether a run ended as the fault-free run did, its task done.
@@ -93,6 +95,9 @@ impl Results {
     pub fn document(&self, mode: &str, plots: &[String]) -> String {
         let mut s = String::from(PREAMBLE);
         let _ = writeln!(s, "## This run ({mode} mode)\n");
+        if let Some(run) = &self.run {
+            let _ = writeln!(s, "{}\n", run.line("crab-eval", "hack/eval.sh"));
+        }
         s.push_str(&self.markdown());
         if !plots.is_empty() {
             let _ = writeln!(s, "## Plots\n");

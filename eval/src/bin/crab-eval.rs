@@ -133,6 +133,7 @@ async fn main() -> Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let mut cli = Cli::parse();
+    let started = crab_eval::provenance::Run::start();
     if cli.quick {
         cli.speedup = cli.speedup.max(60.0);
         cli.crash_points = "1".into();
@@ -184,6 +185,7 @@ async fn main() -> Result<()> {
         crash_points: cli.crash_points.clone(),
         crab_crash_points: Some(cli.crab_crash_points.clone()),
         density_speedup: cli.density_speedup,
+        run: Some(started),
         ..Default::default()
     };
     let mut seed = cli.seed;

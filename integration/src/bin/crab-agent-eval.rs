@@ -55,7 +55,7 @@ struct Args {
 fn main() -> Result<()> {
     let args = Args::parse();
     // The tree the run starts from (hack/eval.sh builds just before).
-    let commit = commit();
+    let commit = crab_eval::provenance::commit();
     let (names, speedup) = if args.quick {
         ("read-logs-triage".to_string(), 40.0)
     } else {
@@ -126,7 +126,7 @@ fn report(rows: &[Row], pace: Pace, args: &Args, commit: &str) -> Result<String>
          recorded from a model); the scripted servers' answers wait the trajectory's think \
          times divided by {}. See [evaluation.md](evaluation.md) for the trajectories and \
          [agents.md](agents.md) for how the agents run.\n",
-        command_line(),
+        crab_eval::provenance::command_line(),
         commit,
         agents.join("; "),
         pace.speedup
@@ -138,22 +138,6 @@ fn report(rows: &[Row], pace: Pace, args: &Args, commit: &str) -> Result<String>
         mini_sections(&mut s, rows)?;
     }
     Ok(s)
-}
-
-/// The arguments the binary was given, but `--out` and its file (a path of
-/// the machine it ran on), each after a space.
-fn command_line() -> String {
-    let mut out = String::new();
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        if a == "--out" {
-            args.next();
-        } else if !a.starts_with("--out=") {
-            out.push(' ');
-            out.push_str(&a);
-        }
-    }
-    out
 }
 
 /// A skip-share table's rows: (trajectory, category, counters, skip share
@@ -377,25 +361,4 @@ fn density_table(agent: Agent, name: &str, runs: &[&Density]) -> Result<String> 
         )?;
     }
     Ok(s)
-}
-
-/// The commit the figures come from, marked when the tree differs from it.
-fn commit() -> String {
-    let git = |args: &[&str]| {
-        std::process::Command::new("git")
-            .args(args)
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .output()
-            .ok()
-            .filter(|o| o.status.success())
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-    };
-    let rev = git(&["rev-parse", "--short", "HEAD"]).unwrap_or_else(|| "unknown".into());
-    let dirty =
-        git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
-    if dirty {
-        format!("`{rev}` (with uncommitted changes)")
-    } else {
-        format!("`{rev}`")
-    }
 }
