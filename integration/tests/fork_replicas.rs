@@ -273,6 +273,54 @@ fn a_request_forged_outside_the_root_only_directory_takes_no_replica_and_joins_n
     assert_eq!(victim.exec_ok(&["cat", "/f"]).trim(), "orig");
 }
 
+#[test]
+fn a_crash_of_the_shim_serving_a_source_and_its_forks_leaves_no_replica_stopped() {
+    let g = server(2);
+    let at = count(&g);
+    crabctl_ok(&["checkpoint", &g.id, "--name", "safe"]);
+    let replicas = wait_for_replicas(&g.id, 2);
+    let prefix = unique_id("fcrash");
+    let f = Guard::new(&format!("{prefix}-1"));
+    crabctl_ok(&["fork", &g.id, "safe", "--prefix", &prefix]);
+    let adopted = f.pid();
+    assert!(replicas.contains(&adopted), "{adopted} {replicas:?}");
+    let left: Vec<i32> = replicas.iter().copied().filter(|&p| p != adopted).collect();
+    // The crash: the shim and the containers' inits, SIGKILL. The replica not
+    // adopted stays stopped, its maker gone.
+    let shim = shim_pids(&g.id);
+    for pid in shim.iter().copied().chain([g.pid(), adopted]) {
+        let _ = std::process::Command::new("kill")
+            .args(["-9", &pid.to_string()])
+            .status();
+    }
+    for c in [&g, &f] {
+        assert!(
+            wait_until(Duration::from_secs(20), || c.status().as_deref()
+                != Some("RUNNING")),
+            "containerd did not notice the crash of {}",
+            c.id
+        );
+    }
+    let out = crabctl_ok(&["restore", &g.id]);
+    assert!(out.contains("restored from checkpoint safe"), "{out}");
+    let now = count(&g);
+    assert!(
+        now >= at && now < at + 25,
+        "count {now}, {at} at the checkpoint"
+    );
+    // The restore's create removed the dead shim's replicas.
+    assert!(
+        wait_until(Duration::from_secs(10), || left
+            .iter()
+            .all(|&p| !shim_alive(p))),
+        "a replica of the dead shim is left: {left:?}"
+    );
+    // The fork, never checkpointed, went with the shim (containerd deleted its
+    // dead task); its container is removed as any.
+    assert_ne!(f.status().as_deref(), Some("RUNNING"));
+    ctr_ok(&["container", "rm", &f.id]);
+}
+
 fn shim_alive(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .map(|s| {

@@ -118,8 +118,16 @@ impl Shim for Service {
         ));
         crate::proxy::remove_logs(&config, &self.namespace, &self.id);
         // The dead shim's ttrpc socket: the next shim of this container binds it.
-        let grouping = sandbox_group(&self.bundle).unwrap_or_else(|| self.id.clone());
-        let socket = containerd_shim::socket_address(&self.address, &self.namespace, &grouping);
+        // The one `start` answered, as recorded in the bundle (a fork's is its
+        // source's); else the one its grouping names.
+        let recorded = std::fs::read_to_string(self.bundle.join("address"))
+            .ok()
+            .map(|a| a.trim().to_string())
+            .filter(|a| !a.is_empty());
+        let socket = recorded.unwrap_or_else(|| {
+            let grouping = sandbox_group(&self.bundle).unwrap_or_else(|| self.id.clone());
+            containerd_shim::socket_address(&self.address, &self.namespace, &grouping)
+        });
         match crate::dead_socket::remove_if_dead(&socket) {
             crate::dead_socket::Outcome::Kept(why) => {
                 tracing::warn!(id = %self.id, %why, "the dead shim's socket is left")
