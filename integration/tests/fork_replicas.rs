@@ -169,7 +169,7 @@ fn forks_adopt_the_replicas_of_their_checkpoint_and_run_as_containers_of_their_o
     }
     drop(forks);
     assert!(
-        wait_until(Duration::from_secs(10), || !shim_alive(shim[0])),
+        wait_until(Duration::from_secs(10), || !alive(shim[0])),
         "the shim outlives every container it served"
     );
 }
@@ -312,7 +312,7 @@ fn a_crash_of_the_shim_serving_a_source_and_its_forks_leaves_no_replica_stopped(
     assert!(
         wait_until(Duration::from_secs(10), || left
             .iter()
-            .all(|&p| !shim_alive(p))),
+            .all(|&p| !alive(p))),
         "a replica of the dead shim is left: {left:?}"
     );
     // The fork, never checkpointed, went with the shim (containerd deleted its
@@ -321,7 +321,77 @@ fn a_crash_of_the_shim_serving_a_source_and_its_forks_leaves_no_replica_stopped(
     ctr_ok(&["container", "rm", &f.id]);
 }
 
-fn shim_alive(pid: i32) -> bool {
+/// The host's available memory in MiB, as the shim reads it.
+fn available_mib() -> u64 {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").expect("read /proc/meminfo");
+    meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .and_then(|v| v.trim().strip_suffix("kB"))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .expect("MemAvailable")
+        / 1024
+}
+
+#[test]
+fn replicas_for_forks_are_dropped_once_the_host_runs_short_of_memory_and_forks_still_land() {
+    // The floor sits 3 GiB under what is free now; a process on the host then
+    // takes 6 GiB.
+    let floor = available_mib().saturating_sub(3 * 1024);
+    let config = config_with(&format!("[standby]\nmin_available_mib = {floor}\n"));
+    let config = config.to_string_lossy().to_string();
+    let flags = [
+        "--annotation",
+        "io.crab.standby.forks=2",
+        "--runtime-config-path",
+        &config,
+    ];
+    let g = Guard::run_detached(CRAB, BUSYBOX, &flags, &["sh", "-c", SERVER_AND_COUNTER]);
+    assert!(wait_until(Duration::from_secs(10), || count(&g) >= 5));
+    crabctl_ok(&["checkpoint", &g.id, "--name", "base"]);
+    let replicas = wait_for_replicas(&g.id, 2);
+    let mut hog = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import time\nb = b'\\x01' * (6 << 30)\nprint('held', flush=True)\ntime.sleep(120)",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start python3");
+    let missing = || {
+        let out = crabctl_ok(&["stats", &g.id, "--json"]);
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_default();
+        v["fork_replicas_missing"].as_str().map(str::to_string)
+    };
+    let dropped = wait_until(Duration::from_secs(30), || {
+        missing().is_some_and(|m| m.contains("dropped"))
+    });
+    let _ = hog.kill();
+    let _ = hog.wait();
+    assert!(
+        dropped,
+        "not dropped (floor {floor} MiB, now {} MiB free): {:?}",
+        available_mib(),
+        missing()
+    );
+    assert!(replica_pids(&g.id).is_empty());
+    assert!(
+        wait_until(Duration::from_secs(10), || replicas
+            .iter()
+            .all(|&p| !alive(p))),
+        "a dropped replica's init is still there: {replicas:?}"
+    );
+    // A fork now restores from the images, and lands.
+    let prefix = unique_id("fmem");
+    let f = Guard::new(&format!("{prefix}-1"));
+    crabctl_ok(&["fork", &g.id, "base", "--prefix", &prefix]);
+    assert_eq!(f.status().as_deref(), Some("RUNNING"));
+    assert_eq!(f.exec_ok(&GET).trim(), "served");
+    let _ = std::fs::remove_file(&config);
+}
+
+/// Whether process `pid` exists and is not a zombie.
+fn alive(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .map(|s| {
             !s.rsplit(')')

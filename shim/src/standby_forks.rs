@@ -102,7 +102,7 @@ impl Pool {
     /// when another task makes them, or none is missing.
     fn claim(&self, generation: u64, want: usize) -> bool {
         let mut s = self.state();
-        if s.generation != generation || s.making || s.ready.len() >= want {
+        if s.generation != generation || s.seq.is_none() || s.making || s.ready.len() >= want {
             return false;
         }
         s.making = true;
@@ -139,6 +139,25 @@ impl Pool {
         if why.is_some() {
             s.missing = why;
         }
+    }
+
+    /// Takes `generation`'s replicas out for memory (`why`): none is taken by a
+    /// fork or made again until the next checkpoint.
+    fn drop_for_memory(&self, generation: u64, why: String) -> Vec<Ready> {
+        let mut s = self.state();
+        if s.generation != generation {
+            return Vec::new();
+        }
+        s.seq = None;
+        s.making = false;
+        s.missing = Some(format!("dropped: {why}"));
+        std::mem::take(&mut s.ready)
+    }
+
+    /// Whether replicas of `generation` are held or being made.
+    fn active(&self, generation: u64) -> bool {
+        let s = self.state();
+        s.generation == generation && s.seq.is_some()
     }
 
     /// Takes every replica, and stops one being made from being kept.
@@ -178,10 +197,12 @@ impl TaskService {
         }
         let (pool, config) = (inst.fork_replicas.clone(), inst.config().clone());
         let (generation, old) = pool.begin(entry.seq);
+        let (watched, id) = (pool.clone(), inst.container().id().to_string());
         tokio::spawn(async move {
             for r in old {
                 discard(&config, r).await;
             }
+            watch_memory(watched, generation, config, id).await;
         });
         refill(inst, generation);
     }
@@ -270,6 +291,34 @@ impl Refill {
     }
 }
 
+/// How often a shim whose container keeps replicas for forks looks at the host's
+/// available memory.
+const MEMORY_CHECK: Duration = Duration::from_millis(250);
+
+/// While `generation`'s replicas are held or made, drops them all once the host's
+/// available memory falls below `[standby] min_available_mib`, as a rollback's
+/// replica is ([`crab_runtime::standby::memory`]): replicas go first.
+async fn watch_memory(
+    pool: Pool,
+    generation: u64,
+    config: crab_runtime::config::Config,
+    id: String,
+) {
+    use crab_runtime::standby::memory;
+    while pool.active(generation) {
+        tokio::time::sleep(MEMORY_CHECK).await;
+        let Some(why) = memory::pressure(&config, memory::available()) else {
+            continue;
+        };
+        let dropped = pool.drop_for_memory(generation, why.clone());
+        tracing::warn!(%id, replicas = dropped.len(), %why, "replicas for forks dropped");
+        for r in dropped {
+            discard(&config, r).await;
+        }
+        return;
+    }
+}
+
 /// Makes `generation`'s missing replicas of `inst` now.
 fn refill(inst: &Instance, generation: u64) {
     Refill::of(inst).start(generation);
@@ -347,6 +396,21 @@ mod tests {
         assert!(pool.take(3).is_none(), "replicas of an older checkpoint");
         assert!(pool.claim(g2, 2), "the new generation is made anew");
         assert!(!pool.claim(g1, 2), "the old generation's maker stops");
+    }
+
+    #[test]
+    fn replicas_dropped_for_memory_are_neither_taken_nor_made_again_until_the_next_checkpoint() {
+        let pool = Pool::default();
+        let (g, _) = pool.begin(7);
+        assert!(pool.active(g));
+        assert!(pool.drop_for_memory(g, "short".into()).is_empty());
+        assert!(!pool.active(g));
+        assert!(pool.take(7).is_none());
+        assert!(!pool.claim(g, 2), "made again after a drop");
+        assert_eq!(pool.report().1.as_deref(), Some("dropped: short"));
+        let (g2, _) = pool.begin(8);
+        assert!(pool.active(g2));
+        assert_eq!(pool.report().1, None);
     }
 
     #[test]

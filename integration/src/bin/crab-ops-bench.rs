@@ -166,6 +166,37 @@ fn main() {
         drop(guards);
     }
 
+    // What containerd's own creates cost, for scale: k plain containers, each a
+    // `ctr run -d` (a process of its own), all at once.
+    for &k in cli.replica_forks.iter().filter(|&&k| k > 1) {
+        let prefix = unique_id("plain");
+        let ids: Vec<String> = (1..=k).map(|i| format!("{prefix}-{i}")).collect();
+        let guards: Vec<Guard> = ids.iter().map(|id| Guard::new(id)).collect();
+        let t = Instant::now();
+        let runs: Vec<_> = ids
+            .iter()
+            .map(|id| {
+                ctr()
+                    .args(["run", "-d", "--runtime", CRAB, BUSYBOX, id, "sleep", "600"])
+                    .stdout(std::process::Stdio::null())
+                    .spawn()
+                    .expect("spawn ctr")
+            })
+            .collect();
+        for mut r in runs {
+            assert!(r.wait().expect("wait ctr").success(), "ctr run -d");
+        }
+        let took = t.elapsed();
+        row(
+            &format!("{k} × `ctr run -d` at once"),
+            Stats {
+                median: took,
+                p95: took,
+            },
+            "one run; plain containers, for scale (containerd's own creates)",
+        );
+        drop(guards);
+    }
     for &k in cli.replica_forks.iter() {
         let (times, adopted, made) = forks_from_replicas(k, n.min(5));
         row(
