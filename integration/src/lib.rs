@@ -244,6 +244,19 @@ impl Guard {
         panic!("{path} in {}: {out:?}", self.id)
     }
 
+    /// The memory limit and the processes the container's cgroup view shows (the
+    /// v1 memory and pids hierarchies, or the unified tree on a v2-only host).
+    pub fn cgroup_view(&self) -> (String, String) {
+        let read = |v1: &str, v2: &str| {
+            let script = format!("cat /sys/fs/cgroup/{v1} 2>/dev/null || cat /sys/fs/cgroup/{v2}");
+            self.exec_ok(&["sh", "-c", &script]).trim().to_string()
+        };
+        (
+            read("memory/memory.limit_in_bytes", "memory.max"),
+            read("pids/cgroup.procs", "cgroup.procs"),
+        )
+    }
+
     /// Kills, deletes the task and the container; waits until gone.
     pub fn remove(&self) {
         let _ = ctr_run(
@@ -295,6 +308,18 @@ pub fn config_with(extra: &str) -> PathBuf {
     )
     .expect("write config");
     config
+}
+
+/// The host's available memory in MiB, as Crab's shim reads it.
+pub fn available_mib() -> u64 {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").expect("read /proc/meminfo");
+    meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .and_then(|v| v.trim().strip_suffix("kB"))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .expect("MemAvailable")
+        / 1024
 }
 
 /// Polls `f` until it is true or `timeout` passes; returns the last value.

@@ -80,18 +80,6 @@ fn parent_of(pid: i32) -> i32 {
         .expect("ppid")
 }
 
-/// The memory limit and the processes the container's cgroup view shows.
-fn cgroup_view(g: &Guard) -> (String, String) {
-    let read = |v1: &str, v2: &str| {
-        let script = format!("cat /sys/fs/cgroup/{v1} 2>/dev/null || cat /sys/fs/cgroup/{v2}");
-        g.exec_ok(&["sh", "-c", &script]).trim().to_string()
-    };
-    (
-        read("memory/memory.limit_in_bytes", "memory.max"),
-        read("pids/cgroup.procs", "cgroup.procs"),
-    )
-}
-
 #[test]
 fn forks_adopt_the_replicas_of_their_checkpoint_and_run_as_containers_of_their_own() {
     let g = server(2);
@@ -135,7 +123,7 @@ fn forks_adopt_the_replicas_of_their_checkpoint_and_run_as_containers_of_their_o
             "{}: {cgroups}",
             f.id
         );
-        let (limit, procs) = cgroup_view(f);
+        let (limit, procs) = f.cgroup_view();
         assert_eq!(limit, LIMIT, "{}", f.id);
         assert!(procs.lines().any(|p| p == "1"), "{}: view {procs:?}", f.id);
         if replicas.contains(&pid) {
@@ -310,27 +298,13 @@ fn a_crash_of_the_shim_serving_a_source_and_its_forks_leaves_no_replica_stopped(
     );
     // The restore's create removed the dead shim's replicas.
     assert!(
-        wait_until(Duration::from_secs(10), || left
-            .iter()
-            .all(|&p| !alive(p))),
+        wait_until(Duration::from_secs(10), || left.iter().all(|&p| !alive(p))),
         "a replica of the dead shim is left: {left:?}"
     );
     // The fork, never checkpointed, went with the shim (containerd deleted its
     // dead task); its container is removed as any.
     assert_ne!(f.status().as_deref(), Some("RUNNING"));
     ctr_ok(&["container", "rm", &f.id]);
-}
-
-/// The host's available memory in MiB, as the shim reads it.
-fn available_mib() -> u64 {
-    let meminfo = std::fs::read_to_string("/proc/meminfo").expect("read /proc/meminfo");
-    meminfo
-        .lines()
-        .find_map(|l| l.strip_prefix("MemAvailable:"))
-        .and_then(|v| v.trim().strip_suffix("kB"))
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .expect("MemAvailable")
-        / 1024
 }
 
 #[test]

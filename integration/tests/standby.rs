@@ -153,19 +153,6 @@ const CGROUP_VIEW: &[&str] = &[
     "type=cgroup,src=cgroup,dst=/sys/fs/cgroup,options=ro:nosuid:noexec:nodev",
 ];
 
-/// The memory limit and the processes the container's cgroup view shows (the v1
-/// memory and pids hierarchies, or the unified tree on a v2-only host).
-fn cgroup_view(g: &Guard) -> (String, String) {
-    let read = |v1: &str, v2: &str| {
-        let script = format!("cat /sys/fs/cgroup/{v1} 2>/dev/null || cat /sys/fs/cgroup/{v2}");
-        g.exec_ok(&["sh", "-c", &script]).trim().to_string()
-    };
-    (
-        read("memory/memory.limit_in_bytes", "memory.max"),
-        read("pids/cgroup.procs", "cgroup.procs"),
-    )
-}
-
 #[test]
 fn a_container_that_adopted_its_standby_sees_its_own_cgroup_files() {
     let flags = [
@@ -175,7 +162,7 @@ fn a_container_that_adopted_its_standby_sees_its_own_cgroup_files() {
     ]
     .concat();
     let g = counter(&flags);
-    let (limit, procs) = cgroup_view(&g);
+    let (limit, procs) = g.cgroup_view();
     assert_eq!(limit, "268435456");
     assert!(
         procs.lines().any(|p| p == "1"),
@@ -186,7 +173,7 @@ fn a_container_that_adopted_its_standby_sees_its_own_cgroup_files() {
     let out = crabctl_ok(&["rollback", &g.id, "base"]);
     assert!(out.contains("standby adopted"), "{out}");
     // The replica's own cgroups are gone by now: its view must not have shown them.
-    let (limit, procs) = cgroup_view(&g);
+    let (limit, procs) = g.cgroup_view();
     assert_eq!(limit, "268435456", "after the adoption");
     assert!(
         procs.lines().any(|p| p == "1"),
@@ -327,18 +314,6 @@ fn standby_missing(id: &str) -> (Option<String>, u64) {
         v["standby_missing"].as_str().map(str::to_string),
         v["standby_dropped"].as_u64().unwrap_or(0),
     )
-}
-
-/// The host's available memory in MiB, as the shim reads it.
-fn available_mib() -> u64 {
-    let meminfo = std::fs::read_to_string("/proc/meminfo").expect("read /proc/meminfo");
-    let kib: u64 = meminfo
-        .lines()
-        .find_map(|l| l.strip_prefix("MemAvailable:"))
-        .and_then(|v| v.trim().strip_suffix("kB"))
-        .and_then(|v| v.trim().parse().ok())
-        .expect("MemAvailable");
-    kib / 1024
 }
 
 /// A counter asking for replicas, its shims configured with `[standby] TOML`.

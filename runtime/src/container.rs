@@ -455,6 +455,26 @@ fn tracking_cgroup(
 }
 
 /// What libcgroups applies for `resources`.
+/// Applies `spec`'s resources (the defaults when it has none) to the cgroups
+/// `manager` manages.
+pub(crate) fn apply_resources(
+    manager: &libcgroups::common::AnyCgroupManager,
+    spec: &Spec,
+) -> Result<()> {
+    let none = LinuxResources::default();
+    let resources = spec
+        .linux()
+        .as_ref()
+        .and_then(|l| l.resources().as_ref())
+        .unwrap_or(&none);
+    manager
+        .apply(&controller_opt(resources))
+        .map_err(|e| Error::Cgroup {
+            operation: "apply resources",
+            message: e.to_string(),
+        })
+}
+
 pub(crate) fn controller_opt(resources: &LinuxResources) -> ControllerOpt<'_> {
     ControllerOpt {
         resources,

@@ -168,15 +168,7 @@ fn take_cgroups(
     } else {
         rename_v1(&standby.cgroup_path, to)?;
     }
-    let none = oci_spec::runtime::LinuxResources::default();
-    let resources = spec
-        .linux()
-        .as_ref()
-        .and_then(|l| l.resources().as_ref())
-        .unwrap_or(&none);
-    manager
-        .apply(&crate::container::controller_opt(resources))
-        .map_err(cgroup_err("apply the fork's resources"))
+    crate::container::apply_resources(&manager, spec)
 }
 
 /// Renames the cgroup `from` to its sibling `to` in every v1 hierarchy that has

@@ -369,16 +369,7 @@ impl TaskService {
             if let Some((pid, io)) = adopted {
                 tracing::info!(id = %inst.container().id(), pid,
                     ms = started.elapsed().as_millis() as u64, "restored from a replica");
-                let cleanup = pending.cleanup;
-                tokio::task::spawn_blocking(move || {
-                    for p in &cleanup {
-                        let _ = std::fs::remove_dir_all(p);
-                    }
-                });
-                inst.init.pid = pid;
-                inst.init.io = Some(io);
-                inst.oom = crate::oom::watch(inst.container(), self.events.clone());
-                return Ok(pid);
+                return Ok(self.restored(inst, pid, io, pending.cleanup));
             }
         }
         let sandbox = inst.sandbox.clone();
@@ -404,10 +395,14 @@ impl TaskService {
         // CRIU restored the processes; Start has not answered yet.
         fault::shim_point("restore.restored", fault_file.as_deref());
         tracing::info!(id = %inst.container().id(), pid, ms = started.elapsed().as_millis() as u64, "restored");
-        // Removing the images (hundreds of MB for a big process) costs about
-        // 0.2 ms per MB here: off the path of Start, which waits for nothing
-        // in them any more.
-        let cleanup = pending.cleanup;
+        Ok(self.restored(inst, pid, io, pending.cleanup))
+    }
+
+    /// Records the restored init `pid` and its stdio, watches the container's
+    /// memory, and removes what the restore no longer needs (`cleanup`) in the
+    /// background: removing images costs about 0.2 ms per MB here, and `Start`
+    /// waits for nothing in them any more. Answers `pid`.
+    fn restored(&self, inst: &mut Instance, pid: i32, io: ProcessIo, cleanup: Vec<PathBuf>) -> i32 {
         tokio::task::spawn_blocking(move || {
             for p in &cleanup {
                 let _ = std::fs::remove_dir_all(p);
@@ -416,7 +411,7 @@ impl TaskService {
         inst.init.pid = pid;
         inst.init.io = Some(io);
         inst.oom = crate::oom::watch(inst.container(), self.events.clone());
-        Ok(pid)
+        pid
     }
 }
 

@@ -16,10 +16,10 @@ use std::time::Duration;
 use crab_runtime::checkpoint::history::Entry;
 use crab_runtime::config::STANDBY_ANNOTATION;
 use crab_runtime::sandbox::Sandbox;
-use crab_runtime::standby::{Standby, Use};
+use crab_runtime::standby::{Leftovers, Standby, Use};
 
 use crate::instance::Instance;
-use crate::io::{PipeIo, ProcessIo};
+use crate::io::{PipeIo, ProcessIo, StdioPaths};
 use crate::task::{blocking, TaskService};
 
 /// A replica, and the pipes of its init's stdio, whose copying starts at adoption.
@@ -329,29 +329,51 @@ pub async fn adopt(
     rootfs: PathBuf,
     killed: Vec<i32>,
 ) -> Option<(i32, ProcessIo)> {
+    adopt_with(sandbox, ready, None, move |s, standby| {
+        s.adopt_standby(standby, &rootfs, killed)
+    })
+    .await
+}
+
+/// Adopts `ready` by `how` (a rollback's adoption or a fork's), its stdio copied
+/// to the fifos it was made for, or to `fifos` (a fork's, unknown when it was
+/// made); answers the init's pid and its stdio, or `None` (logged: nothing of the
+/// replica runs, and the caller restores from the images). The leftovers are
+/// cleaned in the background.
+pub async fn adopt_with(
+    sandbox: &Sandbox,
+    ready: Ready,
+    fifos: Option<&StdioPaths>,
+    how: impl FnOnce(&Sandbox, Standby) -> crab_runtime::Result<(i32, Leftovers)> + Send + 'static,
+) -> Option<(i32, ProcessIo)> {
     let Ready { standby, pipes } = ready;
     let (seq, id) = (standby.seq, sandbox.container().id().to_string());
+    let usage = standby.usage;
     let s = sandbox.clone();
-    let adopted = blocking(move || s.adopt_standby(standby, &rootfs, killed)).await;
+    let adopted = blocking(move || how(&s, standby)).await;
     let (pid, leftovers) = match adopted {
         Ok(v) => v,
         Err(e) => {
-            tracing::warn!(%id, seq, error = %e, "standby not adopted: restoring from the images");
+            tracing::warn!(%id, seq, ?usage, error = %e, "replica not adopted: restoring from the images");
             return None;
         }
     };
     let s = sandbox.clone();
     tokio::task::spawn_blocking(move || {
         if let Err(e) = s.clean_after_adoption(leftovers) {
-            tracing::warn!(id = %s.container().id(), error = %e, "clean after a standby's adoption");
+            tracing::warn!(id = %s.container().id(), error = %e, "clean after a replica's adoption");
         }
     });
+    let pipes = match fifos {
+        Some(paths) => pipes.bind(paths),
+        None => pipes,
+    };
     match pipes.start() {
         Ok(io) => Some((pid, io)),
         Err(e) => {
             // Without its stdio the replica is no use: it goes, as a failed
             // adoption's does.
-            tracing::warn!(%id, seq, error = %e, "standby's stdio: restoring from the images");
+            tracing::warn!(%id, seq, error = %e, "replica's stdio: restoring from the images");
             let _ = sandbox.container().tracking().kill_all();
             None
         }

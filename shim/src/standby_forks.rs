@@ -351,33 +351,10 @@ pub async fn adopt(
     dumped_id: String,
     stdio: &StdioPaths,
 ) -> Option<(i32, ProcessIo)> {
-    let Ready { standby, pipes } = ready;
-    let (seq, id) = (standby.seq, sandbox.container().id().to_string());
-    let s = sandbox.clone();
-    let adopted = blocking(move || s.adopt_fork_replica(standby, &rootfs, &dumped_id)).await;
-    let (pid, leftovers) = match adopted {
-        Ok(v) => v,
-        Err(e) => {
-            tracing::warn!(%id, seq, error = %e, "replica for forks not adopted: restoring from the images");
-            return None;
-        }
-    };
-    let s = sandbox.clone();
-    tokio::task::spawn_blocking(move || {
-        if let Err(e) = s.clean_after_adoption(leftovers) {
-            tracing::warn!(id = %s.container().id(), error = %e, "clean after a replica's adoption");
-        }
-    });
-    match pipes.bind(stdio).start() {
-        Ok(io) => Some((pid, io)),
-        Err(e) => {
-            // Without its stdio the replica is no use: it goes, as a failed
-            // adoption's does.
-            tracing::warn!(%id, seq, error = %e, "replica's stdio: restoring from the images");
-            let _ = sandbox.container().tracking().kill_all();
-            None
-        }
-    }
+    crate::standby::adopt_with(sandbox, ready, Some(stdio), move |s, standby| {
+        s.adopt_fork_replica(standby, &rootfs, &dumped_id)
+    })
+    .await
 }
 
 #[cfg(test)]

@@ -13,7 +13,6 @@ use std::path::{Path, PathBuf};
 use libcgroups::common::CgroupManager;
 use libcontainer::config::YoukiConfig;
 use libcontainer::container::{Container as LcContainer, ContainerStatus};
-use oci_spec::runtime::LinuxResources;
 use serde::{Deserialize, Serialize};
 
 use super::engine::bind_mounts;
@@ -291,15 +290,7 @@ fn join_cgroups(id: &str, path: &Path, spec: &oci_spec::runtime::Spec) -> Result
     manager
         .add_task(nix::unistd::Pid::this())
         .map_err(cgroup_err("join the container's cgroups"))?;
-    let none = LinuxResources::default();
-    let resources = spec
-        .linux()
-        .as_ref()
-        .and_then(|l| l.resources().as_ref())
-        .unwrap_or(&none);
-    manager
-        .apply(&crate::container::controller_opt(resources))
-        .map_err(cgroup_err("apply resources"))
+    crate::container::apply_resources(&manager, spec)
 }
 
 /// containerd restores the checkpointed spec, whose cgroups path names the
