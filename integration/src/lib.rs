@@ -257,6 +257,19 @@ impl Guard {
         )
     }
 
+    /// Kills the task (SIGKILL), waits until it is stopped and deletes it; the
+    /// container stays, ready for a new task.
+    pub fn end_task(&self) {
+        ctr_ok(&["task", "kill", "-s", "KILL", &self.id]);
+        assert!(
+            wait_until(Duration::from_secs(10), || self.status().as_deref()
+                == Some("STOPPED")),
+            "the task of {} did not stop",
+            self.id
+        );
+        ctr_ok(&["task", "rm", &self.id]);
+    }
+
     /// Kills, deletes the task and the container; waits until gone.
     pub fn remove(&self) {
         let _ = ctr_run(

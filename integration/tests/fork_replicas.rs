@@ -219,12 +219,7 @@ fn a_request_forged_outside_the_root_only_directory_takes_no_replica_and_joins_n
         &["--annotation", "io.crab.standby.forks=1"],
         &["sleep", "600"],
     );
-    ctr_ok(&["task", "kill", "-s", "KILL", &attacker.id]);
-    assert!(wait_until(Duration::from_secs(10), || attacker
-        .status()
-        .as_deref()
-        == Some("STOPPED")));
-    ctr_ok(&["task", "rm", &attacker.id]);
+    attacker.end_task();
     // The request `crabctl fork` would write, written where any host user could.
     let request = RestoreRequest {
         namespace: namespace(),

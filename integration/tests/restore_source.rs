@@ -24,12 +24,7 @@ fn checkpointed_then_gone(g: &Guard) -> u64 {
         >= 5));
     let at = g.number("/tmp/count");
     crabctl_ok(&["checkpoint", &g.id, "--name", "safe"]);
-    ctr_ok(&["task", "kill", "-s", "KILL", &g.id]);
-    assert!(wait_until(Duration::from_secs(10), || g
-        .status()
-        .as_deref()
-        == Some("STOPPED")));
-    ctr_ok(&["task", "rm", &g.id]);
+    g.end_task();
     at
 }
 
@@ -103,12 +98,7 @@ fn a_restore_request_for_another_container_is_refused_through_containerd() {
     let victim = Guard::sh(COUNTER);
     let at = checkpointed_then_gone(&victim);
     let attacker = Guard::sh(COUNTER);
-    ctr_ok(&["task", "kill", "-s", "KILL", &attacker.id]);
-    assert!(wait_until(Duration::from_secs(10), || attacker
-        .status()
-        .as_deref()
-        == Some("STOPPED")));
-    ctr_ok(&["task", "rm", &attacker.id]);
+    attacker.end_task();
     // A request naming the victim's checkpoint, written for the victim, sent with the
     // attacker's task: the shim reads whom it is for.
     let (options, _request) = restore_from_history(&namespace(), &victim.id, &victim.id, "safe");
