@@ -192,26 +192,38 @@ impl Slot {
 /// How often a shim holding a replica looks at the host's available memory.
 const MEMORY_CHECK: Duration = Duration::from_millis(250);
 
-/// While the replica of `generation` is held, drops it once the host's available
-/// memory falls below `[standby] min_available_mib`
-/// ([`crab_runtime::standby::memory`]).
+/// Looks at the host's available memory every [`MEMORY_CHECK`] while `held`
+/// says replicas are held; answers why they must go once it falls below
+/// `[standby] min_available_mib` ([`crab_runtime::standby::memory`]), or `None`
+/// once they are no longer held.
+pub async fn memory_pressure_while(
+    config: &crab_runtime::config::Config,
+    held: impl Fn() -> bool,
+) -> Option<String> {
+    use crab_runtime::standby::memory;
+    while held() {
+        tokio::time::sleep(MEMORY_CHECK).await;
+        if let Some(why) = memory::pressure(config, memory::available()) {
+            return Some(why);
+        }
+    }
+    None
+}
+
+/// While the replica of `generation` is held, drops it once the host runs short
+/// of memory ([`memory_pressure_while`]).
 async fn watch_memory(
     slot: Slot,
     generation: u64,
     config: crab_runtime::config::Config,
     id: String,
 ) {
-    use crab_runtime::standby::memory;
-    while slot.holds(generation) {
-        tokio::time::sleep(MEMORY_CHECK).await;
-        let Some(why) = memory::pressure(&config, memory::available()) else {
-            continue;
-        };
-        if let Some(ready) = slot.drop_for_memory(generation, why.clone()) {
-            tracing::warn!(%id, seq = ready.standby.seq, %why, "standby dropped");
-            discard(&config, ready).await;
-        }
+    let Some(why) = memory_pressure_while(&config, || slot.holds(generation)).await else {
         return;
+    };
+    if let Some(ready) = slot.drop_for_memory(generation, why.clone()) {
+        tracing::warn!(%id, seq = ready.standby.seq, %why, "standby dropped");
+        discard(&config, ready).await;
     }
 }
 

@@ -129,16 +129,14 @@ impl Pool {
         (None, more)
     }
 
-    /// Ends the making of `generation`, recording why, when a replica failed.
-    fn give_up(&self, generation: u64, why: Option<String>) {
+    /// Ends the making of `generation`, recording `why` a replica failed.
+    fn give_up(&self, generation: u64, why: String) {
         let mut s = self.state();
         if s.generation != generation {
             return;
         }
         s.making = false;
-        if why.is_some() {
-            s.missing = why;
-        }
+        s.missing = Some(why);
     }
 
     /// Takes `generation`'s replicas out for memory (`why`): none is taken by a
@@ -272,7 +270,7 @@ impl Refill {
                     Ok(r) => r,
                     Err(e) => {
                         tracing::info!(%id, seq, error = %e, "no replica for forks");
-                        pool.give_up(generation, Some(e.to_string()));
+                        pool.give_up(generation, e.to_string());
                         return;
                     }
                 };
@@ -291,31 +289,23 @@ impl Refill {
     }
 }
 
-/// How often a shim whose container keeps replicas for forks looks at the host's
-/// available memory.
-const MEMORY_CHECK: Duration = Duration::from_millis(250);
-
-/// While `generation`'s replicas are held or made, drops them all once the host's
-/// available memory falls below `[standby] min_available_mib`, as a rollback's
-/// replica is ([`crab_runtime::standby::memory`]): replicas go first.
+/// While `generation`'s replicas are held or made, drops them all once the host
+/// runs short of memory, as a rollback's replica is
+/// ([`crate::standby::memory_pressure_while`]): replicas go first.
 async fn watch_memory(
     pool: Pool,
     generation: u64,
     config: crab_runtime::config::Config,
     id: String,
 ) {
-    use crab_runtime::standby::memory;
-    while pool.active(generation) {
-        tokio::time::sleep(MEMORY_CHECK).await;
-        let Some(why) = memory::pressure(&config, memory::available()) else {
-            continue;
-        };
-        let dropped = pool.drop_for_memory(generation, why.clone());
-        tracing::warn!(%id, replicas = dropped.len(), %why, "replicas for forks dropped");
-        for r in dropped {
-            discard(&config, r).await;
-        }
+    let active = || pool.active(generation);
+    let Some(why) = crate::standby::memory_pressure_while(&config, active).await else {
         return;
+    };
+    let dropped = pool.drop_for_memory(generation, why.clone());
+    tracing::warn!(%id, replicas = dropped.len(), %why, "replicas for forks dropped");
+    for r in dropped {
+        discard(&config, r).await;
     }
 }
 
@@ -396,7 +386,7 @@ mod tests {
         let (g, _) = pool.begin(1);
         assert!(pool.clear().is_empty());
         assert!(!pool.claim(g, 2));
-        pool.give_up(g, Some("late".into()));
+        pool.give_up(g, "late".into());
         assert_eq!(pool.report(), (Vec::new(), None));
     }
 }
