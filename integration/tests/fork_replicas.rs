@@ -182,6 +182,37 @@ fn a_fork_of_an_older_checkpoint_restores_from_the_images() {
 }
 
 #[test]
+fn a_fork_whose_replica_died_before_adoption_restores_the_checkpoint_from_the_images() {
+    let g = server(1);
+    let at = count(&g);
+    crabctl_ok(&["checkpoint", &g.id, "--name", "base"]);
+    g.exec_ok(&["sh", "-c", "echo later > /later && echo changed > /f"]);
+    let replicas = wait_for_replicas(&g.id, 1);
+    // The fork's Create takes the replica and its tree; its Start finds the
+    // init gone and restores from the images into that tree.
+    let _ = std::process::Command::new("kill")
+        .args(["-9", &replicas[0].to_string()])
+        .status();
+    let prefix = unique_id("fdead");
+    let f = Guard::new(&format!("{prefix}-1"));
+    crabctl_ok(&["fork", &g.id, "base", "--prefix", &prefix]);
+    assert_eq!(f.status().as_deref(), Some("RUNNING"));
+    assert_ne!(f.pid(), replicas[0]);
+    let c = count(&f);
+    assert!(c >= at, "count {c} below the checkpoint's {at}");
+    assert_eq!(f.exec(&["test", "-e", "/later"]).status.code(), Some(1));
+    assert_eq!(f.exec_ok(&["cat", "/f"]).trim(), "orig");
+    assert_eq!(f.exec_ok(&GET).trim(), "served");
+    assert!(wait_until(Duration::from_secs(5), || count(&f) > c));
+    // Its files are its own.
+    f.exec_ok(&["sh", "-c", "echo fork > /f"]);
+    assert_eq!(g.exec_ok(&["cat", "/f"]).trim(), "changed");
+    // A new replica is made in the place of the one taken.
+    let again = wait_for_replicas(&g.id, 1);
+    assert_ne!(again, replicas);
+}
+
+#[test]
 fn a_count_of_replicas_that_is_no_count_or_too_many_is_refused_naming_the_annotation() {
     for value in ["lots", "65", "-1"] {
         let annotation = format!("io.crab.standby.forks={value}");

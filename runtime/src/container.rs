@@ -461,18 +461,22 @@ pub(crate) fn apply_resources(
     manager: &libcgroups::common::AnyCgroupManager,
     spec: &Spec,
 ) -> Result<()> {
-    let none = LinuxResources::default();
-    let resources = spec
-        .linux()
-        .as_ref()
-        .and_then(|l| l.resources().as_ref())
-        .unwrap_or(&none);
+    let resources = resources_of(spec);
     manager
         .apply(&controller_opt(resources))
         .map_err(|e| Error::Cgroup {
             operation: "apply resources",
             message: e.to_string(),
         })
+}
+
+/// The resources `spec` asks for (none: the defaults).
+pub(crate) fn resources_of(spec: &Spec) -> &LinuxResources {
+    static NONE: std::sync::OnceLock<LinuxResources> = std::sync::OnceLock::new();
+    spec.linux()
+        .as_ref()
+        .and_then(|l| l.resources().as_ref())
+        .unwrap_or_else(|| NONE.get_or_init(LinuxResources::default))
 }
 
 pub(crate) fn controller_opt(resources: &LinuxResources) -> ControllerOpt<'_> {

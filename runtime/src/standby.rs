@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 use libcgroups::common::CgroupManager;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use oci_spec::runtime::LinuxNamespaceType;
+use oci_spec::runtime::{LinuxNamespaceType, LinuxResources};
 
 use crate::checkpoint::engine::Dumped;
 use crate::checkpoint::restore_helper::Restore;
@@ -141,6 +141,13 @@ pub struct Standby {
     /// The `cgroup.procs` files of the container's cgroups its processes move to
     /// ([`hierarchies`]), found when it was made.
     moves: Vec<PathBuf>,
+    /// The resources its cgroups were given (the container's spec when it was
+    /// made): a fork whose spec asks the same needs no cgroup manager to apply
+    /// them again (opening one costs about 4 ms on a cgroup v1 host).
+    resources: LinuxResources,
+    /// Its tree became a fork's own ([`Standby::tree_given`]): the fork keeps
+    /// it whatever becomes of the processes.
+    tree_given: bool,
     /// Its place in the host's budget ([`reserve`]), given back when it goes.
     place: PathBuf,
 }
@@ -159,6 +166,18 @@ pub struct Info {
 }
 
 impl Standby {
+    /// Its tree (in the pool's in-flight area until given away).
+    pub fn tree(&self) -> &Path {
+        &self.tree
+    }
+
+    /// Records that its tree was made a fork's own
+    /// ([`crate::storage::in_helper::take_tree`]): the fork's adoption has no
+    /// tree to exchange, and discarding the standby leaves the tree alone.
+    pub fn tree_given(&mut self) {
+        self.tree_given = true;
+    }
+
     /// What `crabctl stats` shows of it.
     pub fn info(&self) -> Info {
         Info {
@@ -193,7 +212,9 @@ impl Standby {
         }
         remove_cgroups(&self.id, &self.cgroup_path, &self.tracking);
         unmount(&self.root);
-        Container::open_store(config)?.discard_tree(&self.tree)?;
+        if !self.tree_given {
+            Container::open_store(config)?.discard_tree(&self.tree)?;
+        }
         let _ = std::fs::remove_dir_all(&self.work);
         let _ = std::fs::remove_file(&self.place);
         tracing::debug!(id = %self.id, seq = self.seq, ms = started.elapsed().as_millis() as u64,
@@ -226,6 +247,7 @@ impl Container {
             return Err(refused("its processes have a terminal"));
         }
         let spec = crate::container::load_spec(&self.state.bundle)?;
+        let resources = crate::container::resources_of(&spec).clone();
         let pid_ns = crate::container::owns_namespace(&spec, LinuxNamespaceType::Pid);
         if !crate::netns::owns_network_namespace(&spec) || !pid_ns {
             return Err(refused(
@@ -292,6 +314,8 @@ impl Container {
                 tree,
                 tracking,
                 moves: hierarchies(&cgroup_path, &own_cgroup),
+                resources,
+                tree_given: false,
                 cgroup_path,
                 work,
                 root,
@@ -581,6 +605,15 @@ pub(crate) fn refused(why: &str) -> Error {
 /// Removes a standby's (empty) cgroups; a failure is logged, as a leftover
 /// empty cgroup costs nothing but a name.
 fn remove_cgroups(id: &str, path: &Path, tracking: &TrackingCgroup) {
+    // A fork that adopted the standby renamed its cgroups into its own: nothing
+    // is left to remove there, and a manager would cost more than looking.
+    if !cgroup_exists(path) {
+        crate::cgroup_view::leave_systemd(path);
+        if let Err(e) = tracking.destroy() {
+            tracing::warn!(%id, error = %e, "remove a standby's tracking cgroup");
+        }
+        return;
+    }
     match crate::container::cgroup_manager_at(id, path) {
         Ok(m) => {
             if let Err(e) = m.remove() {
@@ -593,6 +626,21 @@ fn remove_cgroups(id: &str, path: &Path, tracking: &TrackingCgroup) {
     if let Err(e) = tracking.destroy() {
         tracing::warn!(%id, error = %e, "remove a standby's tracking cgroup");
     }
+}
+
+/// Whether the cgroup `path` exists in any hierarchy (v1's controllers and named
+/// hierarchies, or the one v2 tree).
+fn cgroup_exists(path: &Path) -> bool {
+    let root = Path::new(CGROUP_ROOT);
+    let rel = path.strip_prefix("/").unwrap_or(path);
+    if root.join(rel).join("cgroup.procs").is_file() {
+        return true;
+    }
+    std::fs::read_dir(root).is_ok_and(|entries| {
+        entries
+            .flatten()
+            .any(|e| e.path().join(rel).join("cgroup.procs").is_file())
+    })
 }
 
 /// Binds `tree` on `target` again, in place of what was bound there (the tree

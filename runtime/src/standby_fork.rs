@@ -88,7 +88,10 @@ impl Container {
             }
             Err(e) => return fail(leftovers, &[], e),
         };
-        let spec = crate::container::load_spec(&self.state.bundle)?;
+        let spec = match crate::container::load_spec(&self.state.bundle) {
+            Ok(s) => s,
+            Err(e) => return fail(leftovers, &pids, e),
+        };
         let mut youki = match YoukiConfig::from_spec(&spec, &id) {
             Ok(y) => y,
             Err(e) => {
@@ -103,8 +106,11 @@ impl Container {
         let taken = (|| {
             let store = Container::open_store(config)?;
             let key = self.key()?;
-            store.exchange_tree(&key, &leftovers.standby.tree)?;
-            rebind(&store.rootfs(&key)?, rootfs)?;
+            // A replica whose tree the fork's Create took is in place already.
+            if !leftovers.standby.tree_given {
+                store.exchange_tree(&key, &leftovers.standby.tree)?;
+                rebind(&store.rootfs(&key)?, rootfs)?;
+            }
             let t = std::time::Instant::now();
             take_cgroups(&id, &leftovers.standby, &pids, &youki.cgroup_path, &spec)?;
             let tracking = self.tracking();
@@ -139,8 +145,8 @@ impl Container {
 
 /// Makes the replica's cgroups the fork's (`to`): renamed in every v1 hierarchy
 /// that has them; in a v2-only host's tree, made and the processes `pids` moved.
-/// The fork's resources are applied either way (its spec may differ from the
-/// source's: an agent's fork template).
+/// The fork's resources are applied where its spec asks other than the
+/// replica's cgroups hold (an agent's fork template), and always on v2.
 fn take_cgroups(
     id: &str,
     standby: &Standby,
@@ -154,19 +160,25 @@ fn take_cgroups(
             message: e.to_string(),
         }
     };
-    let manager = crate::container::cgroup_manager_at(id, to)?;
-    if crate::cgroup2::unified() {
-        manager
-            .add_task(Pid::from_raw(standby.pid))
-            .map_err(cgroup_err("make the fork's cgroup"))?;
-        for file in hierarchies(&standby.cgroup_path, to) {
-            for &pid in pids {
-                std::fs::write(&file, pid.to_string())
-                    .map_err(Error::io(format!("move pid {pid} into {}", file.display())))?;
-            }
-        }
-    } else {
+    if !crate::cgroup2::unified() {
         rename_v1(&standby.cgroup_path, to)?;
+        // The replica's cgroups already hold what the source's spec asked; a
+        // fork from an agent's template may ask otherwise.
+        if crate::container::resources_of(spec) == &standby.resources {
+            return Ok(());
+        }
+        let manager = crate::container::cgroup_manager_at(id, to)?;
+        return crate::container::apply_resources(&manager, spec);
+    }
+    let manager = crate::container::cgroup_manager_at(id, to)?;
+    manager
+        .add_task(Pid::from_raw(standby.pid))
+        .map_err(cgroup_err("make the fork's cgroup"))?;
+    for file in hierarchies(&standby.cgroup_path, to) {
+        for &pid in pids {
+            std::fs::write(&file, pid.to_string())
+                .map_err(Error::io(format!("move pid {pid} into {}", file.display())))?;
+        }
     }
     crate::container::apply_resources(&manager, spec)
 }

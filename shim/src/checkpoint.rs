@@ -241,10 +241,25 @@ impl TaskService {
             }
             _ => None,
         };
+        let mut replica = match fork_of {
+            Some((src, seq)) => self.take_fork_replica(&src, seq).await,
+            None => None,
+        };
         let rootfs_mounted = match &plan {
             Plan::History(src, pinned) if *src != key => {
                 let snapshot = pinned.entry.fs_snapshot.clone().unwrap_or_default();
-                rootfs::prepare_clone(&config, src, &snapshot, &key, &req.rootfs, &target).await?
+                let made = self
+                    .fork_tree(&config, (src, &snapshot), &key, req, replica.as_mut())
+                    .await;
+                match made {
+                    Ok(m) => m,
+                    Err(e) => {
+                        if let Some(r) = replica {
+                            crate::standby::discard(&config, r).await;
+                        }
+                        return Err(e);
+                    }
+                }
             }
             _ => rootfs::prepare(&config, &key, &req.rootfs, &target).await?,
         };
@@ -315,12 +330,13 @@ impl TaskService {
             Ok(v) => v,
             Err(e) => {
                 rootfs::release(&config, &key, &bundle.join("rootfs"), rootfs_mounted).await;
+                if let Some(r) = replica {
+                    crate::standby::discard(&config, r).await;
+                }
                 return Err(e);
             }
         };
-        if let Some((src, seq)) = fork_of {
-            pending.replica = self.take_fork_replica(&src, seq).await;
-        }
+        pending.replica = replica;
         let init = crate::process::Process::new(
             "",
             crate::io::StdioPaths {
@@ -349,6 +365,32 @@ impl TaskService {
             standby: Default::default(),
             fork_replicas: Default::default(),
         })
+    }
+
+    /// The tree of a fork of `src`'s `snapshot`: its replica's, when it has one
+    /// whose tree can be taken (no clone then), else a clone of the snapshot.
+    async fn fork_tree(
+        &self,
+        config: &Config,
+        (src, snapshot): (&ContainerKey, &str),
+        key: &ContainerKey,
+        req: &CreateTaskRequest,
+        replica: Option<&mut crate::standby::Ready>,
+    ) -> ShimResult<bool> {
+        let target = PathBuf::from(&req.bundle).join("rootfs");
+        if let Some(r) = replica {
+            let taken =
+                rootfs::prepare_taken(config, key, r.standby.tree(), &req.rootfs, &target).await;
+            match taken {
+                Ok(mounted) => {
+                    r.standby.tree_given();
+                    return Ok(mounted);
+                }
+                Err(e) => tracing::warn!(id = %req.id, error = %e,
+                    "the replica's tree not taken: cloning the snapshot"),
+            }
+        }
+        rootfs::prepare_clone(config, src, snapshot, key, &req.rootfs, &target).await
     }
 
     /// `Start` of a container created from a checkpoint.

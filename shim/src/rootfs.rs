@@ -92,6 +92,26 @@ where
         .map_err(ShimError::from)
 }
 
+/// A fork's tree taken from its replica (the replica's tree holds the snapshot
+/// [`prepare_clone`] would clone), bound on `target` as a clone is; answers that
+/// the rootfs is mounted. In the shim's process: a rename and a bind, no helper.
+pub async fn prepare_taken(
+    config: &Config,
+    key: &ContainerKey,
+    tree: &Path,
+    mounts: &[Mount],
+    target: &Path,
+) -> ShimResult<bool> {
+    let image = ImageSource::from_mounts(&mount_specs(mounts))?;
+    let (config, key) = (config.clone(), key.clone());
+    let (tree, target) = (tree.to_path_buf(), target.to_path_buf());
+    crate::task::blocking(move || {
+        crab_runtime::storage::in_helper::take_tree(&config, &key, &image, &tree, &target)
+    })
+    .await
+    .map(|()| true)
+}
+
 /// Unmounts the rootfs. A store-backed tree stays in the store, with its writes and
 /// snapshots, as long as containerd's container exists: a later task of the same
 /// container gets it back. [`collect`] removes the trees of removed containers.

@@ -345,6 +345,30 @@ impl Store for BtrfsStore {
         )))
     }
 
+    fn take_tree(&self, key: &ContainerKey, tree: &Path) -> Result<PathBuf> {
+        if !ioctl::is_subvolume(tree) || !tree.starts_with(self.dirs.area(TMP)) {
+            return Err(Error::Storage {
+                operation: "take a standby tree",
+                message: format!("{} is not a standby tree of this pool", tree.display()),
+            });
+        }
+        let live = self.live(key);
+        mkdirs(live.parent().expect("has a parent"))?;
+        // NOREPLACE: a tree already there is the caller's bug, never overwritten.
+        nix::fcntl::renameat2(
+            None,
+            tree,
+            None,
+            &live,
+            nix::fcntl::RenameFlags::RENAME_NOREPLACE,
+        )
+        .map_err(|e| match e {
+            nix::errno::Errno::EEXIST => names::tree_exists(key),
+            e => Error::sys(format!("move {} to {}", tree.display(), live.display()))(e),
+        })?;
+        Ok(live)
+    }
+
     fn discard_tree(&self, tree: &Path) -> Result<()> {
         if !tree.starts_with(self.dirs.area(TMP)) {
             return Err(Error::Storage {

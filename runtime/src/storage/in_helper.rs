@@ -250,17 +250,7 @@ impl StoreCall for CloneSnapshot {
             image,
             target,
         } = self;
-        forget_history(config, &key)?;
-        // A tree of this id that containerd's snapshot no longer owns (a fork or
-        // import discarded after a crash, whose snapshot containerd has not
-        // collected yet), or that an earlier try of this same task cloned: a
-        // clone's tree holds nothing yet, so it starts again.
-        if matches!(
-            store.existing(&key, &image)?,
-            Some(Existing::Replace | Existing::Reuse)
-        ) {
-            store.destroy(&key)?;
-        }
+        clear_for_new_tree(config, store, &key, &image)?;
         let live = match store.clone_snapshot(&src, &snapshot, &key) {
             // A tree left by a removed container of the same id: collect, retry.
             Err(Error::AlreadyExists(_)) if image.snapshotter().is_some() => {
@@ -275,6 +265,49 @@ impl StoreCall for CloneSnapshot {
         }
         bind_at(&live, &target)
     }
+}
+
+/// Readies `key` for a tree of its own: forgets the history of an earlier
+/// container of that id, and removes a tree of this id that containerd's snapshot
+/// no longer owns (a fork or import discarded after a crash, whose snapshot
+/// containerd has not collected yet), or that an earlier try of this same task
+/// made: a new tree holds nothing yet, so it starts again.
+fn clear_for_new_tree(
+    config: &Config,
+    store: &dyn Store,
+    key: &ContainerKey,
+    image: &ImageSource,
+) -> Result<()> {
+    forget_history(config, key)?;
+    if matches!(
+        store.existing(key, image)?,
+        Some(Existing::Replace | Existing::Reuse)
+    ) {
+        store.destroy(key)?;
+    }
+    Ok(())
+}
+
+/// Makes `tree`, a replica's (made by [`Store::standby_tree`] from the snapshot
+/// a fork would clone; its processes never ran, so it holds that snapshot's
+/// files), the tree of the new container `key`, owned by `image`'s layer, and
+/// binds it on `target`: what [`CloneSnapshot`] makes, without the clone. Runs
+/// in the calling process: the stores that make replicas (btrfs) exec nothing
+/// here, so the shim's reaper cannot take a tool's exit status.
+pub fn take_tree(
+    config: &Config,
+    key: &ContainerKey,
+    image: &ImageSource,
+    tree: &Path,
+    target: &Path,
+) -> Result<()> {
+    let store = crate::container::Container::open_store(config)?;
+    clear_for_new_tree(config, &*store, key, image)?;
+    let live = store.take_tree(key, tree)?;
+    if let Some(owner) = &image.owner {
+        store.set_owner(key, owner)?;
+    }
+    bind_at(&live, target)
 }
 
 impl StoreCall for Release {

@@ -206,6 +206,13 @@ pub trait Store: Send + Sync {
         Err(no_standby(self.backend(), key))
     }
 
+    /// Makes `tree` (made by [`Store::standby_tree`]) the tree of `key`, which has
+    /// none: a fork takes its replica's tree instead of a clone of the same
+    /// snapshot. Answers the tree's new path.
+    fn take_tree(&self, key: &ContainerKey, _tree: &Path) -> Result<PathBuf> {
+        Err(no_standby(self.backend(), key))
+    }
+
     /// Deletes a tree made by [`Store::standby_tree`] (or exchanged out by
     /// [`Store::exchange_tree`]). Absent is not an error.
     fn discard_tree(&self, _tree: &Path) -> Result<()> {
