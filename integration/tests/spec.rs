@@ -254,6 +254,34 @@ fn task_update_changes_the_memory_limit_of_a_running_container() {
 }
 
 #[test]
+fn a_rollback_keeps_the_memory_limit_an_update_set_and_its_processes_in_the_containers_cgroups() {
+    let before = (64 * MIB).to_string();
+    let g = sleeper(&["--memory-limit", &before]);
+    crabctl_ok(&["checkpoint", &g.id, "--name", "a"]);
+    let (code, message) = shim_update(&g.id, &json!({ "memory": { "limit": 128 * MIB } }));
+    assert_eq!(code, 0, "update failed: {message}");
+    let old = g.pid();
+    crabctl_ok(&["rollback", &g.id, "a"]);
+    let pid = g.pid();
+    assert_ne!(pid, old, "a new init");
+    // The limits the container runs under, not its spec's again.
+    assert_eq!(
+        cgroup_v1("memory", &g.id, "memory.limit_in_bytes"),
+        (128 * MIB).to_string()
+    );
+    let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    for controller in ["memory", "cpu", "pids", "freezer", "devices"] {
+        assert!(
+            cgroups
+                .lines()
+                .any(|l| l.contains(controller) && l.ends_with(&format!("/{}", g.id))),
+            "{controller}: {cgroups}"
+        );
+    }
+    assert_eq!(g.status().as_deref(), Some("RUNNING"));
+}
+
+#[test]
 fn spec_with_empty_args_is_rejected_naming_args_and_the_shim_keeps_serving() {
     let by = sleeper(&[]);
     let pid = by.pid();

@@ -114,7 +114,14 @@ fn serve(call: Restore) -> Result<Restored> {
         None => youki.cgroup_path.clone(),
     };
     super::engine::verify_images(&images, &dumped.files)?;
-    join_cgroups(&id, &cgroup_path, &spec)?;
+    // The same container again (a rollback, or a restore after a crash that
+    // left its cgroups): they hold the limits it runs under, its spec's or an
+    // update's since, and joining them is a write per hierarchy.
+    let own = dumped.id == id && !standby;
+    match existing_cgroup(&cgroup_path).filter(|_| own) {
+        Some(procs) => join_existing(&procs)?,
+        None => join_cgroups(&id, &cgroup_path, &spec)?,
+    }
     crate::cgroup_view::join_systemd(&cgroup_path)?;
 
     // The new pipes replace the dumped ones, by CRIU's key. A key seen twice (fd 2
@@ -279,6 +286,44 @@ pub(crate) fn save_state(
     })
 }
 
+/// The `cgroup.procs` files of the cgroup `path` in every hierarchy a container's
+/// cgroups are made in (v1's controller mounts under `/sys/fs/cgroup`, or the one
+/// v2 tree); `None` when one lacks it. Named v1 hierarchies (`systemd`, joined by
+/// [`crate::cgroup_view::join_systemd`]) and a hybrid host's v2 tree (the
+/// tracking cgroup's) are not the container manager's, and are left out.
+fn existing_cgroup(path: &Path) -> Option<Vec<PathBuf>> {
+    let root = Path::new("/sys/fs/cgroup");
+    let rel = path.strip_prefix("/").unwrap_or(path);
+    let procs_in = |base: &Path| {
+        let f = base.join(rel).join("cgroup.procs");
+        f.is_file().then_some(f)
+    };
+    if crate::cgroup2::unified() {
+        return procs_in(root).map(|f| vec![f]);
+    }
+    let mut files = Vec::new();
+    for e in std::fs::read_dir(root).ok()?.flatten() {
+        // Mount points only: `cpu,cpuacct`-style symlinks name one twice.
+        let is_mount = e.file_type().is_ok_and(|t| t.is_dir());
+        if !is_mount || e.file_name() == "systemd" || e.file_name() == "unified" {
+            continue;
+        }
+        files.push(procs_in(&e.path())?);
+    }
+    (!files.is_empty()).then_some(files)
+}
+
+/// Moves this process into the cgroups whose `cgroup.procs` files are `procs`.
+fn join_existing(procs: &[PathBuf]) -> Result<()> {
+    let me = std::process::id().to_string();
+    for f in procs {
+        std::fs::write(f, &me).map_err(Error::io(format!("join {}", f.display())))?;
+    }
+    Ok(())
+}
+
+/// Makes the container's cgroups at `path` (libcgroups' manager), joins them and
+/// applies the spec's resources.
 fn join_cgroups(id: &str, path: &Path, spec: &oci_spec::runtime::Spec) -> Result<()> {
     let cgroup_err = |operation: &'static str| {
         move |e: libcgroups::common::AnyManagerError| Error::Cgroup {
