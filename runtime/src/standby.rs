@@ -301,6 +301,7 @@ impl Container {
                     suffix: suffix.clone(),
                     usage,
                 }),
+                in_place: false,
             };
             helper::run(make, stdio)
         })();

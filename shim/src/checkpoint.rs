@@ -424,7 +424,7 @@ impl TaskService {
             inst.config(),
             &inst.init.stdio,
             terminal,
-            move |_, child| sandbox.restore_processes(&images, &dumped, child),
+            move |_, child| sandbox.restore_processes(&images, &dumped, child, false),
         )
         .await;
         let (pid, io) = match result {

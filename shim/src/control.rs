@@ -390,7 +390,7 @@ impl TaskService {
                 inst.config(),
                 &inst.init.stdio,
                 terminal,
-                move |_, child| sandbox.restore_processes(&images, &dumped, child),
+                move |_, child| sandbox.restore_processes(&images, &dumped, child, true),
             )
             .await
         }

@@ -453,12 +453,14 @@ impl Container {
     /// The second half (containerd's `Start`): runs CRIU in the helper, with the init's
     /// stdio on `stdio`. Returns the restored init's pid. On failure whatever CRIU left
     /// in the container's cgroup is killed: nothing half-restored keeps running.
+    /// `in_place`: a rollback, whose container keeps its cgroups as they are.
     pub fn restore(
         &self,
         images: &Path,
         from: &Dumped,
         criu: &criu::Tool,
         stdio: ChildStdio,
+        in_place: bool,
     ) -> Result<i32> {
         let make = |stdio| Restore {
             id: self.state.id.clone(),
@@ -470,6 +472,7 @@ impl Container {
             dumped: from.clone(),
             tracking: self.state.tracking_cgroup.clone(),
             standby: None,
+            in_place,
         };
         match helper::run(make, stdio).and_then(|restored| {
             let p = restored.phases;

@@ -60,6 +60,11 @@ pub struct Restore {
     /// running on.
     #[serde(default)]
     pub standby: Option<crate::standby::Target>,
+    /// A rollback in place: the container's cgroups, where they are all still
+    /// there, are joined as they are (the limits it runs under, its spec's or an
+    /// update's since) rather than given the spec's resources again.
+    #[serde(default)]
+    pub in_place: bool,
 }
 
 /// What a [`Restore`] answers.
@@ -100,6 +105,7 @@ fn serve(call: Restore) -> Result<Restored> {
         dumped,
         tracking,
         standby: target,
+        in_place,
     } = call;
     let standby = target.is_some();
     TrackingCgroup::at(tracking).add(std::process::id() as i32)?;
@@ -114,10 +120,9 @@ fn serve(call: Restore) -> Result<Restored> {
         None => youki.cgroup_path.clone(),
     };
     super::engine::verify_images(&images, &dumped.files)?;
-    // The same container again (a rollback, or a restore after a crash that
-    // left its cgroups): they hold the limits it runs under, its spec's or an
-    // update's since, and joining them is a write per hierarchy.
-    let own = dumped.id == id && !standby;
+    // A rollback's container keeps its cgroups: joining them is a write per
+    // hierarchy, where libcgroups' manager reads the mount table per controller.
+    let own = in_place && dumped.id == id && !standby;
     match existing_cgroup(&cgroup_path).filter(|_| own) {
         Some(procs) => join_existing(&procs)?,
         None => join_cgroups(&id, &cgroup_path, &spec)?,

@@ -236,15 +236,18 @@ impl Sandbox {
 
     /// Restores the processes of a process image into the container (its old
     /// processes are gone), in one of the host's slots; answers the init's pid.
+    /// `in_place`: a rollback, which keeps the container's cgroups as they are.
     pub fn restore_processes(
         &self,
         images: &std::path::Path,
         dumped: &Dumped,
         stdio: ChildStdio,
+        in_place: bool,
     ) -> Result<i32> {
         let tool = criu::Tool::from_config(&self.config);
         bounded(&self.config, || {
-            self.container.restore(images, dumped, &tool, stdio)
+            self.container
+                .restore(images, dumped, &tool, stdio, in_place)
         })
     }
 }
