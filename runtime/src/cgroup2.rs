@@ -5,7 +5,8 @@
 //! and the container's own cgroup (`/sys/fs/cgroup/<cgroupsPath>`) is also the
 //! cgroup id eBPF sees for its tasks, so it is the container's tracking cgroup
 //! (`tracking`). Hybrid hosts (v1 controllers beside an empty cgroup2 tree) keep
-//! their v1 paths; nothing here but [`favors_dynamic_moves`] is used there.
+//! their v1 paths; nothing here but [`favors_dynamic_moves`] and
+//! [`v1_hierarchies`] is used there.
 //!
 //! The interface files have three shapes (the kernel's
 //! `Documentation/admin-guide/cgroup-v2.rst`, "Interface Files"): flat keyed
@@ -21,6 +22,21 @@ use crate::{Error, Result};
 
 /// Where the unified hierarchy is mounted.
 pub const ROOT: &str = "/sys/fs/cgroup";
+
+/// The mount points of the host's cgroup v1 hierarchies (controllers and named
+/// ones such as systemd's), by their file system's magic; none on a v2-only host.
+pub(crate) fn v1_hierarchies() -> Vec<PathBuf> {
+    use nix::sys::statfs::{statfs, CGROUP_SUPER_MAGIC};
+    let Ok(entries) = std::fs::read_dir(ROOT) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| e.path())
+        .filter(|p| statfs(p).is_ok_and(|s| s.filesystem_type() == CGROUP_SUPER_MAGIC))
+        .collect()
+}
 
 /// Whether this host has cgroup v2 alone (no v1 hierarchy): `/sys/fs/cgroup` is a
 /// cgroup2 file system.

@@ -608,40 +608,20 @@ pub(crate) fn refused(why: &str) -> Error {
 fn remove_cgroups(id: &str, path: &Path, tracking: &TrackingCgroup) {
     // A fork that adopted the standby renamed its cgroups into its own: nothing
     // is left to remove there, and a manager would cost more than looking.
-    if !cgroup_exists(path) {
-        crate::cgroup_view::leave_systemd(path);
-        if let Err(e) = tracking.destroy() {
-            tracing::warn!(%id, error = %e, "remove a standby's tracking cgroup");
-        }
-        return;
-    }
-    match crate::container::cgroup_manager_at(id, path) {
-        Ok(m) => {
-            if let Err(e) = m.remove() {
-                tracing::warn!(%id, error = %e, "remove a standby's cgroups");
+    if !hierarchies(path, path).is_empty() {
+        match crate::container::cgroup_manager_at(id, path) {
+            Ok(m) => {
+                if let Err(e) = m.remove() {
+                    tracing::warn!(%id, error = %e, "remove a standby's cgroups");
+                }
             }
+            Err(e) => tracing::warn!(%id, error = %e, "remove a standby's cgroups"),
         }
-        Err(e) => tracing::warn!(%id, error = %e, "remove a standby's cgroups"),
     }
     crate::cgroup_view::leave_systemd(path);
     if let Err(e) = tracking.destroy() {
         tracing::warn!(%id, error = %e, "remove a standby's tracking cgroup");
     }
-}
-
-/// Whether the cgroup `path` exists in any hierarchy (v1's controllers and named
-/// hierarchies, or the one v2 tree).
-fn cgroup_exists(path: &Path) -> bool {
-    let root = Path::new(CGROUP_ROOT);
-    let rel = path.strip_prefix("/").unwrap_or(path);
-    if root.join(rel).join("cgroup.procs").is_file() {
-        return true;
-    }
-    std::fs::read_dir(root).is_ok_and(|entries| {
-        entries
-            .flatten()
-            .any(|e| e.path().join(rel).join("cgroup.procs").is_file())
-    })
 }
 
 /// Binds `tree` on `target` again, in place of what was bound there (the tree

@@ -201,7 +201,7 @@ fn rename_v1(from: &Path, to: &Path) -> Result<()> {
         });
     }
     let mut done: Vec<(PathBuf, PathBuf)> = Vec::new();
-    for base in v1_hierarchies() {
+    for base in crate::cgroup2::v1_hierarchies() {
         let (old, new) = (base.join(from), base.join(to));
         if !old.is_dir() {
             continue;
@@ -219,21 +219,6 @@ fn rename_v1(from: &Path, to: &Path) -> Result<()> {
         done.push((old, new));
     }
     Ok(())
-}
-
-/// The mount points of the host's cgroup v1 hierarchies (controllers and named
-/// ones such as systemd's), by their file system's magic.
-fn v1_hierarchies() -> Vec<PathBuf> {
-    use nix::sys::statfs::{statfs, CGROUP_SUPER_MAGIC};
-    let Ok(entries) = std::fs::read_dir(super::CGROUP_ROOT) else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-        .map(|e| e.path())
-        .filter(|p| statfs(p).is_ok_and(|s| s.filesystem_type() == CGROUP_SUPER_MAGIC))
-        .collect()
 }
 
 #[cfg(test)]

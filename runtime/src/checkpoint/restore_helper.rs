@@ -292,29 +292,24 @@ pub(crate) fn save_state(
 }
 
 /// The `cgroup.procs` files of the cgroup `path` in every hierarchy a container's
-/// cgroups are made in (v1's controller mounts under `/sys/fs/cgroup`, or the one
-/// v2 tree); `None` when one lacks it. Named v1 hierarchies (`systemd`, joined by
-/// [`crate::cgroup_view::join_systemd`]) and a hybrid host's v2 tree (the
-/// tracking cgroup's) are not the container manager's, and are left out.
+/// cgroups are made in (v1's controller hierarchies, or the one v2 tree); `None`
+/// when one lacks it. The named `systemd` hierarchy (joined by
+/// [`crate::cgroup_view::join_systemd`]) is not the container manager's, and is
+/// left out.
 fn existing_cgroup(path: &Path) -> Option<Vec<PathBuf>> {
-    let root = Path::new("/sys/fs/cgroup");
     let rel = path.strip_prefix("/").unwrap_or(path);
     let procs_in = |base: &Path| {
         let f = base.join(rel).join("cgroup.procs");
         f.is_file().then_some(f)
     };
     if crate::cgroup2::unified() {
-        return procs_in(root).map(|f| vec![f]);
+        return procs_in(Path::new(crate::cgroup2::ROOT)).map(|f| vec![f]);
     }
-    let mut files = Vec::new();
-    for e in std::fs::read_dir(root).ok()?.flatten() {
-        // Mount points only: `cpu,cpuacct`-style symlinks name one twice.
-        let is_mount = e.file_type().is_ok_and(|t| t.is_dir());
-        if !is_mount || e.file_name() == "systemd" || e.file_name() == "unified" {
-            continue;
-        }
-        files.push(procs_in(&e.path())?);
-    }
+    let files = crate::cgroup2::v1_hierarchies()
+        .into_iter()
+        .filter(|h| !h.ends_with("systemd"))
+        .map(|h| procs_in(&h))
+        .collect::<Option<Vec<_>>>()?;
     (!files.is_empty()).then_some(files)
 }
 
