@@ -612,5 +612,6 @@ fn seventy_thousand_files_in_one_sandbox_leave_another_sandboxs_turn_classified(
     // The full checkpoint lets the noisy one be classified again.
     crabctl_ok(&["checkpoint", &noisy.id]);
     sh(&noisy, "echo one > /root/after");
-    assert_eq!(classification(&noisy).0, "fs-only");
+    let (kind, reasons) = classification(&noisy);
+    assert_eq!(kind, "fs-only", "after the full checkpoint: {reasons}");
 }
