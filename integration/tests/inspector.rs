@@ -582,9 +582,10 @@ fn classification(g: &Guard) -> (String, String) {
     let out = crabctl_ok(&["turn", &g.id, "--dry-run", "--json"]);
     let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
     let c = &v["classification"];
+    // The tasks go with the reasons: a failure says which task ran.
     (
         c["kind"].as_str().unwrap_or_default().to_string(),
-        c["reasons"].to_string(),
+        format!("{} {}", c["reasons"], c["tasks"]),
     )
 }
 

@@ -136,6 +136,7 @@ impl TaskService {
         let (class, entry, wants_standby) = result?;
         tracing::info!(%id, kind = ?class.kind, reasons = ?class.reasons,
             classify_us = class.elapsed_us, total_ms, "turn");
+        tracing::debug!(%id, tasks = ?class.tasks, "turn's tasks");
         if let Some((e, _)) = &entry {
             self.standby_after(id, wants_standby, e);
         }

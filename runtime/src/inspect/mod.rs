@@ -342,16 +342,27 @@ fn settle(c: &Container, before: &Positions) {
                     let thaw = now.runtime_ns.saturating_sub(from);
                     if b.start == now.start && thaw < SETTLE_MAX_NS {
                         b.runtime_ns += thaw;
+                    } else {
+                        tracing::debug!(tid = p.tid, thaw_ns = thaw, "freeze cost not settled: it ran");
                     }
                 }
                 false
             }
-            Some(_) => false,
+            Some((sp, pc)) => {
+                tracing::debug!(tid = p.tid, %sp, %pc, was_sp = %p.sp, was_pc = %p.pc, "freeze cost not settled: blocked elsewhere");
+                false
+            }
             None => true,
         });
         if !pending.is_empty() {
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
+    }
+    for p in &pending {
+        tracing::debug!(
+            tid = p.tid,
+            "freeze cost not settled: not blocked again within 50 ms"
+        );
     }
     if let Err(e) = save_baseline(c, &base) {
         tracing::warn!(id = %c.state.id, error = %e, "write settled baseline");
