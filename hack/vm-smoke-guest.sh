@@ -4,64 +4,19 @@
 # INFO lines say what was seen; "SMOKE DONE" ends the run, then the VM powers off.
 # Not meant to run on a host: it mounts, starts containerd and kills what it made.
 set -u
-export PATH=/smoke/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
-NS=default
-RT=io.containerd.crab.v2
-IMG=docker.io/crab/busybox:latest
-PASSED=0
-FAILED=0
-
-# Lines carry the guest's uptime: where the time goes under TCG.
-info() { echo "INFO [$(cut -d' ' -f1 /proc/uptime)] $*"; }
-pass() { echo "PASS $*"; PASSED=$((PASSED + 1)); }
-fail() { echo "FAIL $*"; FAILED=$((FAILED + 1)); }
-# check NAME CMD...: PASS when CMD succeeds.
-check() {
-    local name=$1
-    shift
-    if "$@" >/tmp/step.out 2>&1; then pass "$name"; else
-        fail "$name"
-        sed 's/^/  | /' /tmp/step.out | tail -n 20
-    fi
-}
-# Waits up to $1 seconds for CMD to succeed.
-wait_for() {
-    local n=$(($1 * 5))
-    shift
-    while [ "$n" -gt 0 ]; do
-        "$@" >/dev/null 2>&1 && return 0
-        sleep 0.2
-        n=$((n - 1))
-    done
-    return 1
-}
-finish() {
-    echo "SMOKE DONE $PASSED passed, $FAILED failed"
-    sync
-    echo o >/proc/sysrq-trigger
-    sleep 30
-}
+# shellcheck source=hack/vm-guest-lib.sh
+. /smoke/lib.sh
 
 setup() {
     info "guest started"
-    mountpoint -q /run || mount -t tmpfs -o mode=0755 run /run
-    mount -t tmpfs tmp /tmp
-    mkdir -p /dev/pts /dev/shm /run/criu
-    mountpoint -q /dev/pts || mount -t devpts -o gid=5,mode=620,ptmxmode=666 devpts /dev/pts
-    mountpoint -q /dev/shm || mount -t tmpfs shm /dev/shm
-    mount -t tmpfs -o size=1m,mode=0700 crab-criu /run/criu
-    mountpoint -q /sys/fs/cgroup || mount -t cgroup2 -o nsdelegate cgroup2 /sys/fs/cgroup
-    mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf
-    mountpoint -q /sys/kernel/tracing || mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null
-    ip link set lo up
+    guest_mounts
     mkdir -p /etc/crab /var/lib/crab/overlay /var/lib/crab/checkpoints
     cat >/etc/crab/config.toml <<'TOML'
 log_level = "debug"
 [storage]
 backend = "overlay"
 TOML
-    containerd --log-level info >/var/log/containerd.log 2>&1 &
-    wait_for 120 ctr version || { fail "containerd starts"; tail -n 20 /var/log/containerd.log; finish; }
+    start_containerd
     ctr -n "$NS" images import --all-platforms /smoke/images/busybox.tar >/dev/null 2>&1 ||
         { fail "import busybox"; finish; }
 }
@@ -74,10 +29,7 @@ step_host() {
 }
 
 step_run_exec() {
-    # The counter lives only in the shell's memory; USR1 writes it to /count.
-    ctr -n "$NS" run -d --runtime "$RT" "$IMG" c1 sh -c \
-        'i=0; trap "echo \$i > /count" USR1; echo before > /state; while :; do i=$((i+1)); sleep 0.2; done' \
-        >/tmp/run.out 2>&1
+    run_counter c1
     check "run and exec" bash -c "ctr -n $NS task exec --exec-id e1 c1 echo hello | grep -qx hello"
 }
 
@@ -110,15 +62,9 @@ step_turn() {
     check "a turn is classified and taken" bash -c "[ $status = 0 ] && head -n 1 /tmp/turn.out | grep -Eq '^c1: (skip|fs-only|process-only|full) '"
 }
 
-count_of() {
-    ctr -n "$NS" task kill -s USR1 c1 >/dev/null 2>&1
-    sleep 1
-    ctr -n "$NS" task exec --exec-id "cnt$1" c1 cat /count 2>/dev/null
-}
-
 step_checkpoint_rollback() {
     local at_ckpt later after
-    at_ckpt=$(count_of 1)
+    at_ckpt=$(count_of c1 1)
     if ! crabctl -n "$NS" checkpoint c1 --name before >/tmp/ckpt.out 2>&1; then
         fail "checkpoint"
         sed 's/^/  | /' /tmp/ckpt.out | tail -n 20
@@ -128,13 +74,13 @@ step_checkpoint_rollback() {
     step_turn
     sleep 3
     ctr -n "$NS" task exec --exec-id w1 c1 sh -c 'echo after > /state' >/dev/null 2>&1
-    later=$(count_of 2)
+    later=$(count_of c1 2)
     if ! crabctl -n "$NS" rollback c1 before >/tmp/rb.out 2>&1; then
         fail "rollback"
         sed 's/^/  | /' /tmp/rb.out | tail -n 20
         return
     fi
-    after=$(count_of 3)
+    after=$(count_of c1 3)
     local state
     state=$(ctr -n "$NS" task exec --exec-id r1 c1 cat /state 2>/dev/null)
     info "counter: $at_ckpt at the checkpoint, $later later, $after after the rollback; /state: $state"
@@ -185,7 +131,6 @@ if [ "$FAILED" != 0 ]; then
     done
     info "libbpf's messages:"
     sed -n '/libbpf/,$p' /var/log/containerd.log | grep -v 'level=' | head -n 150 | sed 's/^/  | /'
-    info "containerd's and the shims' log (last lines):"
-    grep -v 'libbpf' /var/log/containerd.log | tail -n 40 | sed 's/^/  | /'
+    dump_logs
 fi
 finish

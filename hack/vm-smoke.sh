@@ -11,6 +11,10 @@
 #   hack/vm-smoke.sh             build what is missing, boot, test
 #   hack/vm-smoke.sh --rebuild   make the VM's disk image again first
 #   hack/vm-smoke.sh --prepare   only unpack qemu and make the disk image
+#   hack/vm-smoke.sh --reboot    a real reboot instead (hack/vm-reboot-guest.sh): the
+#                                guest, with a data disk and the default btrfs
+#                                loop-file pool, checkpoints a container and is reset
+#                                (no sync); booted again, it restores the container
 #
 # What it makes lives in ${CRAB_VM_DIR:-/var/lib/crab/vm}:
 #   qemu/        qemu-system-x86 and the libraries it needs, unpacked from Debian's
@@ -20,8 +24,10 @@
 #                cloud kernel), made once; the VM only writes to a throwaway overlay
 #   run.img      per run: the shim and crabctl of this tree, the host's containerd
 #                and ctr (hack/setup.sh's), CRIU (hack/setup.sh's build), the busybox
-#                image (hack/build-images.sh) and the guest's test script
-#   console.log  the guest's console of the last run
+#                image (hack/build-images.sh), hack/pool.sh and the guest's scripts
+#   data.img     --reboot's data disk (containerd's and Crab's /var/lib), made per run
+#   console.log  the guest's console of the last run (--reboot: console-1.log and
+#                console-2.log, one per boot)
 #
 # Needs root, the host set up by hack/setup.sh (containerd 1.7, CRIU), and a route to
 # a Debian mirror for the first run (CRAB_DEBIAN_MIRROR). Guest commands are slow
@@ -39,8 +45,8 @@ QEMU_LIBS="LD_LIBRARY_PATH=$QEMU/usr/lib/x86_64-linux-gnu:$QEMU/lib/x86_64-linux
 QEMU_CMD=(env "$QEMU_LIBS" "$QEMU/usr/bin/qemu-system-x86_64"
     -L "$QEMU/usr/share/qemu" -L "$QEMU/usr/share/seabios")
 # Bump when the guest's packages or its init change: the base image is made again.
-BASE_RECIPE=4
-GUEST_PACKAGES=linux-image-cloud-amd64,initramfs-tools,tini,bash,coreutils,procps,iproute2,iptables,nftables,util-linux,mount,kmod,tar,libseccomp2,libelf1,zlib1g
+BASE_RECIPE=5
+GUEST_PACKAGES=linux-image-cloud-amd64,initramfs-tools,btrfs-progs,tini,bash,coreutils,procps,iproute2,iptables,nftables,util-linux,mount,kmod,tar,libseccomp2,libelf1,zlib1g
 # How long the guest may take, boot included, before the run counts as failed.
 VM_TIMEOUT_S="${CRAB_VM_TIMEOUT_S:-1500}"
 
@@ -50,11 +56,13 @@ die() { echo "vm-smoke.sh: $*" >&2; exit 1; }
 [ "$(id -u)" = 0 ] || die "must run as root (debootstrap, loop-free ext4 images, qemu)"
 REBUILD=0
 PREPARE=0
+REBOOT=0
 case "${1:-}" in
     --rebuild) REBUILD=1 ;;
     --prepare) PREPARE=1 ;;
+    --reboot) REBOOT=1 ;;
     "") ;;
-    *) die "unknown argument: $1 (expected --rebuild or --prepare)" ;;
+    *) die "unknown argument: $1 (expected --rebuild, --prepare or --reboot)" ;;
 esac
 STARTED=$(date +%s)
 mkdir -p "$VM"
@@ -167,24 +175,54 @@ build_run_disk() {
         objcopy --strip-debug "$TARGET/release/$b" "$dir/bin/$b"
     done
     cp "$IMAGE_DIR/busybox.tar" "$dir/images/"
-    install -m 0755 "$ROOT/hack/vm-smoke-guest.sh" "$dir/guest.sh"
+    install -m 0644 "$ROOT/hack/vm-guest-lib.sh" "$dir/lib.sh"
+    install -m 0755 "$ROOT/hack/pool.sh" "$dir/pool.sh"
+    if [ "$REBOOT" = 1 ]; then
+        install -m 0755 "$ROOT/hack/vm-reboot-guest.sh" "$dir/guest.sh"
+    else
+        install -m 0755 "$ROOT/hack/vm-smoke-guest.sh" "$dir/guest.sh"
+    fi
     mkfs.ext4 -q -F -L crab-vm-run -d "$dir" "$VM/run.img" 256M
     rm -rf "$dir"
 }
 
+# boot CONSOLE [KERNEL ARGS] [QEMU ARGS...]: one boot of the guest; -no-reboot makes a
+# reset or a power-off end qemu.
 boot() {
-    log "booting the guest (qemu TCG, Debian's $(basename "$(readlink -f "$VM/vmlinuz")") kernel); console in $VM/console.log"
+    local console=$1 args=${2:-}
+    shift 2 || shift $#
+    log "booting the guest (qemu TCG, Debian's $(basename "$(readlink -f "$VM/vmlinuz")") kernel${args:+, $args}); console in $console"
     # snapshot=on: the base image is never written. The guest's init mounts cgroup2
     # alone at /sys/fs/cgroup (what systemd does on bookworm by default).
     timeout --kill-after=10 "$VM_TIMEOUT_S" "${QEMU_CMD[@]}" \
         -accel tcg,thread=multi -machine q35 -cpu max -smp 2 -m 2048 \
         -nographic -no-reboot -nic none \
         -kernel "$VM/vmlinuz" -initrd "$VM/initrd.img" \
-        -append "console=ttyS0 root=/dev/vda rw init=/sbin/crab-vm-init panic=-1 quiet loglevel=4" \
+        -append "console=ttyS0 root=/dev/vda rw init=/sbin/crab-vm-init panic=-1 quiet loglevel=4 $args" \
         -drive "file=$VM/base.img,if=virtio,format=raw,snapshot=on" \
         -drive "file=$VM/run.img,if=virtio,format=raw,readonly=on" \
-        </dev/null | tr -d '\r' | tee "$VM/console.log" |
-        grep --line-buffered -E '^(PASS|FAIL|INFO|SMOKE|  \|)' || true
+        "$@" </dev/null | tr -d '\r' | tee "$console" |
+        grep --line-buffered -E '^(PASS|FAIL|INFO|SMOKE|EXPECT|  \|)' || true
+}
+
+# The reboot: boot 1 checkpoints and resets, boot 2 restores (hack/vm-reboot-guest.sh).
+# Writes console.log as both boots' consoles one after the other.
+reboot_run() {
+    log "making the data disk"
+    rm -f "$VM/data.img"
+    truncate -s 4G "$VM/data.img"
+    mkfs.ext4 -q -F -L crab-vm-data "$VM/data.img"
+    local data=(-drive "file=$VM/data.img,if=virtio,format=raw")
+    boot "$VM/console-1.log" "crab.phase=1" "${data[@]}"
+    cp "$VM/console-1.log" "$VM/console.log"
+    if ! grep -q '^SMOKE REBOOT' "$VM/console-1.log"; then
+        tail -n 40 "$VM/console-1.log" >&2
+        die "boot 1 did not reach its reset (see $VM/console-1.log)"
+    fi
+    local expect
+    expect=$(awk '/^EXPECT / {print $2 "," $3}' "$VM/console-1.log")
+    boot "$VM/console-2.log" "crab.phase=2 crab.expect=$expect" "${data[@]}"
+    cat "$VM/console-2.log" >>"$VM/console.log"
 }
 
 host_tools
@@ -193,7 +231,11 @@ build_base
 [ "$PREPARE" = 0 ] || exit 0
 build_crab
 build_run_disk
-boot
+if [ "$REBOOT" = 1 ]; then
+    reboot_run
+else
+    boot "$VM/console.log" ""
+fi
 elapsed=$(($(date +%s) - STARTED))
 pass=$(grep -c '^PASS' "$VM/console.log" || true)
 fail=$(grep -c '^FAIL' "$VM/console.log" || true)
