@@ -26,24 +26,15 @@ STARTED=$(date +%s)
 
 "$ROOT/hack/setup.sh"
 
-# The configuration the tests' shims read: $CRAB_CONFIG, with state dir $1.
-write_test_config() {
-    cat >"$CRAB_CONFIG" <<TOML
-state_dir = "$1"
-log_level = "debug"
-[proxy]
-# The upstream the CRI and Docker tests' annotations choose (it never answers),
-# and the scripted LLM of mini-swe-agent's test through the proxy's host door.
-upstreams = ["http://127.0.0.1:9", "http://127.0.0.1:18787"]
-TOML
-}
+# shellcheck source=hack/test-config.sh
+. "$ROOT/hack/test-config.sh"
 
 if [ "$COMPAT" = 1 ]; then
     "$ROOT/hack/sid.sh" install
     COMPAT_DIR=/var/lib/crab/test-compat
     mkdir -p "$COMPAT_DIR"
     export CRAB_CONFIG="$COMPAT_DIR/config.toml"
-    write_test_config /run/crab/state-compat
+    write_test_config /run/crab/state-compat debug
     "$ROOT/hack/sid.sh" stop >/dev/null 2>&1 || true
     "$ROOT/hack/sid.sh" start
     trap '"$ROOT/hack/sid.sh" stop >/dev/null 2>&1 || true' EXIT
@@ -73,7 +64,7 @@ fi
 TEST_DIR=/var/lib/crab/test
 mkdir -p "$TEST_DIR"
 export CRAB_CONFIG="$TEST_DIR/config.toml"
-write_test_config /run/crab/state-test
+write_test_config /run/crab/state-test debug
 
 "$ROOT/hack/docker.sh" stop >/dev/null 2>&1 || true
 "$ROOT/hack/containerd.sh" stop >/dev/null 2>&1 || true

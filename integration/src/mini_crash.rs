@@ -1,8 +1,9 @@
 //! A crash of mini-swe-agent's Docker sandbox while the agent waits for its
 //! LLM, and its recovery the way Docker allows: `docker start`, then `crabctl
 //! rollback` to the newest durable checkpoint. The agent, outside the sandbox,
-//! never notices. Used by `tests/mini_swe_agent_crash.rs` and the evaluation
-//! (`crate::mini_eval`).
+//! sees its request in flight fail (it went through the host door of the
+//! shim's proxy) and asks again once the new shim opened the door. Used by
+//! `tests/mini_swe_agent_crash.rs` and the evaluation (`crate::mini_eval`).
 //!
 //! Why not `crabctl restore`, as for a `ctr` container: dockerd deletes the
 //! container from containerd once its task is gone, so there is nothing to

@@ -3,10 +3,10 @@
 //! hand-written trajectory at its think times (the scripted OpenAI server
 //! paces its answers). Per trajectory:
 //!
-//! - under Crab: the agent in the sandbox's network namespace, its LLM
-//!   reached through the sandbox's turn proxy (started with `crabctl proxy`,
-//!   [`crate::mini_swe_agent::Proxy`]), every request a turn and its
-//!   checkpoint; Crab's turn counters give the skip share;
+//! - under Crab: the agent in the host's network, its LLM reached through
+//!   the host door of the sandbox's turn proxy (the shim's, its upstream
+//!   chosen by annotation; [`crate::mini_trajectory`]), every request a turn
+//!   and its checkpoint; Crab's turn counters give the skip share;
 //! - under crab-plain, the fair equivalent for Docker of Claude Code's
 //!   baseline: the same `docker run --runtime crab` (Crab's runtime, its
 //!   store adopting Docker's root file system as for every crab container),

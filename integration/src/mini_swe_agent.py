@@ -5,7 +5,7 @@ Run by the venv's python with one argument, a JSON object:
   image, run_args, docker   DockerEnvironment's image, run args and executable
   config                    a built-in config of mini-swe-agent ("mini" is the `mini` CLI's)
   model_class               "litellm" (tool calls) or "litellm_textbased" (fenced blocks)
-  model, api_base, task, trajectory
+  model, api_base, api_key, task, trajectory
 
 mini-swe-agent's own classes do the work: DockerEnvironment starts the sandbox
 (`docker run -d ... sleep`, with the run args) and runs each command with
@@ -89,7 +89,7 @@ def main() -> int:
         model_kwargs={
             **model_config.get("model_kwargs", {}),
             "api_base": api_base,
-            "api_key": "sk-dummy-for-the-scripted-server",
+            "api_key": args["api_key"],
         },
     )
     model = get_model(config=model_config)

@@ -29,9 +29,17 @@ pub const LISTEN: &str = "127.0.0.1:8787";
 /// sandbox's host door ([`Agent::go_through_door`]): the proxy is then the
 /// shim's, started for the annotation `io.crab.proxy.upstream`, which may only
 /// choose an upstream the host's configuration names in advance (the test
-/// configuration of `hack/test.sh` names this one). One such server per test
-/// process: its listener lives as long as the process.
+/// configuration, `hack/test-config.sh`, names this one). One listener per
+/// process answers every run's script by the run's API key
+/// ([`crate::scripted::Server::paced_by_key`]).
 pub const DOOR_UPSTREAM: &str = "127.0.0.1:18787";
+
+/// A key no other run of this process has, for [`Options::api_key`].
+pub fn new_api_key() -> String {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("sk-crab-run-{}-{n}", std::process::id())
+}
 
 /// The driver: mini-swe-agent's own classes, run in the sandbox's network
 /// namespace (the file says how).
@@ -123,6 +131,16 @@ pub struct Options<'a> {
     /// The LLM's base URL (`.../v1`); `None`: the turn proxy's, at [`LISTEN`]
     /// in the sandbox's network namespace.
     pub api_base: Option<&'a str>,
+    /// The API key the agent sends (`None`: a fixed dummy): the run's own one
+    /// when its scripted server answers by key ([`Scripted::paced_by_key`]).
+    ///
+    /// [`Scripted::paced_by_key`]: crate::scripted::Server::paced_by_key
+    pub api_key: Option<&'a str>,
+    /// How many times mini-swe-agent asks before a failed request fails the
+    /// run (its `MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT`; 1: no retry, so every
+    /// request is a turn). A run crashed with its request in flight through
+    /// the host door needs more: that request dies with the shim's proxy.
+    pub attempts: u32,
 }
 
 /// A running mini-swe-agent: the driver process, its lines, and its files.
@@ -156,6 +174,7 @@ impl Agent {
             "config": o.config, "model_class": o.model_class,
             "model": MODEL,
             "api_base": o.api_base.map_or_else(|| format!("http://{LISTEN}/v1"), String::from),
+            "api_key": o.api_key.unwrap_or("sk-dummy-for-the-scripted-server"),
             "task": o.task, "trajectory": dir.path().join("trajectory.json"),
         });
         let stderr = std::fs::File::create(dir.path().join("stderr")).expect("stderr file");
@@ -170,13 +189,15 @@ impl Agent {
             .env("HOME", dir.path())
             // Nothing but the LLM: litellm's cost map from its package, not the
             // network; mini-swe-agent's settings from an empty directory; no
-            // banner; no retries (a failed request fails the run, and every
-            // request is a turn).
+            // banner; retries only as the caller says (see `Options::attempts`).
             .env("LITELLM_LOCAL_MODEL_COST_MAP", "True")
             .env("LITELLM_MODEL_REGISTRY_PATH", &registry)
             .env("MSWEA_GLOBAL_CONFIG_DIR", dir.path().join("config"))
             .env("MSWEA_SILENT_STARTUP", "1")
-            .env("MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT", "1")
+            .env(
+                "MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT",
+                o.attempts.max(1).to_string(),
+            )
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(stderr)

@@ -1,7 +1,8 @@
 //! A recorded task (`eval/trajectories/`) done by mini-swe-agent on the host,
 //! acting on a crab sandbox it makes through Docker, its LLM the scripted
-//! OpenAI server reached through the sandbox's turn proxy (or directly, for
-//! the evaluation's baseline): the fault-free run of
+//! OpenAI server reached through the host door of the sandbox's turn proxy (the
+//! agent stays in the host's network, as an orchestrator does), or directly,
+//! for the evaluation's baseline: the fault-free run of
 //! `tests/trajectory_agents.rs`, both runs of `tests/mini_swe_agent_crash.rs`,
 //! and the evaluation's runs (`crate::mini_eval`). See docs/agents.md.
 
@@ -11,19 +12,21 @@ use crab_eval::state::Ending;
 use crab_eval::trajectory::Trajectory;
 use serde_json::Value;
 
-use crate::docker::{docker_inspect, DockerGuard, DOCKER_PYTHON, MOBY};
-use crate::mini_swe_agent::{Agent, Options, Proxy};
+use crate::docker::{crabctl_moby, docker_inspect, DockerGuard, DOCKER_PYTHON, MOBY};
+use crate::mini_swe_agent::{new_api_key, Agent, Options, DOOR_UPSTREAM};
 use crate::{openai, trajectory};
 
 /// How long the agent may take to do the whole task, besides its LLM's think times.
 const TASK_TIMEOUT: Duration = Duration::from_secs(900);
 
+/// How many times the agent asks in a run that is crashed: the request in
+/// flight at the crash dies with the shim's proxy, and mini-swe-agent asks
+/// again (its retries wait 4 s, then 8 s: the recovery is done by then).
+const CRASH_ATTEMPTS: u32 = 4;
+
 /// mini-swe-agent doing a trajectory, and what it runs against. Dropped in
-/// this order: the proxy, the sandbox (`docker rm -f`), the driver.
+/// this order: the sandbox (`docker rm -f`), the driver.
 pub struct Run {
-    /// The sandbox's turn proxy, started by hand (`crabctl -n moby proxy`);
-    /// none for a run whose agent reaches its LLM directly.
-    pub proxy: Option<Proxy>,
     /// The sandbox, by its container id.
     pub sandbox: DockerGuard,
     /// The driver.
@@ -34,6 +37,9 @@ pub struct Run {
     pub pid: i32,
     /// The script's length: the chat completions requests of a whole run.
     pub steps: usize,
+    /// A step the agent may ask again: the one held for a crash through the
+    /// door (see [`CRASH_ATTEMPTS`]).
+    may_repeat: Option<usize>,
     /// How long the agent may take to do the whole task: its think times
     /// and [`TASK_TIMEOUT`].
     pub timeout: Duration,
@@ -53,9 +59,10 @@ pub struct Setup<'a> {
     pub hold: Option<usize>,
     /// Each step's think time ([`trajectory::mini_think_times`]); empty: none.
     pub think: Vec<Duration>,
-    /// Through the sandbox's turn proxy, the agent in the sandbox's network
-    /// namespace (every request a turn); else in the host's network, asking
-    /// the LLM directly (no turn, no checkpoint: a baseline).
+    /// Through the host door of the sandbox's turn proxy (the shim's, its
+    /// upstream chosen by annotation; every request a turn); else asking the
+    /// LLM directly (no turn, no checkpoint: a baseline). The agent stays in
+    /// the host's network either way.
     pub proxied: bool,
 }
 
@@ -87,39 +94,56 @@ impl Run {
             setup.think
         };
         let timeout = think.iter().sum::<Duration>() + TASK_TIMEOUT;
-        let llm = openai::Scripted::paced(steps, think);
+        // Through the door, the upstream is the one listener the host's
+        // configuration names, and the run's key picks its script there.
+        let key = new_api_key();
+        let llm = if setup.proxied {
+            openai::Scripted::paced_by_key(DOOR_UPSTREAM, &key, steps, think)
+        } else {
+            openai::Scripted::paced(steps, think)
+        };
         if let Some(step) = setup.hold {
             llm.hold_step(step);
         }
         let direct = format!("{}/v1", llm.url());
+        let upstream = format!("io.crab.proxy.upstream={}", llm.url());
+        let mut run_args = setup.run_args.to_vec();
+        if setup.proxied {
+            run_args.extend(["--annotation", &upstream]);
+        }
         let mut agent = Agent::start(&Options {
             image: DOCKER_PYTHON,
-            run_args: setup.run_args,
+            run_args: &run_args,
             config: "mini",
             model_class: "litellm",
             task: &t.title,
             api_base: (!setup.proxied).then_some(direct.as_str()),
+            api_key: Some(&key),
+            attempts: if setup.hold.is_some() {
+                CRASH_ATTEMPTS
+            } else {
+                1
+            },
         });
         let sandbox = DockerGuard::new(&agent.id);
         let pid: i32 = docker_inspect(&sandbox.name, "{{.State.Pid}}")
             .parse()
             .expect("the sandbox init's pid");
-        let proxy = if setup.proxied {
-            let log = agent.dir.path().join("proxy.log");
-            let proxy = Proxy::start(&agent.id, &llm.url(), &log);
-            agent.go(pid);
-            Some(proxy)
+        if setup.proxied {
+            // The shim started the proxy with the task; `crabctl door` fails
+            // when none runs.
+            let door = crabctl_moby(&["door", &agent.id]);
+            agent.go_through_door(door.trim());
         } else {
             agent.go_in_host_network();
-            None
-        };
+        }
         Run {
-            proxy,
             sandbox,
             agent,
             llm,
             pid,
             steps: n,
+            may_repeat: setup.hold.filter(|_| setup.proxied),
             timeout,
             started,
             took: None,
@@ -140,8 +164,9 @@ impl Run {
     }
 
     /// Waits for the agent to submit, and checks the run: the LLM was asked
-    /// each step once, in order; every command exited 0. Then takes the
-    /// trajectory's ending in the sandbox, which still runs.
+    /// each step once, in order (the step held for a crash through the door
+    /// at most [`CRASH_ATTEMPTS`] times in a row); every command exited 0. Then
+    /// takes the trajectory's ending in the sandbox, which still runs.
     pub fn submitted(&mut self, t: &Trajectory) -> Ending {
         let result = self.agent.line("result ", self.timeout);
         self.took = Some(self.started.elapsed());
@@ -152,13 +177,21 @@ impl Run {
             "{result}\nstderr:\n{}",
             self.agent.stderr()
         );
-        let asked: Vec<usize> = self
+        let mut asked: Vec<usize> = self
             .llm
             .seen()
             .iter()
             .filter(|s| s.is_chat())
             .filter_map(|s| s.step)
             .collect();
+        if let Some(step) = self.may_repeat {
+            let times = asked.iter().filter(|&&s| s == step).count();
+            assert!(
+                times as u32 <= CRASH_ATTEMPTS,
+                "step {step} asked {times} times: {asked:?}"
+            );
+            asked.dedup_by(|a, b| *a == step && *b == step);
+        }
         assert_eq!(asked, (0..self.steps).collect::<Vec<_>>());
         // Every command exited 0: mini-swe-agent's observations (its `mini`
         // configuration's template) carry `"returncode": N`.

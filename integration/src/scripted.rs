@@ -100,16 +100,45 @@ impl<A: Api> Server<A> {
         Self::paced_on("127.0.0.1:0", steps, think)
     }
 
-    /// [`Server::paced`] on `addr` (a fixed port, for a proxy whose upstream
-    /// the host's configuration must name in advance).
-    pub fn paced_on(addr: &str, steps: Vec<A::Step>, think: Vec<Duration>) -> Self {
+    /// [`Server::paced`] on `addr` (a port of 0: a free one of 127.0.0.1).
+    fn paced_on(addr: &str, steps: Vec<A::Step>, think: Vec<Duration>) -> Self {
+        Self::serving(steps, think, |answer| {
+            listen_on(A::NAME, addr, move |conn| {
+                if let Some(request) = read_request(&conn) {
+                    answer(conn, request);
+                }
+            })
+        })
+    }
+
+    /// [`Server::paced`] behind the process's one listener on `addr` (a fixed
+    /// port, for a proxy whose upstream the host's configuration must name in
+    /// advance), answering the requests that carry `key` as their bearer token
+    /// (`Authorization: Bearer <key>`): many scripts, one per sandbox, behind
+    /// one upstream. `key` must be new to the process; every call must name the
+    /// same `addr`.
+    pub fn paced_by_key(addr: &str, key: &str, steps: Vec<A::Step>, think: Vec<Duration>) -> Self {
+        Self::serving(steps, think, |answer| {
+            keyed::route(A::NAME, addr, key, Box::new(answer))
+        })
+    }
+
+    /// A server of `steps`, its requests answered by the function `listen`
+    /// hands to its listener; `listen` answers the listener's port.
+    fn serving(
+        steps: Vec<A::Step>,
+        think: Vec<Duration>,
+        listen: impl FnOnce(keyed::Handler) -> u16,
+    ) -> Self {
         assert!(!steps.is_empty(), "a script needs at least one step");
         assert_eq!(steps.len(), think.len(), "a think time per step");
         let script = Script { steps, think };
         let seen = Arc::new(Mutex::new(Vec::new()));
         let hold = Arc::new(Hold::default());
         let (s, h) = (seen.clone(), hold.clone());
-        let port = listen_on(A::NAME, addr, move |conn| serve::<A>(conn, &script, &h, &s));
+        let port = listen(Box::new(move |conn, request| {
+            answer::<A>(conn, request, &script, &h, &s)
+        }));
         Server {
             port,
             seen,
@@ -227,22 +256,20 @@ impl Hold {
     }
 }
 
-/// Answers the one request on `conn` as `A` does, from `script`; records it
-/// in `seen` before the answer is written (no body for a `HEAD`), then closes.
-fn serve<A: Api>(
+/// Answers `request`, read from `conn`, as `A` does, from `script`; records
+/// it in `seen` before the answer is written (no body for a `HEAD`), then closes.
+fn answer<A: Api>(
     mut conn: TcpStream,
+    request: Read1,
     script: &Script<A::Step>,
     hold: &Hold,
     seen: &Mutex<Vec<Seen>>,
 ) {
-    let Some((method, target, body)) = read_request(&conn) else {
-        return;
-    };
-    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    let path = target.split('?').next().unwrap_or("").to_string();
+    let body: Value = serde_json::from_slice(&request.body).unwrap_or(Value::Null);
+    let path = request.target.split('?').next().unwrap_or("").to_string();
     let request = Request {
-        method,
-        target,
+        method: request.method,
+        target: request.target,
         path,
         body,
     };
@@ -274,25 +301,36 @@ fn serve<A: Api>(
     let _ = conn.flush();
 }
 
-/// Reads one HTTP/1 request: method, target and body (by Content-Length or
-/// chunked).
-fn read_request(conn: &TcpStream) -> Option<(String, String, Vec<u8>)> {
+/// One HTTP/1 request as read from its connection.
+pub(crate) struct Read1 {
+    method: String,
+    target: String,
+    /// Its bearer token (`Authorization: Bearer <key>`), if any.
+    key: Option<String>,
+    body: Vec<u8>,
+}
+
+/// Reads one HTTP/1 request: method, target, bearer token and body (by
+/// Content-Length or chunked).
+fn read_request(conn: &TcpStream) -> Option<Read1> {
     let mut r = BufReader::new(conn.try_clone().ok()?);
     let mut line = String::new();
     r.read_line(&mut line).ok()?;
     let mut words = line.split_whitespace();
     let (method, target) = (words.next()?.to_string(), words.next()?.to_string());
-    let (mut len, mut chunked) = (0usize, false);
+    let (mut len, mut chunked, mut key) = (0usize, false, None);
     loop {
         let mut h = String::new();
         if r.read_line(&mut h).ok()? == 0 || h == "\r\n" {
             break;
         }
-        let h = h.to_ascii_lowercase();
-        if let Some(v) = h.strip_prefix("content-length:") {
-            len = v.trim().parse().ok()?;
-        } else if h.starts_with("transfer-encoding:") && h.contains("chunked") {
-            chunked = true;
+        let (name, value) = h.split_once(':').unwrap_or((&h, ""));
+        let (name, value) = (name.trim().to_ascii_lowercase(), value.trim());
+        match name.as_str() {
+            "content-length" => len = value.parse().ok()?,
+            "transfer-encoding" => chunked |= value.to_ascii_lowercase().contains("chunked"),
+            "authorization" => key = value.strip_prefix("Bearer ").map(str::to_string),
+            _ => {}
         }
     }
     let mut body = Vec::new();
@@ -312,5 +350,72 @@ fn read_request(conn: &TcpStream) -> Option<(String, String, Vec<u8>)> {
         body.resize(len, 0);
         r.read_exact(&mut body).ok()?;
     }
-    Some((method, target, body))
+    Some(Read1 {
+        method,
+        target,
+        key,
+        body,
+    })
+}
+
+/// The process's one listener that answers each request by its bearer token
+/// ([`Server::paced_by_key`]).
+mod keyed {
+    use std::collections::HashMap;
+    use std::io::Write;
+    use std::net::TcpStream;
+    use std::sync::{Mutex, OnceLock};
+
+    use super::{listen_on, read_request, Read1};
+
+    pub(super) type Handler = Box<dyn Fn(TcpStream, Read1) + Send + Sync>;
+
+    struct Routes {
+        addr: String,
+        port: u16,
+        by_key: Mutex<HashMap<String, std::sync::Arc<Handler>>>,
+    }
+
+    static ROUTES: OnceLock<Routes> = OnceLock::new();
+
+    /// Routes the requests carrying `key` to `handler`; starts the listener on
+    /// `addr` at the first call. Answers its port.
+    pub(super) fn route(what: &str, addr: &str, key: &str, handler: Handler) -> u16 {
+        let routes = ROUTES.get_or_init(|| Routes {
+            addr: addr.to_string(),
+            port: listen_on(what, addr, dispatch),
+            by_key: Mutex::new(HashMap::new()),
+        });
+        assert_eq!(routes.addr, addr, "one keyed listener per process");
+        let old = routes
+            .by_key
+            .lock()
+            .unwrap()
+            .insert(key.to_string(), std::sync::Arc::new(handler));
+        assert!(old.is_none(), "the key {key:?} is taken");
+        routes.port
+    }
+
+    fn dispatch(mut conn: TcpStream) {
+        let Some(request) = read_request(&conn) else {
+            return;
+        };
+        let handler = request.key.as_ref().and_then(|k| {
+            let routes = ROUTES.get()?;
+            let by_key = routes.by_key.lock().unwrap();
+            by_key.get(k).cloned()
+        });
+        match handler {
+            Some(h) => h(conn, request),
+            None => {
+                eprintln!(
+                    "scripted server: {} {} with no known key",
+                    request.method, request.target
+                );
+                let _ = conn.write_all(
+                    b"HTTP/1.1 401 Unauthorized\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                );
+            }
+        }
+    }
 }

@@ -25,7 +25,7 @@ use crab_integration::docker::{
     crabctl_moby, docker_inspect, DockerGuard, DOCKER_PYTHON, DOCKER_RUNTIME,
 };
 use crab_integration::mini_swe_agent::{
-    Agent, Options, Proxy, DOOR_UPSTREAM, INPUT_COST, OUTPUT_COST,
+    new_api_key, Agent, Options, Proxy, DOOR_UPSTREAM, INPUT_COST, OUTPUT_COST,
 };
 use crab_integration::openai::{Scripted, Step};
 use crab_integration::{interfaces, text};
@@ -75,11 +75,12 @@ fn run(model_class: &str, config: &str, via: Via) {
     let started = Instant::now();
     let script = script();
     let steps: Vec<Step> = script.iter().map(|(s, _)| s.clone()).collect();
+    let key = new_api_key();
     let llm = match via {
         Via::Namespace => Scripted::start(steps),
         Via::Door => {
             let think = vec![Duration::ZERO; steps.len()];
-            Scripted::paced_on(DOOR_UPSTREAM, steps, think)
+            Scripted::paced_by_key(DOOR_UPSTREAM, &key, steps, think)
         }
     };
     let upstream = format!("io.crab.proxy.upstream={}", llm.url());
@@ -94,6 +95,8 @@ fn run(model_class: &str, config: &str, via: Via) {
         model_class,
         task: TASK,
         api_base: None,
+        api_key: Some(&key),
+        attempts: 1,
     });
     let sandbox = DockerGuard::new(&agent.id);
     assert_eq!(

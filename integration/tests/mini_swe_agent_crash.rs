@@ -3,8 +3,10 @@
 //! init are SIGKILLed in the middle, while the agent waits for its LLM. The
 //! sandbox is recovered the way Docker allows: `docker start`, then `crabctl
 //! rollback` to the newest durable checkpoint (`crab_integration::mini_crash`
-//! says why not `crabctl restore`); the agent, outside the sandbox, never
-//! notices, and the task ends as it does without the crash. See
+//! says why not `crabctl restore`). The agent, on the host, asks its LLM through
+//! the host door of the sandbox's turn proxy: its request in flight dies with
+//! the shim, and mini-swe-agent asks again (its own retry) through the door the
+//! new shim opens. The task ends as it does without the crash. See
 //! docs/docker.md, "A crashed container".
 
 // Needs root, the private containerd, dockerd and mini-swe-agent's venv: built
@@ -65,19 +67,20 @@ fn mini_swe_agents_docker_sandbox_killed_mid_task_is_started_again_rolled_back_a
     assert_eq!(shim_pids(&id).len(), 1, "one shim serves {id} again");
     assert_eq!(interfaces(r.pid), ["lo"]);
 
-    // The agent gets its answer (through the proxy's listener in the network
-    // namespace it joined, which it and the proxy kept alive), and goes on
-    // against the restarted sandbox: each step asked once, every command 0.
+    // The agent's retry of the held step gets its answer through the new
+    // shim's door, and it goes on against the restarted sandbox: each step
+    // asked once but the held one, every command 0.
     run.llm.let_go();
     let recovered = run.finishes(&t);
     let after = newest_seq(&id);
     eprintln!(
         "after the crash at step {CRASH_AT_STEP}: rolled back to {newest}, history now ends at {after}; {recovered:?}"
     );
-    // The turns after the crash were the new shim's: one checkpoint each.
+    // The turns after the crash were the new shim's: one checkpoint each, the
+    // held step's request asked again among them.
     assert_eq!(
         after,
-        newest + (run.steps - 1 - CRASH_AT_STEP) as u64,
+        newest + 1 + (run.steps - 1 - CRASH_AT_STEP) as u64,
         "{:#?}",
         history(&id)
     );
