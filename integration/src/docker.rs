@@ -117,17 +117,21 @@ pub fn ctr_moby(args: &[&str]) -> Output {
         .expect("ctr")
 }
 
-/// `crabctl -n moby ARGS` (Crab's operations on a Docker container), which
-/// must succeed; its stdout.
-pub fn crabctl_moby(args: &[&str]) -> String {
-    let out = Command::new("crabctl")
+/// `crabctl -n moby ARGS` (Crab's operations on a Docker container).
+pub fn crabctl_moby_out(args: &[&str]) -> std::process::Output {
+    Command::new("crabctl")
         .arg("-a")
         .arg(address())
         .args(["-n", MOBY])
         .args(args)
         .stdin(Stdio::null())
         .output()
-        .expect("crabctl");
+        .expect("crabctl")
+}
+
+/// [`crabctl_moby_out`], which must succeed; its stdout.
+pub fn crabctl_moby(args: &[&str]) -> String {
+    let out = crabctl_moby_out(args);
     let (o, e) = text(&out);
     assert!(out.status.success(), "crabctl {args:?}: {o}{e}");
     o

@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::docker::{crabctl_moby, ctr_moby, docker_inspect, docker_ok, DOCKER_RUNTIME};
+use crate::docker::{
+    crabctl_moby, crabctl_moby_out, ctr_moby, docker_inspect, docker_ok, DOCKER_RUNTIME,
+};
 use crate::mini_trajectory::Run;
 use crate::{kill_shim_of, shim_pids, text, wait_until};
 
@@ -68,6 +70,30 @@ fn rolled_back(out: &str) -> (u64, u64, i32) {
     (after("(seq "), after(" in "), after("init pid ") as i32)
 }
 
+/// `crabctl rollback ID SEQ`, run again while the container is busy (crabctl's
+/// exit code 7: another operation holds it, here a turn of the agent's request
+/// asked again through the door), for up to 30 s; its stdout and how many
+/// times it was busy. What an orchestrator does: the agent need not wait for
+/// the recovery, and a turn ends in a checkpoint before the rollback runs.
+fn rollback_when_free(id: &str, seq: u64) -> (String, u32) {
+    const BUSY: i32 = 7;
+    let seq = seq.to_string();
+    let args = ["rollback", id, seq.as_str()];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut busy = 0;
+    loop {
+        let out = crabctl_moby_out(&args);
+        let (o, e) = text(&out);
+        if out.status.code() == Some(BUSY) && Instant::now() < deadline {
+            busy += 1;
+            std::thread::sleep(Duration::from_millis(20));
+            continue;
+        }
+        assert!(out.status.success(), "crabctl {args:?}: {o}{e}");
+        return (o, busy);
+    }
+}
+
 /// A crash and its recovery.
 #[derive(Debug)]
 pub struct Recovery {
@@ -77,6 +103,10 @@ pub struct Recovery {
     pub newest: u64,
     /// The checkpoint `crabctl rollback` restored.
     pub rolled_back_to: u64,
+    /// How many times `crabctl rollback` found the container busy (a turn of
+    /// the agent's repeated request, which came first through the new shim's
+    /// door) and was run again.
+    pub busy: u32,
     /// `crabctl rollback`'s output (it says what it restored).
     pub rollback_out: String,
     /// `docker start`.
@@ -155,7 +185,7 @@ pub fn crash_and_recover(run: &Run, step: usize, timeout: Duration) -> Recovery 
     let start = Instant::now();
     docker_ok(&["start", &run.sandbox.name]);
     let docker_start = start.elapsed();
-    let out = crabctl_moby(&["rollback", &id, &newest.to_string()]);
+    let (out, busy) = rollback_when_free(&id, newest);
     let rollback = start.elapsed() - docker_start;
     eprintln!("{}", out.trim());
     let (rolled_back_to, shim_ms, pid) = rolled_back(&out);
@@ -163,6 +193,7 @@ pub fn crash_and_recover(run: &Run, step: usize, timeout: Duration) -> Recovery 
         asking,
         newest,
         rolled_back_to,
+        busy,
         rollback_out: out,
         docker_start,
         rollback,

@@ -19,10 +19,15 @@ use crate::{openai, trajectory};
 /// How long the agent may take to do the whole task, besides its LLM's think times.
 const TASK_TIMEOUT: Duration = Duration::from_secs(900);
 
-/// How many times the agent asks in a run that is crashed: the request in
-/// flight at the crash dies with the shim's proxy, and mini-swe-agent asks
-/// again (its retries wait 4 s, then 8 s: the recovery is done by then).
+/// How many times mini-swe-agent asks in a run that is crashed: the request in
+/// flight at the crash dies with the shim's proxy, and it asks again (its
+/// retries wait 4 s, then 8 s). Each of its attempts is up to three tries of
+/// the OpenAI client under litellm (two retries of its own, after about a
+/// second), so the first repeat may reach the new shim's door before the
+/// recovery's rollback (see `mini_crash::rollback_when_free`).
 const CRASH_ATTEMPTS: u32 = 4;
+/// The most times the server may see the crashed step asked.
+pub const CRASH_ASKS: usize = 3 * CRASH_ATTEMPTS as usize;
 
 /// mini-swe-agent doing a trajectory, and what it runs against. Dropped in
 /// this order: the sandbox (`docker rm -f`), the driver.
@@ -165,7 +170,7 @@ impl Run {
 
     /// Waits for the agent to submit, and checks the run: the LLM was asked
     /// each step once, in order (the step held for a crash through the door
-    /// at most [`CRASH_ATTEMPTS`] times in a row); every command exited 0. Then
+    /// at most [`CRASH_ASKS`] times in a row); every command exited 0. Then
     /// takes the trajectory's ending in the sandbox, which still runs.
     pub fn submitted(&mut self, t: &Trajectory) -> Ending {
         let result = self.agent.line("result ", self.timeout);
@@ -187,7 +192,7 @@ impl Run {
         if let Some(step) = self.may_repeat {
             let times = asked.iter().filter(|&&s| s == step).count();
             assert!(
-                times as u32 <= CRASH_ATTEMPTS,
+                times <= CRASH_ASKS,
                 "step {step} asked {times} times: {asked:?}"
             );
             asked.dedup_by(|a, b| *a == step && *b == step);

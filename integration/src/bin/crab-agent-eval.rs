@@ -298,28 +298,32 @@ fn mini_sections(s: &mut String, rows: &[Row]) -> Result<()> {
         "The sandbox's shim and init killed with SIGKILL while mini-swe-agent waits for the \
          middle step's answer, once that turn's checkpoint is durable. dockerd takes the \
          crashed container out of containerd, so the recovery is `docker start`, then \
-         `crabctl -n moby rollback` to the newest durable checkpoint (processes and files); \
-         mini-swe-agent, outside, keeps its connection to the proxy and goes on. Every run \
-         below ended verified, in the fault-free run's state, rolled back to the newest \
-         durable checkpoint, with every step asked of the LLM once and in order (the harness \
-         fails otherwise).\n"
+         `crabctl -n moby rollback` to the newest durable checkpoint (processes and files). \
+         mini-swe-agent, on the host, asked through the host door of the shim's proxy, which \
+         died with the shim: it asks again (its own retries) through the door the new shim \
+         opens; a repeat that came before the rollback makes the container busy with its \
+         turn, and the rollback is run again once that turn is done (\"busy\" below: how many \
+         times). Every run below ended verified, in the fault-free run's state, rolled back \
+         to the newest durable checkpoint, with every step asked of the LLM once and in \
+         order but the crashed one (the harness fails otherwise).\n"
     )?;
     writeln!(
         s,
-        "| trajectory | crash at step | rolled back to | `docker start` ms | `crabctl rollback` ms (in the shim) | recovery ms |\n|---|---|---|---|---|---|"
+        "| trajectory | crash at step | rolled back to | `docker start` ms | `crabctl rollback` ms (in the shim) | busy | recovery ms |\n|---|---|---|---|---|---|---|"
     )?;
     let ms = |d: std::time::Duration| d.as_secs_f64() * 1000.0;
     for (r, m) in &mini {
         let v = &m.crash.recovery;
         writeln!(
             s,
-            "| {} | {} | {} | {:.0} | {:.0} ({:.0}) | {:.0} |",
+            "| {} | {} | {} | {:.0} | {:.0} ({:.0}) | {} | {:.0} |",
             r.t.name,
             m.crash.crash_step,
             v.rolled_back_to,
             ms(v.docker_start),
             ms(v.rollback),
             ms(v.shim_rollback),
+            v.busy,
             ms(v.total())
         )?;
     }

@@ -20,6 +20,7 @@ use std::convert::Infallible;
 use std::io::Write;
 use std::net::TcpListener;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex, OnceLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -27,6 +28,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use clap::Parser;
 use crab_integration::bench::{cores, pct, sorted, List, Quick};
+use crab_integration::mini_swe_agent::DOOR_UPSTREAM;
 use crab_integration::*;
 use crab_proxy::{Boundary, Gate, Proxy, TurnContext, Upstream};
 use crab_runtime::checkpoint::stats::{Summary, TurnStats};
@@ -402,28 +404,50 @@ while True:
 
 /// The stub LLM of the container parts: `GET /v1/bench/start` waits for
 /// [`Llm::go`], `POST /v1/bench/done` hands its body to the bench, anything
-/// else waits the think time and answers with SSE chunks.
+/// else waits the think time and answers with SSE chunks. One per process: it
+/// listens on the one upstream the test configuration lets an annotation
+/// choose (`hack/test-config.sh`).
 struct Llm {
-    port: u16,
+    think_ns: Arc<AtomicU64>,
     go: Arc<(Mutex<bool>, Condvar)>,
-    done: mpsc::Receiver<String>,
+    done: Mutex<mpsc::Receiver<String>>,
 }
 
 impl Llm {
-    fn start(think: Duration) -> Llm {
-        let l = TcpListener::bind("127.0.0.1:0").expect("bind the stub LLM");
-        let port = l.local_addr().unwrap().port();
+    /// The process's stub, thinking `think` from now on, its start signal not
+    /// given and no report left from an earlier part.
+    fn get(think: Duration) -> &'static Llm {
+        static LLM: OnceLock<Llm> = OnceLock::new();
+        let llm = LLM.get_or_init(Llm::listen);
+        llm.think_ns
+            .store(think.as_nanos() as u64, Ordering::Relaxed);
+        *llm.go.0.lock().unwrap() = false;
+        let done = llm.done.lock().unwrap();
+        while done.try_recv().is_ok() {}
+        drop(done);
+        llm
+    }
+
+    fn listen() -> Llm {
+        let l = TcpListener::bind(DOOR_UPSTREAM)
+            .unwrap_or_else(|e| panic!("bind the stub LLM on {DOOR_UPSTREAM}: {e}"));
+        let think_ns = Arc::new(AtomicU64::new(0));
         let go = Arc::new((Mutex::new(false), Condvar::new()));
         let (tx, done) = mpsc::channel();
-        let g = go.clone();
+        let (g, t) = (go.clone(), think_ns.clone());
         std::thread::spawn(move || {
             for conn in l.incoming() {
                 let Ok(conn) = conn else { return };
                 let (tx, g) = (tx.clone(), g.clone());
+                let think = Duration::from_nanos(t.load(Ordering::Relaxed));
                 std::thread::spawn(move || llm_answer(conn, think, &g, &tx));
             }
         });
-        Llm { port, go, done }
+        Llm {
+            think_ns,
+            go,
+            done: Mutex::new(done),
+        }
     }
 
     fn go(&self) {
@@ -534,8 +558,8 @@ impl Outcome {
 
 /// `containers` agents of `turns` turns each against a stub LLM thinking `think`.
 fn run_agents(containers: usize, turns: usize, think: Duration) -> Outcome {
-    let llm = Llm::start(think);
-    let annotation = format!("io.crab.proxy.upstream=http://127.0.0.1:{}", llm.port);
+    let llm = Llm::get(think);
+    let annotation = format!("io.crab.proxy.upstream=http://{DOOR_UPSTREAM}");
     let turns_env = format!("BENCH_TURNS={turns}");
     let mut guards = Vec::new();
     for i in 0..containers {
@@ -569,7 +593,7 @@ fn run_agents(containers: usize, turns: usize, think: Duration) -> Outcome {
     let mut slow = Vec::new();
     while out.reported < containers {
         let left = deadline.saturating_duration_since(Instant::now());
-        let Ok(report) = llm.done.recv_timeout(left) else {
+        let Ok(report) = llm.done.lock().unwrap().recv_timeout(left) else {
             eprintln!(
                 "only {} of {containers} agents reported within {:?}",
                 out.reported,
