@@ -67,10 +67,10 @@ dump_logs() {
     grep -v 'libbpf' /var/log/containerd.log | tail -n "${1:-40}" | sed 's/^/  | /'
 }
 
-# Runs container $1, whose counter lives only in its shell's memory (USR1 writes
-# it to /count), and whose /state says "before".
+# run_counter ID [CTR RUN FLAGS...]: runs container ID, whose counter lives only in
+# its shell's memory (USR1 writes it to /count), and whose /state says "before".
 run_counter() {
-    ctr -n "$NS" run -d --runtime "$RT" "$IMG" "$1" sh -c \
+    ctr -n "$NS" run -d --runtime "$RT" "${@:2}" "$IMG" "$1" sh -c \
         'i=0; trap "echo \$i > /count" USR1; echo before > /state; while :; do i=$((i+1)); sleep 0.2; done' \
         >/tmp/run.out 2>&1
 }

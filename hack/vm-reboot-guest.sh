@@ -10,7 +10,8 @@
 # no sync, no unmount, as a power cut: only what Crab synced is on the disk).
 # Boot 2 (crab.phase=2 crab.expect=AT,LATER) mounts the pool again before containerd
 # starts, as a host's boot must, restores the container with `crabctl restore`, and
-# checks its file, its in-memory counter, the inspector and a rollback.
+# checks its file, its in-memory counter, the inspector and a rollback; then forks
+# that adopt replicas, on this v2-only host.
 set -u
 # shellcheck source=hack/vm-guest-lib.sh
 . /smoke/lib.sh
@@ -114,7 +115,64 @@ phase2() {
     wait_for 60 bash -c "ctr -n $NS task ls | grep -q 'c1.*STOPPED'"
     ctr -n "$NS" task rm c1 >/dev/null 2>&1
     check "delete" ctr -n "$NS" container rm c1
+    step_fork_replicas
     [ "$FAILED" = 0 ] || dump_logs 60
+}
+
+# The init pids of f0's replicas for forks, one a line (`crabctl stats`: "replicas
+# for forks: N of checkpoint seq S, init pids P Q").
+replica_pids() {
+    crabctl -n "$NS" stats f0 2>/dev/null | sed -n 's/.*replicas for forks: .*init pids //p' |
+        tr ' ' '\n' | grep .
+}
+two_replicas() { [ "$(replica_pids | wc -l)" = 2 ]; }
+
+# fork_holds FORK PID LIMIT AT COUNT: the fork runs the checkpoint's file, in a
+# cgroup of its own with the source's memory limit, its counter from the checkpoint's.
+fork_holds() {
+    ctr -n "$NS" task exec --exec-id "s$1" "$1" cat /state | grep -qx before &&
+        grep -qx "0::/default/$1" "/proc/$2/cgroup" &&
+        [ "$(cat "/sys/fs/cgroup/default/$1/memory.max")" = "$3" ] &&
+        [ -n "$5" ] && [ "$5" -ge "$4" ]
+}
+
+# Forks that adopt replicas (`io.crab.standby.forks`; btrfs stores only) on a v2-only
+# host, where the replica's one cgroup directory becomes the fork's.
+step_fork_replicas() {
+    local limit=268435456 at out n pid replicas fork count adopted=0
+    run_counter f0 --annotation io.crab.standby.forks=2 --memory-limit "$limit"
+    wait_for 60 bash -c "ctr -n $NS task exec --exec-id fe f0 cat /state | grep -qx before"
+    at=$(count_of f0 f0)
+    if ! crabctl -n "$NS" checkpoint f0 --name base >/tmp/ckpt.out 2>&1; then
+        fail "a checkpoint of a container keeping replicas for forks"
+        sed 's/^/  | /' /tmp/ckpt.out | tail -n 20
+        return
+    fi
+    ctr -n "$NS" task exec --exec-id fw f0 sh -c 'echo after > /state' >/dev/null 2>&1
+    check "two replicas for forks are made" wait_for 180 two_replicas
+    crabctl -n "$NS" stats f0 2>&1 | grep replicas | sed 's/^/INFO   /'
+    replicas=" $(replica_pids | tr '\n' ' ')"
+    info "replicas' inits:$replicas"
+    out=$(crabctl -n "$NS" fork f0 base --count 2 --prefix fk 2>&1)
+    info "$out"
+    for n in 1 2; do
+        fork=fk-$n
+        pid=$(ctr -n "$NS" task ls | awk -v id="$fork" '$1==id {print $2}')
+        case "$replicas " in *" $pid "*) adopted=$((adopted + 1)) ;; esac
+        count=$(count_of "$fork" "$n")
+        info "$fork: init $pid, count $count (f0's was $at before the checkpoint), $(cat "/proc/$pid/cgroup" 2>&1), memory.max $(cat "/sys/fs/cgroup/default/$fork/memory.max" 2>&1)"
+        check "$fork runs the checkpoint's state in a cgroup of its own" \
+            fork_holds "$fork" "$pid" "$limit" "$at" "$count"
+    done
+    check "both forks adopted a replica" [ "$adopted" = 2 ]
+    [ "$adopted" = 2 ] || grep -E 'replica|standby|adopt' /var/log/containerd.log | tail -n 30 | sed 's/^/  | /'
+    for c in fk-1 fk-2 f0; do
+        ctr -n "$NS" task kill -s KILL "$c" >/dev/null 2>&1
+        wait_for 60 bash -c "ctr -n $NS task ls | grep -q '$c.*STOPPED'"
+        ctr -n "$NS" task rm "$c" >/dev/null 2>&1
+        ctr -n "$NS" container rm "$c" >/dev/null 2>&1
+    done
+    check "no replica's cgroup is left" bash -c '! ls -d /sys/fs/cgroup/default/*@standby* 2>/dev/null | grep -q .'
 }
 
 setup

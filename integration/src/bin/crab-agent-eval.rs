@@ -262,11 +262,12 @@ fn mini_sections(s: &mut String, rows: &[Row]) -> Result<()> {
     writeln!(
         s,
         "mini-swe-agent runs on the host and acts on its Docker sandbox (`docker run \
-         --runtime crab --network none`) with `docker exec`; it joins the sandbox's network \
-         namespace, and each of its chat completions requests (one per trajectory step, \
-         then the submission) goes through the sandbox's turn proxy (`crabctl proxy`) and \
-         ends a turn. Its own memory is not in the sandbox. The last column: crab-eval's own \
-         agent acting through exec on the same trajectory.\n"
+         --runtime crab --network none`) with `docker exec`; it stays in the host's network, \
+         and each of its chat completions requests (one per trajectory step, then the \
+         submission) goes through the host door of the sandbox's turn proxy (started by the \
+         shim for the annotation `io.crab.proxy.upstream`) and ends a turn. Its own memory \
+         is not in the sandbox. The last column: crab-eval's own agent acting through exec \
+         on the same trajectory.\n"
     )?;
     writeln!(
         s,
@@ -282,8 +283,8 @@ fn mini_sections(s: &mut String, rows: &[Row]) -> Result<()> {
          its submission, one sandbox at a time. crab-plain, Docker's equivalent of Claude \
          Code's baseline: the same `docker run --runtime crab` (Crab's runtime and store) \
          with no turn proxy, so no turn and no checkpoint, the agent in the host's network \
-         asking the scripted server directly. Under crab the agent is in the sandbox's \
-         network namespace and every request goes through the proxy.\n"
+         asking the scripted server directly. Under crab every request goes through the \
+         proxy's host door.\n"
     )?;
     writeln!(
         s,

@@ -41,6 +41,10 @@ use procs::{Queue, Task};
 /// The most CPU time a task may use between the thaw and [`settle`] and still
 /// count as having only restarted its system call.
 const SETTLE_MAX_NS: u64 = 500_000;
+/// How long [`settle`] waits for a task that ran since the thaw to block again.
+const SETTLE_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
+/// How long it waits for one that has not run since the thaw.
+const SETTLE_WAIT_UNRUN: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// How many paths and pids a classification reports at most.
 pub const DETAIL_LIMIT: usize = 32;
@@ -327,9 +331,21 @@ fn settle(c: &Container, before: &Positions) {
     let Some(mut base) = load_baseline(c) else {
         return;
     };
-    let deadline = Instant::now() + std::time::Duration::from_millis(50);
+    let started = Instant::now();
     let mut pending: Vec<&Position> = before.iter().filter(|p| p.from_ns.is_some()).collect();
-    while !pending.is_empty() && Instant::now() < deadline {
+    // A task that ran since the thaw and is not blocked again is working: it
+    // gets SETTLE_WAIT. One that has not run yet waits for a CPU (a loaded host
+    // after a large dump), which says nothing of its work: it gets longer.
+    let waiting = |p: &Position| {
+        let not_run = procs::task(p.tid).map(|t| t.runtime_ns) == p.from_ns;
+        started.elapsed()
+            < if not_run {
+                SETTLE_WAIT_UNRUN
+            } else {
+                SETTLE_WAIT
+            }
+    };
+    while !pending.is_empty() {
         pending.retain(|p| match procs::blocked_at(p.tid) {
             Some((sp, pc)) if sp == p.sp && pc == p.pc => {
                 if let (Some(b), Some(now), Some(from)) = (
@@ -352,17 +368,19 @@ fn settle(c: &Container, before: &Positions) {
                 tracing::debug!(tid = p.tid, %sp, %pc, was_sp = %p.sp, was_pc = %p.pc, "freeze cost not settled: blocked elsewhere");
                 false
             }
-            None => true,
+            None if waiting(p) => true,
+            None => {
+                tracing::debug!(
+                    tid = p.tid,
+                    waited_ms = started.elapsed().as_millis() as u64,
+                    "freeze cost not settled: not blocked again"
+                );
+                false
+            }
         });
         if !pending.is_empty() {
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
-    }
-    for p in &pending {
-        tracing::debug!(
-            tid = p.tid,
-            "freeze cost not settled: not blocked again within 50 ms"
-        );
     }
     if let Err(e) = save_baseline(c, &base) {
         tracing::warn!(id = %c.state.id, error = %e, "write settled baseline");
