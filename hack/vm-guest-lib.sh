@@ -55,6 +55,14 @@ guest_mounts() {
     ip link set lo up
 }
 
+# start_with_config TOML: writes Crab's configuration (/etc/crab/config.toml, which
+# the shim reads by default), then starts containerd.
+start_with_config() {
+    mkdir -p /etc/crab
+    printf '%s\n' "$1" >/etc/crab/config.toml
+    start_containerd
+}
+
 # Starts containerd (its log in /var/log/containerd.log); the run ends if it does not answer.
 start_containerd() {
     containerd --log-level info >/var/log/containerd.log 2>&1 &

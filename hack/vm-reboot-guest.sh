@@ -28,17 +28,14 @@ setup() {
     modprobe -a loop btrfs 2>/dev/null
     mkdir -p /data
     mount /dev/vdc /data || { fail "mount the data disk"; finish; }
-    mkdir -p /data/crab /data/containerd /var/lib/crab /var/lib/containerd /etc/crab
+    mkdir -p /data/crab /data/containerd /var/lib/crab /var/lib/containerd
     mount --bind /data/crab /var/lib/crab
     mount --bind /data/containerd /var/lib/containerd
     CRAB_POOL_SIZE=2G bash /smoke/pool.sh 2>&1 | sed 's/^/INFO   /'
     # Byte quotas on the pool need btrfs simple quotas (kernel 6.7); this is 6.1.
-    cat >/etc/crab/config.toml <<'TOML'
-log_level = "debug"
+    start_with_config 'log_level = "debug"
 [quota]
-sandbox_pool_bytes = "none"
-TOML
-    start_containerd
+sandbox_pool_bytes = "none"'
 }
 
 phase1() {

@@ -10,13 +10,10 @@ set -u
 setup() {
     info "guest started"
     guest_mounts
-    mkdir -p /etc/crab /var/lib/crab/overlay /var/lib/crab/checkpoints
-    cat >/etc/crab/config.toml <<'TOML'
-log_level = "debug"
+    mkdir -p /var/lib/crab/overlay /var/lib/crab/checkpoints
+    start_with_config 'log_level = "debug"
 [storage]
-backend = "overlay"
-TOML
-    start_containerd
+backend = "overlay"'
     ctr -n "$NS" images import --all-platforms /smoke/images/busybox.tar >/dev/null 2>&1 ||
         { fail "import busybox"; finish; }
 }
