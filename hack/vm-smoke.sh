@@ -186,11 +186,11 @@ build_run_disk() {
     rm -rf "$dir"
 }
 
-# boot CONSOLE [KERNEL ARGS] [QEMU ARGS...]: one boot of the guest; -no-reboot makes a
+# boot CONSOLE KERNEL_ARGS [QEMU ARGS...]: one boot of the guest; -no-reboot makes a
 # reset or a power-off end qemu.
 boot() {
-    local console=$1 args=${2:-}
-    shift 2 || shift $#
+    local console=$1 args=$2
+    shift 2
     log "booting the guest (qemu TCG, Debian's $(basename "$(readlink -f "$VM/vmlinuz")") kernel${args:+, $args}); console in $console"
     # snapshot=on: the base image is never written. The guest's init mounts cgroup2
     # alone at /sys/fs/cgroup (what systemd does on bookworm by default).

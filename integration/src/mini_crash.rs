@@ -13,6 +13,7 @@
 
 use std::time::{Duration, Instant};
 
+use crab_runtime::error::ErrorKind;
 use serde_json::Value;
 
 use crate::docker::{
@@ -71,12 +72,13 @@ fn rolled_back(out: &str) -> (u64, u64, i32) {
 }
 
 /// `crabctl rollback ID SEQ`, run again while the container is busy (crabctl's
-/// exit code 7: another operation holds it, here a turn of the agent's request
-/// asked again through the door), for up to 30 s; its stdout and how many
-/// times it was busy. What an orchestrator does: the agent need not wait for
-/// the recovery, and a turn ends in a checkpoint before the rollback runs.
+/// exit code for [`ErrorKind::Busy`]: another operation holds it, here a turn of
+/// the agent's request asked again through the door), for up to 30 s; its
+/// stdout and how many times it was busy. What an orchestrator does: the agent
+/// need not wait for the recovery, and a turn ends in a checkpoint before the
+/// rollback runs.
 fn rollback_when_free(id: &str, seq: u64) -> (String, u32) {
-    const BUSY: i32 = 7;
+    let busy_code = ErrorKind::Busy.exit_code();
     let seq = seq.to_string();
     let args = ["rollback", id, seq.as_str()];
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -84,7 +86,7 @@ fn rollback_when_free(id: &str, seq: u64) -> (String, u32) {
     loop {
         let out = crabctl_moby_out(&args);
         let (o, e) = text(&out);
-        if out.status.code() == Some(BUSY) && Instant::now() < deadline {
+        if out.status.code() == Some(busy_code) && Instant::now() < deadline {
             busy += 1;
             std::thread::sleep(Duration::from_millis(20));
             continue;

@@ -99,6 +99,8 @@ impl Run {
             setup.think
         };
         let timeout = think.iter().sum::<Duration>() + TASK_TIMEOUT;
+        // Only a crash through the door kills the agent's request in flight.
+        let may_repeat = setup.hold.filter(|_| setup.proxied);
         // Through the door, the upstream is the one listener the host's
         // configuration names, and the run's key picks its script there.
         let key = new_api_key();
@@ -124,7 +126,7 @@ impl Run {
             task: &t.title,
             api_base: (!setup.proxied).then_some(direct.as_str()),
             api_key: Some(&key),
-            attempts: if setup.hold.is_some() {
+            attempts: if may_repeat.is_some() {
                 CRASH_ATTEMPTS
             } else {
                 1
@@ -148,7 +150,7 @@ impl Run {
             llm,
             pid,
             steps: n,
-            may_repeat: setup.hold.filter(|_| setup.proxied),
+            may_repeat,
             timeout,
             started,
             took: None,
