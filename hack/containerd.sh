@@ -259,6 +259,14 @@ write_cri_config() {
         container_annotations = ["io.crab.*"]
         [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.crab.options]
           ConfigPath = "$CRAB_CONFIG"
+      # The same runtime without options: containerd 2.x starts a container of a
+      # hostUsers: false pod only on a handler whose options are runc's or none
+      # (it sets the fifos' owner in runc's option type); the shim then reads
+      # CRAB_CONFIG from containerd's environment.
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.crab-userns]
+        runtime_type = "io.containerd.crab.v2"
+        pod_annotations = ["io.crab.*"]
+        container_annotations = ["io.crab.*"]
     [plugins."io.containerd.grpc.v1.cri".cni]
       bin_dir = "$CNI_BIN_DIR"
       conf_dir = "$CNI_CONF_DIR"
@@ -304,6 +312,14 @@ write_cri_config_v3() {
         container_annotations = ["io.crab.*"]
         [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.crab.options]
           ConfigPath = "$CRAB_CONFIG"
+      # The same runtime without options: containerd 2.x starts a container of a
+      # hostUsers: false pod only on a handler whose options are runc's or none
+      # (it sets the fifos' owner in runc's option type); the shim then reads
+      # CRAB_CONFIG from containerd's environment.
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.crab-userns]
+        runtime_type = "io.containerd.crab.v2"
+        pod_annotations = ["io.crab.*"]
+        container_annotations = ["io.crab.*"]
     [plugins."io.containerd.cri.v1.runtime".cni]
       bin_dirs = ["$CNI_BIN_DIR"]
       conf_dir = "$CNI_CONF_DIR"

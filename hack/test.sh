@@ -19,7 +19,7 @@ COMPAT=0
 if [ "${1:-}" = "--" ]; then shift; FILTER=("$@"); fi
 if [ "${1:-}" = compat ]; then COMPAT=1; shift; fi
 # The test files `compat` runs against containerd 2.x and Docker 28.
-COMPAT_TESTS=(docker cri lifecycle checkpoint client_semantics restore_source fork fork_replicas crash_restore migrate)
+COMPAT_TESTS=(docker cri cri_userns idmapped_mounts lifecycle checkpoint client_semantics restore_source fork fork_replicas crash_restore migrate)
 
 log() { printf '\033[1;32m[test]\033[0m %s\n' "$*" >&2; }
 STARTED=$(date +%s)

@@ -23,6 +23,10 @@ use crate::{text, unique_id, wait_until};
 
 /// The runtime handler of the crab runtime in the CRI config.
 pub const CRAB_HANDLER: &str = "crab";
+/// The crab runtime's handler without runtime options (`hack/containerd.sh`):
+/// containerd 2.x starts a `hostUsers: false` pod's containers only on such a
+/// handler (or runc's).
+pub const CRAB_USERNS_HANDLER: &str = "crab-userns";
 /// The runtime handler of runc's shim, the baseline.
 pub const RUNC_HANDLER: &str = "runc";
 /// The pods' network (the bridge `hack/containerd.sh --cri` writes), from
@@ -362,6 +366,33 @@ impl<'a> Pod<'a> {
 
     /// [`Pod::run`] with pod annotations (kubelet passes a pod's own as they are).
     pub fn run_annotated(cri: &'a Cri, handler: &str, annotations: &[(&str, &str)]) -> Pod<'a> {
+        Pod::run_with(cri, handler, annotations, None)
+            .unwrap_or_else(|e| panic!("RunPodSandbox (handler {handler}): {e:?}"))
+    }
+
+    /// RunPodSandbox for a `hostUsers: false` pod: a user namespace of the
+    /// pod's, ids 0..65536 inside being host ids `host_id..` (kubelet's request;
+    /// its containers ask for the same, [`Pod::container_config`]).
+    pub fn run_in_user_namespace(cri: &'a Cri, handler: &str, host_id: u32) -> CriResult<Pod<'a>> {
+        let map = api::IdMapping {
+            host_id,
+            container_id: 0,
+            length: 65536,
+        };
+        let userns = api::UserNamespace {
+            mode: api::NamespaceMode::Pod as i32,
+            uids: vec![map],
+            gids: vec![map],
+        };
+        Pod::run_with(cri, handler, &[], Some(userns))
+    }
+
+    fn run_with(
+        cri: &'a Cri,
+        handler: &str,
+        annotations: &[(&str, &str)],
+        userns: Option<api::UserNamespace>,
+    ) -> CriResult<Pod<'a>> {
         let name = unique_id("pod");
         let uid = format!("{}-uid", name);
         let log_dir = std::env::temp_dir().join("crab-cri-logs").join(&uid);
@@ -383,22 +414,23 @@ impl<'a> Pod<'a> {
             linux: Some(api::LinuxPodSandboxConfig {
                 cgroup_parent: format!("/kubepods/besteffort/pod{uid}"),
                 security_context: Some(api::LinuxSandboxSecurityContext {
-                    namespace_options: Some(kubelet_namespaces()),
+                    namespace_options: Some(api::NamespaceOption {
+                        userns_options: userns,
+                        ..kubelet_namespaces()
+                    }),
                     ..Default::default()
                 }),
                 ..Default::default()
             }),
             ..Default::default()
         };
-        let id = cri
-            .run_pod(&config, handler)
-            .unwrap_or_else(|e| panic!("RunPodSandbox (handler {handler}): {e:?}"));
-        Pod {
+        let id = cri.run_pod(&config, handler)?;
+        Ok(Pod {
             cri,
             id,
             config,
             uid,
-        }
+        })
     }
 
     /// A container config for `image` running `command`.
@@ -423,12 +455,28 @@ impl<'a> Pod<'a> {
                     ..Default::default()
                 }),
                 security_context: Some(api::LinuxContainerSecurityContext {
-                    namespace_options: Some(kubelet_namespaces()),
+                    namespace_options: Some(api::NamespaceOption {
+                        userns_options: self.user_namespace(),
+                        ..kubelet_namespaces()
+                    }),
                     ..Default::default()
                 }),
             }),
             ..Default::default()
         }
+    }
+
+    /// The pod's user namespace request, if it has one.
+    pub fn user_namespace(&self) -> Option<api::UserNamespace> {
+        self.config
+            .linux
+            .as_ref()?
+            .security_context
+            .as_ref()?
+            .namespace_options
+            .as_ref()?
+            .userns_options
+            .clone()
     }
 
     /// CreateContainer + StartContainer of `config`; returns the container id.

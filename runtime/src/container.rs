@@ -414,7 +414,7 @@ impl Container {
             std::fs::remove_dir_all(&dir)
                 .map_err(Error::io(format!("remove {}", dir.display())))?;
         }
-        Ok(())
+        crate::userns::staged_binds::release(&self.root, &self.state.id)
     }
 
     pub(crate) fn cleanup_after_failed_create(&self) {

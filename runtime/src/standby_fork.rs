@@ -119,13 +119,13 @@ impl Container {
                 tracking.add(pid)?;
             }
             let cgroups_us = t.elapsed().as_micros() as u64;
-            save_state(
+            let lc_bundle = crate::userns::staged_binds::libcontainer_bundle(
+                &self.root,
                 &id,
-                leftovers.standby.pid,
                 &self.state.bundle,
-                &self.dir(),
-                &youki,
+                &spec,
             )?;
+            save_state(&id, leftovers.standby.pid, &lc_bundle, &self.dir(), &youki)?;
             self.save_state()?;
             Ok::<_, Error>(cgroups_us)
         })();

@@ -11,9 +11,9 @@
 //! document as JSON, under the type URL containerd registers for it.
 //!
 //! Every entry is what the crab runtime does, not what the spec allows: the mount
-//! options are the ones libcontainer 0.7 applies, and idmapped mounts, which it
-//! parses but does not apply, are reported unsupported (and refused at create,
-//! `crab_runtime::userns::idmapped_mounts`).
+//! options are the ones libcontainer 0.7 applies, and `idmap` / `ridmap`, which
+//! libcontainer parses but does not apply: the runtime makes idmapped mounts
+//! itself before libcontainer runs (`crab_runtime::userns::idmapped_mounts`).
 
 use containerd_shim::protos::protobuf::well_known_types::any::Any;
 use containerd_shim::protos::protobuf::Message;
@@ -23,8 +23,9 @@ use containerd_shim::protos::types::introspection::{RuntimeInfo, RuntimeVersion}
 pub const FEATURES_TYPE_URL: &str =
     "types.containerd.io/opencontainers/runtime-spec/1/features/Features";
 
-/// The mount options libcontainer 0.7 applies: its mount flags, then the
-/// recursive attributes it sets with `mount_setattr`.
+/// The mount options the runtime applies: libcontainer 0.7's mount flags, the
+/// recursive attributes it sets with `mount_setattr`, then the idmapped mounts
+/// the runtime makes itself.
 const MOUNT_OPTIONS: &[&str] = &[
     "async",
     "atime",
@@ -77,6 +78,8 @@ const MOUNT_OPTIONS: &[&str] = &[
     "rstrictatime",
     "rsuid",
     "rsymfollow",
+    "idmap",
+    "ridmap",
 ];
 
 /// The features document (runtime-spec `features.md`).
@@ -93,7 +96,7 @@ pub fn features() -> serde_json::Value {
             "seccomp": {"enabled": true},
             "apparmor": {"enabled": false},
             "selinux": {"enabled": false},
-            "mountExtensions": {"idmap": {"enabled": false}},
+            "mountExtensions": {"idmap": {"enabled": true}},
         },
     })
 }
@@ -159,7 +162,7 @@ mod tests {
             .as_ref()
             .and_then(|m| m.idmap().as_ref())
             .and_then(|i| *i.enabled());
-        assert_eq!(idmap, Some(false), "idmapped mounts are not applied");
+        assert_eq!(idmap, Some(true), "idmapped mounts are made");
         assert!(f
             .mount_options()
             .as_ref()

@@ -202,7 +202,21 @@ impl Builder<'_> {
             let standard = STANDARD_MOUNTS
                 .iter()
                 .any(|(d, types)| *d == dest && types.contains(&kind));
-            let keep = if bind {
+            let idmapped = options.iter().any(|o| *o == "idmap" || *o == "ridmap")
+                || ["uidMappings", "gidMappings"]
+                    .iter()
+                    .any(|k| m[*k].as_array().is_some_and(|a| !a.is_empty()));
+            let keep = if bind && idmapped {
+                // Through an idmapped mount the sandbox's root writes the host
+                // root's files: say so, not only "a bind mount".
+                self.allow(
+                    Grant::HostMounts,
+                    format!(
+                        "idmapped bind mount of the host's {source} at {dest} (the \
+                         sandbox's root would write it as its owners)"
+                    ),
+                )
+            } else if bind {
                 self.allow(
                     Grant::HostMounts,
                     format!("bind mount of the host's {source} at {dest}"),

@@ -87,6 +87,23 @@ fn test_a_default_ctr_spec_is_kept_with_its_own_cgroup() {
 }
 
 #[test]
+fn test_an_idmapped_bind_of_the_host_in_an_archive_is_refused_saying_it_is_idmapped() {
+    let mut spec = ctr_spec();
+    spec["mounts"].as_array_mut().unwrap().push(json!(
+        {"destination": "/host-etc", "type": "bind", "source": "/etc",
+         "options": ["rbind", "rw"],
+         "uidMappings": [{"containerID": 0, "hostID": 100000, "size": 65536}],
+         "gidMappings": [{"containerID": 0, "hostID": 100000, "size": 65536}]}
+    ));
+    let e = refused(&spec);
+    assert!(
+        e.contains("idmapped bind mount of the host's /etc at /host-etc"),
+        "{e}"
+    );
+    assert!(e.contains("--allow host-mounts"), "{e}");
+}
+
+#[test]
 fn test_a_bind_mount_of_the_host_is_refused_naming_it() {
     let mut spec = ctr_spec();
     spec["mounts"].as_array_mut().unwrap().push(json!(

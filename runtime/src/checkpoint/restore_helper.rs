@@ -187,7 +187,10 @@ fn serve(call: Restore) -> Result<Restored> {
         clear_cloexec(fd.as_raw_fd())?;
         inherit.push((fd.as_raw_fd(), key.clone()));
     }
-    let mut external_mounts = bind_mounts(&spec);
+    // Binds staged for CRIU (idmapped ones, and those of a container with a
+    // user namespace, which CRIU opens from inside it), detached once it is done.
+    let staged = crate::userns::staged_binds::Staged::make(&root, &id, &bundle, &spec)?;
+    let mut external_mounts = bind_mounts(staged.as_ref().map_or(&spec, |s| s.spec()));
     let strips = target.as_ref().and_then(|t| t.view_strips());
     external_mounts.extend(crate::cgroup_view::restored(&spec, strips)?);
     if crate::userns::in_user_namespace(&spec) {
@@ -248,13 +251,16 @@ fn serve(call: Restore) -> Result<Restored> {
     })?;
     drop(fds);
     drop(joined);
+    drop(staged);
     // CRIU made the user namespace from the images: it must be the spec's (the
     // caller kills what was restored when this fails).
     crate::userns::restored::verify(pid, maps.as_ref())?;
     let criu_ms = ms(criu_started);
     let finish_started = std::time::Instant::now();
     if !standby {
-        save_state(&id, pid, &bundle, &dir, &youki)?;
+        let lc_bundle =
+            crate::userns::staged_binds::libcontainer_bundle(&root, &id, &bundle, &spec)?;
+        save_state(&id, pid, &lc_bundle, &dir, &youki)?;
     }
     if netns::owns_network_namespace(&spec) {
         netns::loopback_up(pid)?;

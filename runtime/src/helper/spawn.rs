@@ -60,7 +60,7 @@ impl Call for Create {
     fn serve(self) -> Result<i32> {
         let builder = builder(
             &self.id,
-            self.root,
+            self.root.clone(),
             self.console_socket,
             self.stdio,
             self.tracking,
@@ -74,13 +74,30 @@ impl Call for Create {
             })?
             .cgroup_path;
         crate::cgroup_view::join_systemd(&cgroup_path)?;
+        // Binds libcontainer cannot make from inside a user namespace, or at all
+        // (idmapped), take copies the host's root staged; Crab's bundle then
+        // records the spec exec checks (`crate::userns::staged_binds`).
+        use crate::userns::staged_binds;
+        staged_binds::release(&self.root, &self.id)?;
+        let staged = staged_binds::Staged::make(&self.root, &self.id, &bundle, &spec)?;
+        let run_from = match &staged {
+            Some(s) => staged_binds::write_bundle(&self.root, &self.id, &bundle, s.spec())?,
+            None => bundle.clone(),
+        };
         let container = builder
-            .as_init(bundle)
+            .as_init(run_from)
             .with_systemd(false)
             .with_detach(true)
             .as_sibling(true)
             .build()
-            .map_err(Error::libcontainer("create"))?;
+            .map_err(Error::libcontainer("create"));
+        let staged = staged.is_some();
+        let container = container?;
+        if staged {
+            // libcontainer recorded Crab's bundle: the spec exec checks from now
+            // on names the sources, not the points that are gone.
+            staged_binds::write_bundle(&self.root, &self.id, &bundle, &staged_binds::plain(&spec))?;
+        }
         let pid = container
             .pid()
             .map(|p| p.as_raw())

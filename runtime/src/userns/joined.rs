@@ -9,10 +9,18 @@
 //! and checked as a new one's would be ([`super::check`]: no host root, sizes), and
 //! the spec's, where it gives some, must be exactly those.
 //!
-//! Only `/proc/<pid>/ns/user` paths are taken: the maps are read from that
-//! process, and the namespace file is opened first and compared after the read, so
-//! a pid reused meanwhile is noticed. The namespace libcontainer then joins is
-//! checked once more on the created init ([`verify_created`]).
+//! containerd 2.x pins the pod's namespace in a file of its own (an `nsfs` bind,
+//! `.../pinned-namespaces/user`), in which no process may be left when the
+//! sandbox is created. Two kinds of path are taken:
+//! - `/proc/<pid>/ns/user`: the maps are read from that process, and the
+//!   namespace file is opened first and compared after the read, so a pid
+//!   reused meanwhile is noticed;
+//! - any other path must open as a user namespace (`NS_GET_NSTYPE`): a child
+//!   joins it through the open file and its maps are read, so they are that
+//!   namespace's, whatever happens to the path meanwhile.
+//!
+//! The namespace libcontainer then joins is checked once more on the created
+//! init ([`verify_created`]).
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -41,17 +49,13 @@ fn pid_of(path: &Path) -> Option<u32> {
     (parts.next()?? == "ns" && parts.next()?? == "user" && parts.next().is_none()).then_some(pid)
 }
 
-/// The maps of the user namespace at `path` (`/proc/<pid>/ns/user`). `Err` says
-/// why they cannot be known.
+/// The maps of the user namespace at `path` (`/proc/<pid>/ns/user`, or a file
+/// pinning one). `Err` says why they cannot be known.
 pub fn maps_of(path: &Path) -> Result<Mappings, String> {
-    let pid = pid_of(path).ok_or_else(|| {
-        format!(
-            "the user namespace to join is {}: only a process's (/proc/<pid>/ns/user) \
-             is taken, whose maps can be read",
-            path.display()
-        )
-    })?;
     let failed = |e: std::io::Error| format!("the user namespace to join, {}: {e}", path.display());
+    let Some(pid) = pid_of(path) else {
+        return pinned_maps(path);
+    };
     let id = |m: std::fs::Metadata| (m.dev(), m.ino());
     // Held open while the maps are read: the namespace stays alive, so its inode
     // number cannot pass to another one meanwhile.
@@ -64,6 +68,33 @@ pub fn maps_of(path: &Path) -> Result<Mappings, String> {
         ));
     }
     Ok(maps)
+}
+
+/// `NS_GET_NSTYPE` of ioctl_ns(2).
+const NS_GET_NSTYPE: libc::c_ulong = 0xb703;
+
+/// The maps of the user namespace a file pins, read from a child that joins it.
+fn pinned_maps(path: &Path) -> Result<Mappings, String> {
+    let failed = |e: String| format!("the user namespace to join, {}: {e}", path.display());
+    let file = std::fs::File::open(path).map_err(|e| failed(e.to_string()))?;
+    // SAFETY: NS_GET_NSTYPE takes no argument and answers the namespace's type
+    // (or -1 for a file that is not a namespace).
+    let kind = unsafe { libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(&file), NS_GET_NSTYPE) };
+    if kind != libc::CLONE_NEWUSER {
+        return Err(failed(
+            "not a user namespace (only a process's, /proc/<pid>/ns/user, or a file \
+             pinning one is taken)"
+                .into(),
+        ));
+    }
+    let fd = std::os::fd::OwnedFd::from(file);
+    super::mount_idmap::with_child_in(Some(&fd), |pid| {
+        read_maps(pid).map_err(|e| crate::Error::Io {
+            context: e,
+            source: std::io::Error::other("maps unreadable"),
+        })
+    })
+    .map_err(|e| failed(e.to_string()))
 }
 
 /// Compares the spec's own maps (either may be empty: the namespace's are taken)
@@ -126,7 +157,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn test_only_a_process_namespace_path_is_taken() {
+    fn test_a_process_namespace_path_or_a_namespace_file_is_taken() {
         assert_eq!(pid_of(Path::new("/proc/42/ns/user")), Some(42));
         for bad in [
             "/proc/42/ns/net",
@@ -138,7 +169,10 @@ mod tests {
             assert_eq!(pid_of(Path::new(bad)), None, "{bad}");
         }
         let e = maps_of(Path::new("/var/run/userns/pod")).unwrap_err();
-        assert!(e.contains("only a process's"), "{e}");
+        assert!(e.contains("/var/run/userns/pod"), "{e}");
+        // A file that is not a namespace.
+        let e = maps_of(Path::new("/proc/self/status")).unwrap_err();
+        assert!(e.contains("not a user namespace"), "{e}");
     }
 
     #[test]

@@ -13,6 +13,11 @@
 //! - [`dev_binds`]: the host device nodes libcontainer binds into such a container
 //!   (it cannot `mknod` there), which CRIU must be told are external;
 //! - [`exec_view`]: an exec born in the container's user namespace;
+//! - [`idmapped_mounts`]: the idmapped mounts a spec asks for, checked;
+//! - [`staged_binds`]: copies of bind sources (idmapped ones, and all of a
+//!   container with a user namespace) staged where libcontainer and CRIU, from
+//!   inside that namespace, can bind them ([`mount_idmap`]: the syscalls);
+//! - [`joined`]: a namespace joined by path (a pod's);
 //! - [`images`]: CRIU's images, readable by the restored namespace's root;
 //! - [`restored`]: the restored processes' mappings must be the spec's (CRIU takes
 //!   them from the images, which an archive may have written);
@@ -30,7 +35,9 @@ pub mod exec_view;
 pub mod idmapped_mounts;
 pub mod images;
 pub mod joined;
+pub mod mount_idmap;
 pub mod restored;
+pub mod staged_binds;
 
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
@@ -269,17 +276,19 @@ pub fn tree_owner_mismatch(maps: &Mappings, root_owner: (u32, u32)) -> Option<St
     })
 }
 
-/// What a create or a restore checks of a bundle's ids: no idmapped mount
-/// ([`idmapped_mounts`]), and with a user namespace, the mappings ([`check`]) and
-/// that its root file system was made for them ([`tree_owner_mismatch`]). Answers
-/// the mappings (`None`: no user namespace).
+/// What a create or a restore checks of a bundle's ids: with a user namespace,
+/// the mappings ([`check`]) and that its root file system was made for them
+/// ([`tree_owner_mismatch`]); the idmapped mounts it asks for
+/// ([`idmapped_mounts::requests`]). Answers the mappings (`None`: no user
+/// namespace).
 pub fn check_bundle(bundle: &Path, spec: &Spec) -> crate::Result<Option<Mappings>> {
-    idmapped_mounts::refuse(bundle, spec)?;
     let invalid = |message: String| crate::Error::InvalidSpec {
         bundle: bundle.to_path_buf(),
         message,
     };
-    let Some(maps) = check(spec).map_err(|e| invalid(e.to_string()))? else {
+    let maps = check(spec).map_err(|e| invalid(e.to_string()))?;
+    idmapped_mounts::requests(bundle, spec, maps.as_ref())?;
+    let Some(maps) = maps else {
         return Ok(None);
     };
     let root = match spec.root().as_ref().map(|r| r.path().clone()) {
