@@ -20,7 +20,7 @@
 //!   Without that CRIU refuses the dump ("doesn't have a proper root mount").
 
 use std::fs::File;
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
 use oci_spec::runtime::Spec;
@@ -220,14 +220,6 @@ pub fn leave_systemd(cgroup_path: &Path) {
     }
 }
 
-/// `struct mount_attr` of mount_setattr(2).
-#[repr(C)]
-struct MountAttr {
-    attr_set: u64,
-    attr_clr: u64,
-    propagation: u64,
-    userns_fd: u64,
-}
 const MOUNT_ATTR_RDONLY: u64 = 0x1;
 
 /// Makes the container's cgroup view read-only, when its spec asks for it, in the
@@ -255,31 +247,13 @@ pub fn seal(pid: i32, spec: &Spec) -> Result<()> {
         "open {} in the container",
         rel.display()
     )))?;
-    let attr = MountAttr {
+    let attr = crate::userns::mount_idmap::MountAttr {
         attr_set: MOUNT_ATTR_RDONLY,
-        attr_clr: 0,
-        propagation: 0,
-        userns_fd: 0,
+        ..Default::default()
     };
-    let empty = c"";
-    // SAFETY: mount_setattr reads `attr` (of the size passed) and the empty path for
-    // the duration of the call; `target` is an fd this process owns.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_mount_setattr,
-            target.as_raw_fd(),
-            empty.as_ptr(),
-            libc::AT_EMPTY_PATH | libc::AT_RECURSIVE,
-            &attr as *const MountAttr,
-            std::mem::size_of::<MountAttr>(),
-        )
-    };
-    if r != 0 {
-        return Err(Error::io(format!(
-            "make {} read-only in the container",
-            dest.display()
-        ))(std::io::Error::last_os_error()));
-    }
+    crate::userns::mount_idmap::mount_setattr(target.as_fd(), &attr, true).map_err(Error::io(
+        format!("make {} read-only in the container", dest.display()),
+    ))?;
     Ok(())
 }
 

@@ -20,11 +20,16 @@ use crate::{Error, Result};
 
 /// `struct mount_attr` of mount_setattr(2).
 #[repr(C)]
-struct MountAttr {
-    attr_set: u64,
-    attr_clr: u64,
-    propagation: u64,
-    userns_fd: u64,
+#[derive(Debug, Default)]
+pub(crate) struct MountAttr {
+    /// `MOUNT_ATTR_*` flags to set.
+    pub attr_set: u64,
+    /// Flags to clear.
+    pub attr_clr: u64,
+    /// `MS_SHARED` and the like.
+    pub propagation: u64,
+    /// The user namespace of `MOUNT_ATTR_IDMAP`.
+    pub userns_fd: u64,
 }
 const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
 const OPEN_TREE_CLONE: libc::c_uint = 1;
@@ -134,29 +139,24 @@ pub struct Recursion {
     pub idmap: bool,
 }
 
-fn setattr(
-    tree: &OwnedFd,
-    attr_set: u64,
-    userns: &OwnedFd,
+/// mount_setattr(2) of the mount `fd` is open on (its whole tree for
+/// `recursive`).
+pub(crate) fn mount_setattr(
+    fd: std::os::fd::BorrowedFd,
+    attr: &MountAttr,
     recursive: bool,
 ) -> std::io::Result<()> {
-    let attr = MountAttr {
-        attr_set,
-        attr_clr: 0,
-        propagation: 0,
-        userns_fd: userns.as_raw_fd() as u64,
-    };
     let empty = c"";
     let flags = libc::AT_EMPTY_PATH | if recursive { libc::AT_RECURSIVE } else { 0 };
     // SAFETY: mount_setattr reads `attr` (of the size passed) and the empty path
-    // for the call; `tree` and `userns` are fds the caller owns.
+    // for the call; `fd` is borrowed for it.
     let r = unsafe {
         libc::syscall(
             libc::SYS_mount_setattr,
-            tree.as_raw_fd(),
+            fd.as_raw_fd(),
             empty.as_ptr(),
             flags,
-            &attr as *const MountAttr,
+            attr as *const MountAttr,
             std::mem::size_of::<MountAttr>(),
         )
     };
@@ -199,7 +199,12 @@ pub fn copy_of(source: &Path, how: Recursion, userns: Option<&OwnedFd>) -> Resul
     // SAFETY: `fd` was just returned by open_tree and nothing else owns it.
     let tree = unsafe { OwnedFd::from_raw_fd(fd as i32) };
     if let Some(userns) = userns {
-        if let Err(e) = setattr(&tree, MOUNT_ATTR_IDMAP, userns, how.idmap) {
+        let attr = MountAttr {
+            attr_set: MOUNT_ATTR_IDMAP,
+            userns_fd: userns.as_raw_fd() as u64,
+            ..MountAttr::default()
+        };
+        if let Err(e) = mount_setattr(std::os::fd::AsFd::as_fd(&tree), &attr, how.idmap) {
             let why = match e.raw_os_error() {
                 Some(libc::EINVAL) => " (its file system does not support idmapped mounts)",
                 _ => "",
