@@ -143,19 +143,34 @@ fn an_idmapped_bind_shows_host_root_files_as_the_containers_root_through_rollbac
 }
 
 #[test]
-fn a_plain_bind_of_the_same_directory_shows_host_root_files_as_nobody() {
-    // The control: without the option, the same mount is not mapped.
+fn a_plain_bind_of_the_same_directory_shows_host_root_files_as_nobody_through_a_rollback() {
+    // The control: without the option, the same mount is not mapped (it is
+    // staged all the same, as every bind of a sandbox with a user namespace).
     let dir = HostDir::new();
     let g = run_with(&dir.0, "rbind:rw");
-    let out = g.exec_ok(&["stat", "-c", "%u:%g", "/data/hosts"]);
-    assert_eq!(out.trim(), "65534:65534");
-    let denied = g.exec(&["sh", "-c", "echo x > /data/x"]);
-    assert_ne!(
-        denied.status.code(),
-        Some(0),
-        "root inside cannot write there"
+    let assert_plain = || {
+        let out = g.exec_ok(&["stat", "-c", "%u:%g", "/data/hosts"]);
+        assert_eq!(out.trim(), "65534:65534");
+        let denied = g.exec(&["sh", "-c", "echo x > /data/x"]);
+        assert_ne!(
+            denied.status.code(),
+            Some(0),
+            "root inside cannot write there"
+        );
+    };
+    assert_plain();
+    crabctl_ok(&["checkpoint", &g.id, "--name", "base"]);
+    let out = crabctl_ok(&["rollback", &g.id, "base"]);
+    assert!(out.contains("processes and files restored"), "{out}");
+    assert_plain();
+    assert!(
+        mounts_mentioning(&g.id)
+            .iter()
+            .all(|m| !m.contains(".idmap")),
+        "nothing staged is left on the host"
     );
     g.remove();
+    assert!(dir.0.join("hosts").exists());
 }
 
 #[test]
