@@ -181,13 +181,7 @@ pub fn bind_mounts(spec: &Spec) -> Vec<(String, PathBuf)> {
     spec.mounts()
         .iter()
         .flatten()
-        .filter(|m| {
-            m.typ().as_deref() == Some("bind")
-                || m.options()
-                    .iter()
-                    .flatten()
-                    .any(|o| o == "bind" || o == "rbind")
-        })
+        .filter(|m| crate::userns::idmapped_mounts::is_bind(m))
         .filter_map(|m| {
             Some((
                 m.destination().to_string_lossy().into_owned(),

@@ -59,6 +59,11 @@ pub fn strip(m: &mut Mount) {
     m.set_gid_mappings(None);
 }
 
+/// Whether `m` is a bind mount (its type, or a `bind` / `rbind` option).
+pub fn is_bind(m: &Mount) -> bool {
+    m.typ().as_deref() == Some("bind") || has_option(m, "bind") || has_option(m, "rbind")
+}
+
 pub(super) fn has_option(m: &Mount, name: &str) -> bool {
     m.options().iter().flatten().any(|o| o == name)
 }
@@ -83,9 +88,7 @@ pub fn requests(bundle: &Path, spec: &Spec, container: Option<&Mappings>) -> Res
                 m.destination().display()
             ),
         };
-        let bind =
-            m.typ().as_deref() == Some("bind") || has_option(m, "bind") || has_option(m, "rbind");
-        if !bind {
+        if !is_bind(m) {
             return Err(refuse("only bind mounts are idmapped".into()));
         }
         let (mut uids, mut gids) = (maps_of(m.uid_mappings()), maps_of(m.gid_mappings()));

@@ -26,14 +26,10 @@ use std::path::{Path, PathBuf};
 
 use oci_spec::runtime::{LinuxNamespaceType, Spec};
 
-use super::idmapped_mounts::{self, has_option};
+use super::idmapped_mounts::{self, has_option, is_bind};
 use super::mount_idmap::{self, Recursion};
 use super::Extent;
 use crate::{Error, Result};
-
-fn is_bind(m: &oci_spec::runtime::Mount) -> bool {
-    m.typ().as_deref() == Some("bind") || has_option(m, "bind") || has_option(m, "rbind")
-}
 
 /// Copies of a container's bind sources attached at staging points, and the
 /// spec that binds them: detached and removed when dropped.
