@@ -81,11 +81,18 @@ impl Inspector {
 
     /// Stops recording for `cgid` and drops everything recorded for it.
     pub fn unwatch(&self, cgid: u64) -> Result<()> {
-        let key = types::cg_key { cgid };
-        let _ = self.maps.cgroups.delete(bytes_of(&key));
+        self.stop_recording(cgid);
         self.delete_fs(cgid, |_| true);
         self.delete_procs(cgid);
         Ok(())
+    }
+
+    /// Stops recording for `cgid` (one map update, where [`Inspector::unwatch`] also
+    /// walks the records): its place in the table is free at once, and what was
+    /// recorded stays until an `unwatch`.
+    pub fn stop_recording(&self, cgid: u64) {
+        let key = types::cg_key { cgid };
+        let _ = self.maps.cgroups.delete(bytes_of(&key));
     }
 
     fn state(&self, cgid: u64) -> Result<Option<types::cg_state>> {

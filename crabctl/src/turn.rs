@@ -80,7 +80,9 @@ pub fn stats(config: &Config, namespace: &str, id: &str, json: bool) -> Result<(
             "  standby: checkpoint seq {}, init pid {}, {} bytes of memory, made in {} ms",
             sb.seq, sb.pid, sb.memory_bytes, sb.made_ms
         );
-        if !crab_runtime::cgroup2::favors_dynamic_moves() {
+        if crab_runtime::standby::rollback_moves_processes()
+            && !crab_runtime::cgroup2::favors_dynamic_moves()
+        {
             println!(
                 "  standby: adopting it waits for a kernel grace period (cgroup2 is \
                  mounted without favordynmods; see docs/standby.md)"

@@ -115,9 +115,17 @@ fn forks_adopt_the_replicas_of_their_checkpoint_and_run_as_containers_of_their_o
             "{} does not count",
             f.id
         );
-        // Its own cgroups, as the view inside shows them.
+        // Its own cgroups, as the view inside shows them. (The unified
+        // hierarchy's line is its tracking cgroup, which keeps the replica's
+        // name: cgroup2 renames nothing.)
         let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
-        assert!(!cgroups.contains("@standby"), "{}: {cgroups}", f.id);
+        for line in cgroups.lines().filter(|l| !l.starts_with("0::")) {
+            assert!(!line.contains("@standby"), "{}: {cgroups}", f.id);
+        }
+        // The inspector watches the cgroup its processes are in.
+        crabctl_ok(&["checkpoint", &f.id]);
+        let turn = crabctl_ok(&["turn", &f.id, "--dry-run", "--json"]);
+        assert!(!turn.contains("not watched"), "{}: {turn}", f.id);
         assert!(
             cgroups.contains(&format!("/{}\n", f.id)),
             "{}: {cgroups}",

@@ -169,9 +169,32 @@ fn a_container_that_adopted_its_standby_sees_its_own_cgroup_files() {
         "the init is not in {procs:?}"
     );
     crabctl_ok(&["checkpoint", &g.id, "--name", "base"]);
-    wait_for_standby(&g.id, newest_seq(&g.id));
+    let seq = newest_seq(&g.id);
+    wait_for_standby(&g.id, seq);
+    let events = Events::subscribe();
     let out = crabctl_ok(&["rollback", &g.id, "base"]);
     assert!(out.contains("standby adopted"), "{out}");
+    // In the container's own cgroup of every hierarchy, by whatever name the
+    // replica's had before.
+    let own = std::fs::read_to_string(format!("/proc/{}/cgroup", g.pid())).unwrap();
+    for line in own
+        .lines()
+        .filter(|l| l.contains(":memory:") || l.contains(":pids:"))
+    {
+        assert!(
+            line.ends_with(&format!("/{}", g.id)),
+            "the adopted init is in {line}"
+        );
+    }
+    // What the container's cgroups held is removed in the background (the
+    // next replica is made after it): no OOM event for that removal.
+    wait_for_standby(&g.id, seq);
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        !events.topics_for(&g.id).iter().any(|t| t == "/tasks/oom"),
+        "an OOM event without an OOM: {:?}",
+        events.topics_for(&g.id)
+    );
     // The replica's own cgroups are gone by now: its view must not have shown them.
     let (limit, procs) = g.cgroup_view();
     assert_eq!(limit, "268435456", "after the adoption");
@@ -185,6 +208,48 @@ fn a_container_that_adopted_its_standby_sees_its_own_cgroup_files() {
         "echo 1 > /sys/fs/cgroup/pids/pids.max || echo 1 > /sys/fs/cgroup/pids.max",
     ]);
     assert_ne!(write.status.code(), Some(0), "the view is writable");
+    // The adopted container's memory limit holds, and its OOM is reported.
+    let hog = g.exec(&["dd", "if=/dev/zero", "of=/dev/null", "bs=300M", "count=1"]);
+    assert_ne!(hog.status.code(), Some(0), "300 MiB fit under 256 MiB");
+    assert!(
+        events.wait_for("/tasks/oom", &g.id, Duration::from_secs(10)),
+        "no /tasks/oom event after the adoption: {:?}",
+        events.topics_for(&g.id)
+    );
+}
+
+/// What the inspector makes of the turn so far (`crabctl turn --dry-run`).
+fn turn_kind(g: &Guard) -> String {
+    let out = crabctl_ok(&["turn", &g.id, "--dry-run", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    v["classification"]["kind"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[test]
+fn the_inspector_follows_a_container_that_adopted_its_standby() {
+    let g = Guard::run_detached(CRAB, BUSYBOX, ASK_FOR_STANDBY, &["sleep", "1000000"]);
+    crabctl_ok(&["checkpoint", &g.id, "--name", "base"]);
+    wait_for_standby(&g.id, newest_seq(&g.id));
+    g.exec_ok(&["sh", "-c", "echo later > /later"]);
+    let out = crabctl_ok(&["rollback", &g.id, "base"]);
+    assert!(out.contains("standby adopted"), "{out}");
+    // The state is base's, which the newest entry does not describe.
+    assert_ne!(turn_kind(&g), "skip", "a turn after the rollback");
+    crabctl_ok(&["checkpoint", &g.id, "--name", "after"]);
+    // Nothing ran since: a skip (so that the check below can fail).
+    assert_eq!(turn_kind(&g), "skip", "an idle turn after the adoption");
+    // A file written by an exec, in the adopted container's cgroup, is seen
+    // as such: the inspector records that cgroup's events.
+    g.exec_ok(&["sh", "-c", "echo new > /new"]);
+    assert_eq!(turn_kind(&g), "fs-only", "a turn that wrote a file");
+    let out = crabctl_ok(&["inspect", &g.id]);
+    assert!(
+        out.contains(&format!("{}", g.pid())),
+        "the adopted init is not among the container's pids: {out}"
+    );
 }
 
 #[test]

@@ -219,6 +219,43 @@ impl Container {
         TrackingCgroup::at(self.state.tracking_cgroup.clone())
     }
 
+    /// This container with `to` as its tracking cgroup: a replica's, whose
+    /// processes became the container's (cgroup2 cannot rename a directory, so
+    /// the container's identity follows the processes instead of the processes
+    /// moving, [`crate::standby`]). Recorded in its state, then the inspector
+    /// follows it ([`crate::inspect::rewatch`]: tainted, the next turn takes
+    /// everything). The old directory, and the inspector's records of it, are
+    /// the caller's to remove. On an error nothing changed.
+    pub(crate) fn with_tracking(&self, config: &Config, to: &TrackingCgroup) -> Result<Container> {
+        let mut next = self.clone();
+        next.state.tracking_cgroup = to.path().to_path_buf();
+        next.state.cgroup_id = to.id()?;
+        next.save_state()?;
+        crate::inspect::rewatch(
+            config,
+            &next.state.id,
+            self.state.cgroup_id,
+            next.state.cgroup_id,
+        );
+        Ok(next)
+    }
+
+    /// Where this container's tracking cgroups are named from: on a hybrid host
+    /// `<tracking_cgroup>/<namespace>/<id>` (an adopted replica's tracking cgroup
+    /// keeps its own name), on a cgroup v2-only host its own cgroup.
+    pub(crate) fn tracking_base(&self, config: &Config) -> PathBuf {
+        if crate::cgroup2::unified() {
+            return self.state.tracking_cgroup.clone();
+        }
+        TrackingCgroup::new(
+            &config.tracking_cgroup,
+            &self.state.namespace,
+            &self.state.id,
+        )
+        .path()
+        .to_path_buf()
+    }
+
     pub(crate) fn dir(&self) -> PathBuf {
         self.root.join(&self.state.id)
     }
@@ -234,7 +271,17 @@ impl Container {
         if !dir.join("state.json").exists() {
             return Err(Error::NotFound(self.state.id.clone()));
         }
-        LcContainer::load(dir).map_err(Error::libcontainer("load state"))
+        // libcontainer checks that the init's /proc entry exists, then reads its
+        // stat: an init reaped in between fails the load (seen right after a
+        // rollback's kill). A new read finds it gone, and says so.
+        let mut tries = 0;
+        loop {
+            match LcContainer::load(dir.clone()) {
+                Ok(c) => return Ok(c),
+                Err(_) if tries < 3 => tries += 1,
+                Err(e) => return Err(Error::libcontainer("load state")(e)),
+            }
+        }
     }
 
     /// libcontainer's view of the container's status (refreshed from /proc).

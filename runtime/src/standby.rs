@@ -27,6 +27,9 @@ pub mod memory;
 #[path = "standby_fork.rs"]
 mod fork;
 
+#[path = "standby_cgroups.rs"]
+pub(crate) mod cgroups;
+
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -50,14 +53,26 @@ use crate::{criu, Error, Result};
 /// container's cgroup is ever named so.
 pub const CGROUP_SUFFIX: &str = "@standby";
 
+/// Whether adopting a replica for a rollback moves its processes between
+/// cgroups on this host (a cgroup v2-only host), each adoption then waiting for
+/// a kernel grace period unless cgroup2 is mounted `favordynmods`
+/// ([`crate::cgroup2::favors_dynamic_moves`]); elsewhere renames take the
+/// container's cgroups ([`cgroups::rollback_renames`]).
+pub fn rollback_moves_processes() -> bool {
+    !cgroups::rollback_renames()
+}
+
 /// Standbys made by this process so far (for their names).
 static MADE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// What a replica is for, which decides the cgroups its view shows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Use {
-    /// The container's own rollback: its processes move into the container's
-    /// cgroups at adoption, and its cgroup view shows those from the start.
+    /// The container's own rollback. Its cgroups become the container's at
+    /// adoption: on a host with cgroup v1 hierarchies by exchanging names, and
+    /// its view shows its own cgroups, as a fork's does; on a cgroup v2-only
+    /// host its processes move into the container's cgroup, and its view shows
+    /// that one from the start ([`cgroups::rollback_renames`]).
     Rollback,
     /// A fork's processes ([`Container::adopt_fork_replica`]): its cgroups become
     /// the fork's by a rename, and its view shows them.
@@ -79,7 +94,8 @@ impl Target {
     /// What the restored processes' cgroup view is to strip from the cgroups the
     /// restore joined ([`crate::cgroup_view::restored`]).
     pub fn view_strips(&self) -> Option<&str> {
-        (self.usage == Use::Rollback).then_some(self.suffix.as_str())
+        (self.usage == Use::Rollback && !cgroups::rollback_renames())
+            .then_some(self.suffix.as_str())
     }
 }
 
@@ -259,7 +275,7 @@ impl Container {
         }
         let key = self.key()?;
         let suffix = next_suffix();
-        let tracking = TrackingCgroup::at(cgroup_path(&self.state.tracking_cgroup, &suffix));
+        let tracking = TrackingCgroup::at(cgroup_path(&self.tracking_base(config), &suffix));
         let own_cgroup = self.cgroup_path()?;
         let cgroup_path = cgroup_path(&own_cgroup, &suffix);
         let name = format!("{key}{suffix}").replace('/', ".");
@@ -349,7 +365,7 @@ impl Container {
         standby: Standby,
         rootfs: &Path,
         killed: Vec<i32>,
-    ) -> Result<(i32, Leftovers)> {
+    ) -> Result<Adopted> {
         let started = Instant::now();
         if standby.usage != Use::Rollback {
             let _ = standby.discard(config);
@@ -360,10 +376,11 @@ impl Container {
             });
         }
         let pids = standby.pids()?;
-        let leftovers = Leftovers {
+        let mut leftovers = Leftovers {
             id: self.state.id.clone(),
             killed,
             standby,
+            forget: None,
         };
         if !pids.contains(&leftovers.standby.pid) {
             let seq = leftovers.standby.seq;
@@ -386,48 +403,56 @@ impl Container {
         // standby's path, deleted with the leftovers).
         let taken = self.take_over(
             config,
-            &leftovers.standby,
+            &mut leftovers.standby,
             &pids,
             &store.rootfs(&key)?,
             rootfs,
         );
-        if let Err(e) = taken {
-            let _ = leftovers.standby.tracking.kill_all();
-            for &pid in &pids {
-                let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        let container = match taken {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = leftovers.standby.tracking.kill_all();
+                for &pid in &pids {
+                    let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+                }
+                leftovers.killed.extend(pids);
+                let _ = leftovers.clean(config);
+                return Err(e);
             }
-            let mut leftovers = leftovers;
-            leftovers.killed.extend(pids);
-            let _ = leftovers.clean(config);
-            return Err(e);
+        };
+        if container.state.cgroup_id != self.state.cgroup_id {
+            leftovers.forget = self
+                .state
+                .bpf_pin_root
+                .clone()
+                .map(|pins| (pins, self.state.cgroup_id));
         }
         tracing::debug!(id = %self.state.id, exchanged_us,
             adopted_us = started.elapsed().as_micros() as u64, "standby adopted");
-        Ok((leftovers.standby.pid, leftovers))
+        Ok(Adopted {
+            pid: leftovers.standby.pid,
+            container,
+            leftovers,
+        })
     }
 
     /// The steps of an adoption after the trees were exchanged: `tree` (the
-    /// container's tree) bound on `rootfs` again, the processes `pids` moved into
-    /// the container's cgroups, libcontainer's state, then the processes continued.
+    /// container's tree) bound on `rootfs` again, libcontainer's state naming the
+    /// replica's init, the replica's processes `pids` made the container's
+    /// ([`Container::take_cgroups`], the last step that can fail: a failed
+    /// adoption restores from the images, which records its own init), then the
+    /// processes continued. Answers the container as it is then.
     fn take_over(
         &self,
         config: &Config,
-        standby: &Standby,
+        standby: &mut Standby,
         pids: &[i32],
         tree: &Path,
         rootfs: &Path,
-    ) -> Result<()> {
+    ) -> Result<Container> {
         let t = Instant::now();
         rebind(tree, rootfs)?;
         let rebound_us = t.elapsed().as_micros() as u64;
-        for &pid in pids {
-            self.tracking().add(pid)?;
-            for file in &standby.moves {
-                std::fs::write(file, pid.to_string())
-                    .map_err(Error::io(format!("move pid {pid} into {}", file.display())))?;
-            }
-        }
-        let moved_us = t.elapsed().as_micros() as u64;
         // The container's libcontainer configuration (its cgroup path) stays; the
         // init is the replica's.
         let mut lc = self.lc()?;
@@ -435,15 +460,72 @@ impl Container {
         lc.state.status = libcontainer::container::ContainerStatus::Running;
         lc.save()
             .map_err(Error::libcontainer("record the adopted init"))?;
-        tracing::debug!(id = %self.state.id, rebound_us, moved_us,
-            recorded_us = t.elapsed().as_micros() as u64, "standby taken over");
+        let recorded_us = t.elapsed().as_micros() as u64;
+        let (container, renamed) = self.take_cgroups(config, standby, pids)?;
+        tracing::debug!(id = %self.state.id, rebound_us, recorded_us, renamed,
+            moved_us = t.elapsed().as_micros() as u64, "standby taken over");
         crate::storage::fault::shim_point("standby.moved", config.fault_file.as_deref());
         for &pid in pids {
             // A process that ended meanwhile is not an error.
             let _ = kill(Pid::from_raw(pid), Signal::SIGCONT);
         }
-        Ok(())
+        Ok(container)
     }
+
+    /// Makes the replica's processes `pids` the container's, in its cgroups and
+    /// its tracking cgroup. Where the host allows ([`cgroups::rollback_renames`]),
+    /// by renames that move no process: the v1 cgroups exchange names with the
+    /// replica's, and the replica's tracking cgroup becomes the container's
+    /// ([`Container::with_tracking`]); `standby` then names what the container
+    /// held (its old tracking cgroup and, at its own name, its old v1 cgroups),
+    /// which the leftovers remove.
+    /// Else by moving each process. Answers the container as it is then, and
+    /// whether it renamed.
+    fn take_cgroups(
+        &self,
+        config: &Config,
+        standby: &mut Standby,
+        pids: &[i32],
+    ) -> Result<(Container, bool)> {
+        if !cgroups::rollback_renames() {
+            for &pid in pids {
+                self.tracking().add(pid)?;
+                for file in &standby.moves {
+                    std::fs::write(file, pid.to_string())
+                        .map_err(Error::io(format!("move pid {pid} into {}", file.display())))?;
+                }
+            }
+            return Ok((self.clone(), false));
+        }
+        let own = self.cgroup_path()?;
+        cgroups::swap_v1(&standby.cgroup_path, &own)?;
+        let container = match self.with_tracking(config, &standby.tracking) {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = cgroups::swap_v1(&standby.cgroup_path, &own);
+                return Err(e);
+            }
+        };
+        // Its record in the host's budget still names the replica's tracking
+        // cgroup, the container's now: after a crash of this shim, whose
+        // container goes with it, the reconciliation kills what is in it, and
+        // leaves alone the container's old name, which a restore makes again.
+        standby.tracking = self.tracking();
+        Ok((container, true))
+    }
+}
+
+/// A replica made the container: its init, the container as it is now (an
+/// adoption by renames gives it another tracking cgroup: whoever holds the
+/// container takes this one), and what is left to clean.
+#[derive(Debug)]
+pub struct Adopted {
+    /// The adopted init's host pid.
+    pub pid: i32,
+    /// The container after the adoption.
+    pub container: Container,
+    /// What the adoption left ([`Leftovers::clean`], off the caller's path).
+    pub leftovers: Leftovers,
 }
 
 /// What an adoption leaves: the replaced processes (killed, perhaps not gone
@@ -454,6 +536,10 @@ pub struct Leftovers {
     id: String,
     killed: Vec<i32>,
     standby: Standby,
+    /// The container's tracking cgroup id before an adoption by renames gave
+    /// it the replica's, and where the inspector is pinned: its records are
+    /// dropped with the rest ([`crate::inspect::rewatch`] stopped them).
+    forget: Option<(PathBuf, u64)>,
 }
 
 impl Leftovers {
@@ -470,6 +556,9 @@ impl Leftovers {
                 break;
             }
             std::thread::sleep(Duration::from_millis(2));
+        }
+        if let Some((pins, cgroup_id)) = &self.forget {
+            crate::inspect::unwatch(pins, *cgroup_id);
         }
         self.standby.discard(config)
     }

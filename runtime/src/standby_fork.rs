@@ -10,18 +10,21 @@
 //!   sibling of the source's, `/<namespace>/<fork id>`, as a restore gives it):
 //!   no process moves, and the replica's cgroup view, bound to those very
 //!   directories, is the fork's;
-//! - in cgroup2 (the tracking cgroup, and a v2-only host's cgroups), which
-//!   cannot rename, the processes move, as in a rollback's adoption. A v2-only
-//!   host's replica for a spec with a cgroup view is refused when it is made.
+//! - the replica's tracking cgroup (cgroup2, which cannot rename) becomes the
+//!   fork's, as in a rollback's adoption: its state names it, and the inspector
+//!   follows ([`Container::with_tracking`]);
+//! - on a cgroup v2-only host, the processes move into the fork's cgroup (its
+//!   tracking cgroup too). Such a host's replica for a spec with a cgroup view
+//!   is refused when it is made.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use libcgroups::common::CgroupManager;
 use libcontainer::config::YoukiConfig;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
-use super::{hierarchies, rebind, refused, Leftovers, Standby, Use};
+use super::{hierarchies, rebind, refused, Adopted, Leftovers, Standby, Use};
 use crate::checkpoint::restore_helper::{own_cgroup_path, save_state};
 use crate::config::Config;
 use crate::container::Container;
@@ -42,21 +45,25 @@ impl Container {
     /// Makes `standby`, a replica for forks of the checkpoint this new container
     /// is forked from (`dumped_id`: the checkpointed container), this container's
     /// processes. `rootfs`: where its tree is bound (`bundle/rootfs`). Answers the
-    /// init's pid and what is left to clean. On an error nothing of the replica
-    /// runs and the container has no processes: the caller restores the slow way.
+    /// init's pid, the container as it is then (on a host with cgroup v1
+    /// hierarchies it takes the replica's tracking cgroup, as a rollback's
+    /// adoption does) and what is left to clean. On an error nothing of the
+    /// replica runs and the container, unchanged, has no processes: the caller
+    /// restores the slow way.
     pub fn adopt_fork_replica(
         &self,
         config: &Config,
         standby: Standby,
         rootfs: &Path,
         dumped_id: &str,
-    ) -> Result<(i32, Leftovers)> {
+    ) -> Result<Adopted> {
         let started = std::time::Instant::now();
         let id = self.state.id.clone();
-        let leftovers = Leftovers {
+        let mut leftovers = Leftovers {
             id: id.clone(),
             killed: Vec::new(),
             standby,
+            forget: None,
         };
         let fail = |leftovers: Leftovers, pids: &[i32], e: Error| {
             for &pid in pids {
@@ -113,12 +120,6 @@ impl Container {
             }
             let t = std::time::Instant::now();
             take_cgroups(&id, &leftovers.standby, &pids, &youki.cgroup_path, &spec)?;
-            let tracking = self.tracking();
-            tracking.create()?;
-            for &pid in &pids {
-                tracking.add(pid)?;
-            }
-            let cgroups_us = t.elapsed().as_micros() as u64;
             let lc_bundle = crate::userns::staged_binds::libcontainer_bundle(
                 &self.root,
                 &id,
@@ -126,20 +127,55 @@ impl Container {
                 &spec,
             )?;
             save_state(&id, leftovers.standby.pid, &lc_bundle, &self.dir(), &youki)?;
-            self.save_state()?;
-            Ok::<_, Error>(cgroups_us)
+            // The last step that can fail: the container stays as it was until
+            // it succeeds.
+            let container = self.take_tracking(config, &leftovers.standby, &pids)?;
+            Ok::<_, Error>((container, t.elapsed().as_micros() as u64))
         })();
-        let cgroups_us = match taken {
-            Ok(us) => us,
+        let (container, cgroups_us) = match taken {
+            Ok(v) => v,
             Err(e) => return fail(leftovers, &pids, e),
         };
+        if container.state.cgroup_id != self.state.cgroup_id {
+            // What the fork's Create made is left to remove; what the
+            // inspector recorded of it (nothing) to drop.
+            leftovers.standby.tracking = self.tracking();
+            leftovers.forget = self
+                .state
+                .bpf_pin_root
+                .clone()
+                .map(|pins| (pins, self.state.cgroup_id));
+        }
         for &pid in &pids {
             // A process that ended meanwhile is not an error.
             let _ = kill(Pid::from_raw(pid), Signal::SIGCONT);
         }
         tracing::debug!(%id, cgroups_us, adopted_us = started.elapsed().as_micros() as u64,
             "replica for forks adopted");
-        Ok((leftovers.standby.pid, leftovers))
+        Ok(Adopted {
+            pid: leftovers.standby.pid,
+            container,
+            leftovers,
+        })
+    }
+
+    /// Makes the replica's processes `pids` those of this fork's tracking
+    /// cgroup: on a host with cgroup v1 hierarchies by taking the replica's
+    /// ([`Container::with_tracking`]: no process moves, so no kernel grace
+    /// period), else (a cgroup v2-only host, whose tracking cgroup is the fork's
+    /// own, [`take_cgroups`] moved them there) by moving them. Answers the
+    /// container as it is then.
+    fn take_tracking(&self, config: &Config, standby: &Standby, pids: &[i32]) -> Result<Container> {
+        if super::cgroups::rollback_renames() {
+            return self.with_tracking(config, &standby.tracking);
+        }
+        let tracking = self.tracking();
+        tracking.create()?;
+        for &pid in pids {
+            tracking.add(pid)?;
+        }
+        self.save_state()?;
+        Ok(self.clone())
     }
 }
 
@@ -161,7 +197,7 @@ fn take_cgroups(
         }
     };
     if !crate::cgroup2::unified() {
-        rename_v1(&standby.cgroup_path, to)?;
+        super::cgroups::rename_v1(&standby.cgroup_path, to)?;
         // The replica's cgroups already hold what the source's spec asked; a
         // fork from an agent's template may ask otherwise.
         if crate::container::resources_of(spec) == &standby.resources {
@@ -181,57 +217,4 @@ fn take_cgroups(
         }
     }
     crate::container::apply_resources(&manager, spec)
-}
-
-/// Renames the cgroup `from` to its sibling `to` in every v1 hierarchy that has
-/// it; on a failure, renames back what it renamed.
-fn rename_v1(from: &Path, to: &Path) -> Result<()> {
-    let (from, to) = (
-        from.strip_prefix("/").unwrap_or(from),
-        to.strip_prefix("/").unwrap_or(to),
-    );
-    if from.parent() != to.parent() {
-        return Err(Error::Cgroup {
-            operation: "rename a replica's cgroups",
-            message: format!(
-                "{} is not a sibling of {}: the fork's cgroup is elsewhere",
-                to.display(),
-                from.display()
-            ),
-        });
-    }
-    let mut done: Vec<(PathBuf, PathBuf)> = Vec::new();
-    for base in crate::cgroup2::v1_hierarchies() {
-        let (old, new) = (base.join(from), base.join(to));
-        if !old.is_dir() {
-            continue;
-        }
-        if let Err(e) = std::fs::rename(&old, &new) {
-            for (o, n) in done.iter().rev() {
-                let _ = std::fs::rename(n, o);
-            }
-            return Err(Error::io(format!(
-                "rename cgroup {} to {}",
-                old.display(),
-                new.display()
-            ))(e));
-        }
-        done.push((old, new));
-    }
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_replicas_cgroup_is_renamed_only_to_a_sibling() {
-        let e = rename_v1(
-            Path::new("/crab/web@standby-1-1"),
-            Path::new("/other/web-fork-1"),
-        )
-        .unwrap_err();
-        assert!(e.to_string().contains("not a sibling"), "{e}");
-    }
 }

@@ -401,7 +401,7 @@ impl TaskService {
             let rootfs = inst.bundle.join("rootfs");
             let dumped_id = pending.dumped.id.clone();
             let adopted = crate::standby_forks::adopt(
-                &inst.sandbox,
+                &mut inst.sandbox,
                 ready,
                 rootfs,
                 dumped_id,

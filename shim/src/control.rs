@@ -287,7 +287,7 @@ impl TaskService {
         // the facade taints the inspector, so every turn takes everything until
         // the next full checkpoint.
         let rollback_fs = {
-            let sandbox = sandbox.clone();
+            let (sandbox, snapshot) = (sandbox.clone(), snapshot.clone());
             move || sandbox.rollback_files(&snapshot)
         };
         let inside = match caller {
@@ -356,10 +356,24 @@ impl TaskService {
         let from_standby = standby.is_some();
         let adopted = match standby {
             Some(ready) => {
+                // The replica's cgroups become the container's by renames
+                // (`crab_runtime::standby`): a watch of the old memory cgroup
+                // would report its removal as an OOM. A new watch starts below.
+                if let Some(oom) = inst.oom.take() {
+                    oom.abort();
+                }
                 let rootfs = inst.bundle.join("rootfs");
-                crate::standby::adopt(&sandbox, ready, rootfs, killed.pids.clone()).await
+                crate::standby::adopt(&mut inst.sandbox, ready, rootfs, killed.pids.clone()).await
             }
             None => None,
+        };
+        // An adoption that failed after the replica took the container's
+        // cgroups (its stdio) leaves the container as it answered it.
+        let sandbox = inst.sandbox.clone();
+        let rollback_fs = {
+            let sandbox = sandbox.clone();
+            let snapshot = snapshot.clone();
+            move || sandbox.rollback_files(&snapshot)
         };
         match (&adopted, killed) {
             (
@@ -404,6 +418,9 @@ impl TaskService {
                 inst.init.pid = pid;
                 inst.init.io = Some(io);
                 inst.init.status = Status::RUNNING;
+                if inst.oom.is_none() {
+                    inst.oom = crate::oom::watch(inst.container(), self.events.clone());
+                }
                 let ms = started.elapsed().as_millis() as u64;
                 // Time since the request at each step, for where a slow one went.
                 tracing::info!(

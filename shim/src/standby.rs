@@ -15,8 +15,9 @@ use std::time::Duration;
 
 use crab_runtime::checkpoint::history::Entry;
 use crab_runtime::config::STANDBY_ANNOTATION;
+use crab_runtime::sandbox::Adoption;
 use crab_runtime::sandbox::Sandbox;
-use crab_runtime::standby::{Leftovers, Standby, Use};
+use crab_runtime::standby::{Standby, Use};
 
 use crate::instance::Instance;
 use crate::io::{PipeIo, ProcessIo, StdioPaths};
@@ -317,12 +318,14 @@ impl TaskService {
 }
 
 /// Says once per shim, at its first replica, that adoptions here will wait for a
-/// grace period of the kernel's ([`crab_runtime::cgroup2::favors_dynamic_moves`]):
+/// grace period of the kernel's ([`crab_runtime::standby::rollback_moves_processes`]):
 /// most of a rollback's time on such a host, and a setting of the host's, not ours.
 fn warn_slow_moves() {
     static SAID: std::sync::Once = std::sync::Once::new();
     SAID.call_once(|| {
-        if !crab_runtime::cgroup2::favors_dynamic_moves() {
+        if crab_runtime::standby::rollback_moves_processes()
+            && !crab_runtime::cgroup2::favors_dynamic_moves()
+        {
             tracing::warn!(
                 "cgroup2 is mounted without favordynmods: each standby adoption waits \
                  for an RCU grace period (about 6 ms) to move its processes"
@@ -332,11 +335,13 @@ fn warn_slow_moves() {
 }
 
 /// Adopts `ready` as the container, whose processes `killed` were sent SIGKILL
-/// ([`Sandbox::adopt_standby`]); answers the new init's pid and its stdio. `None`
-/// (logged) when it could not be adopted: nothing of the replica runs then, and
-/// the caller restores the slow way. The leftovers are cleaned in the background.
+/// ([`Sandbox::adopt_standby`]); answers the new init's pid and its stdio, and
+/// `sandbox` is then the container as it is after the adoption. `None` (logged)
+/// when it could not be adopted: nothing of the replica runs then, `sandbox` is
+/// unchanged, and the caller restores the slow way. The leftovers are cleaned in
+/// the background.
 pub async fn adopt(
-    sandbox: &Sandbox,
+    sandbox: &mut Sandbox,
     ready: Ready,
     rootfs: PathBuf,
     killed: Vec<i32>,
@@ -349,27 +354,33 @@ pub async fn adopt(
 
 /// Adopts `ready` by `how` (a rollback's adoption or a fork's), its stdio copied
 /// to the fifos it was made for, or to `fifos` (a fork's, unknown when it was
-/// made); answers the init's pid and its stdio, or `None` (logged: nothing of the
-/// replica runs, and the caller restores from the images). The leftovers are
-/// cleaned in the background.
+/// made); answers the init's pid and its stdio, and `sandbox` is then the one
+/// the adoption answered; or `None` (logged: nothing of the replica runs, and
+/// the caller restores from the images). The leftovers are cleaned in the
+/// background.
 pub async fn adopt_with(
-    sandbox: &Sandbox,
+    sandbox: &mut Sandbox,
     ready: Ready,
     fifos: Option<&StdioPaths>,
-    how: impl FnOnce(&Sandbox, Standby) -> crab_runtime::Result<(i32, Leftovers)> + Send + 'static,
+    how: impl FnOnce(&Sandbox, Standby) -> crab_runtime::Result<Adoption> + Send + 'static,
 ) -> Option<(i32, ProcessIo)> {
     let Ready { standby, pipes } = ready;
     let (seq, id) = (standby.seq, sandbox.container().id().to_string());
     let usage = standby.usage;
     let s = sandbox.clone();
     let adopted = blocking(move || how(&s, standby)).await;
-    let (pid, leftovers) = match adopted {
+    let Adoption {
+        pid,
+        sandbox: adopted,
+        leftovers,
+    } = match adopted {
         Ok(v) => v,
         Err(e) => {
             tracing::warn!(%id, seq, ?usage, error = %e, "replica not adopted: restoring from the images");
             return None;
         }
     };
+    *sandbox = adopted;
     let s = sandbox.clone();
     tokio::task::spawn_blocking(move || {
         if let Err(e) = s.clean_after_adoption(leftovers) {

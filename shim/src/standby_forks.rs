@@ -335,7 +335,7 @@ impl TaskService {
 /// could not be adopted: nothing of the replica runs then, and the caller
 /// restores from the images. The leftovers are cleaned in the background.
 pub async fn adopt(
-    sandbox: &Sandbox,
+    sandbox: &mut Sandbox,
     ready: Ready,
     rootfs: PathBuf,
     dumped_id: String,

@@ -270,7 +270,7 @@ fn main() {
     println!(
         "\nDepth {}, {} children per node ({} rollbacks), tool calls of {} ms plus the \
          `ctr task exec` that runs each (counted as tool time for both), python holding \
-         {} MiB; {} cores; cgroup2 {} favordynmods.",
+         {} MiB; {} cores; cgroup2 {} favordynmods; adoptions {}.",
         cli.depth,
         cli.children,
         cli.depth * (cli.children.saturating_sub(1)),
@@ -281,6 +281,11 @@ fn main() {
             "with"
         } else {
             "without"
+        },
+        if crab_runtime::standby::rollback_moves_processes() {
+            "move the replica's processes"
+        } else {
+            "rename the replica's cgroups"
         }
     );
     for n in notes {

@@ -147,6 +147,33 @@ pub fn watch(config: &Config, cgroup_id: u64, id: &str) {
     }
 }
 
+/// Moves the inspector's watch of container `id` from cgroup `old` to `new` (an
+/// adopted replica's tracking cgroup, [`Container::with_tracking`]): `new`
+/// watched and tainted, so that the next turn takes everything; nothing more is
+/// recorded for `old`, whose records the caller drops later, off the rollback's
+/// critical path ([`unwatch`] walks the host's tables: about 1 ms). A failure
+/// is logged: the next classification finds `new` unwatched, takes everything
+/// and watches it.
+pub(crate) fn rewatch(config: &Config, id: &str, old: u64, new: u64) {
+    if config.policy.mode != PolicyMode::Adaptive {
+        return;
+    }
+    let moved = inspector(config).and_then(|i| {
+        i.stop_recording(old);
+        i.watch(new)?;
+        // Untainted, `new` would read as unchanged since the adoption: better
+        // unwatched, which takes everything.
+        if let Err(e) = i.taint(new) {
+            let _ = i.unwatch(new);
+            return Err(e.into());
+        }
+        Ok(())
+    });
+    if let Err(e) = moved {
+        tracing::error!(%id, error = %e, "the eBPF inspector cannot follow this container's new cgroup");
+    }
+}
+
 /// Drops the inspector's records of a container being deleted.
 pub fn unwatch(pin_root: &Path, cgroup_id: u64) {
     if let Some(i) = Inspector::open_existing(pin_root) {

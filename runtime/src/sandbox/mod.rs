@@ -42,6 +42,18 @@ pub struct Sandbox {
     config: Config,
 }
 
+/// A replica made a container's processes ([`Sandbox::adopt_standby`],
+/// [`Sandbox::adopt_fork_replica`]).
+#[derive(Debug)]
+pub struct Adoption {
+    /// The adopted init's host pid.
+    pub pid: i32,
+    /// The sandbox as it is after the adoption, in place of the one adopting.
+    pub sandbox: Sandbox,
+    /// What the adoption left, for [`Sandbox::clean_after_adoption`].
+    pub leftovers: Leftovers,
+}
+
 /// A checkpoint taken, and how long it waited for a slot.
 pub type Taken = (Entry, Duration);
 
@@ -200,33 +212,47 @@ impl Sandbox {
     }
 
     /// Makes `standby` the container, whose processes `killed` were sent SIGKILL
-    /// ([`Container::adopt_standby`]); answers the new init's pid and what is
-    /// left to clean ([`Sandbox::clean_after_adoption`]). The state is then a
-    /// checkpoint's, which need not be the latest: the inspector is tainted, as
-    /// after any rollback.
+    /// ([`Container::adopt_standby`]); answers the new init's pid, the sandbox
+    /// as it is now (an adoption may give the container another tracking
+    /// cgroup: the caller keeps this one) and what is left to clean
+    /// ([`Sandbox::clean_after_adoption`]). The state is then a checkpoint's,
+    /// which need not be the latest: the inspector is tainted, as after any
+    /// rollback.
     pub fn adopt_standby(
         &self,
         standby: Standby,
         rootfs: &std::path::Path,
         killed: Vec<i32>,
-    ) -> Result<(i32, Leftovers)> {
+    ) -> Result<Adoption> {
         inspect::taint(&self.container);
-        self.container
-            .adopt_standby(&self.config, standby, rootfs, killed)
+        let adopted = self
+            .container
+            .adopt_standby(&self.config, standby, rootfs, killed)?;
+        Ok(Adoption {
+            pid: adopted.pid,
+            sandbox: Sandbox::new(adopted.container, self.config.clone()),
+            leftovers: adopted.leftovers,
+        })
     }
 
     /// Makes `standby`, a replica for forks of checkpoint of `dumped_id` this
     /// new container is forked from, its processes
-    /// ([`Container::adopt_fork_replica`]); answers the init's pid and what is
-    /// left to clean.
+    /// ([`Container::adopt_fork_replica`]); answers the init's pid, the sandbox
+    /// and what is left to clean.
     pub fn adopt_fork_replica(
         &self,
         standby: Standby,
         rootfs: &std::path::Path,
         dumped_id: &str,
-    ) -> Result<(i32, Leftovers)> {
-        self.container
-            .adopt_fork_replica(&self.config, standby, rootfs, dumped_id)
+    ) -> Result<Adoption> {
+        let adopted =
+            self.container
+                .adopt_fork_replica(&self.config, standby, rootfs, dumped_id)?;
+        Ok(Adoption {
+            pid: adopted.pid,
+            sandbox: Sandbox::new(adopted.container, self.config.clone()),
+            leftovers: adopted.leftovers,
+        })
     }
 
     /// Removes what an adoption left, once the processes it replaced are gone.
