@@ -77,11 +77,16 @@ impl Client {
     /// Creates a container record like `from`, named `id`, with its own snapshot key,
     /// marked pending ([`crate::pending`]) until the caller finishes it.
     pub async fn create_container_like(&self, from: &Container, id: &str) -> Result<Container> {
+        let spec = match &from.spec {
+            Some(any) => Some(spec_with_own_cgroup(any, &from.id, id)?),
+            None => None,
+        };
         let mut c = Container {
             id: id.to_string(),
             snapshot_key: id.to_string(),
             created_at: None,
             updated_at: None,
+            spec,
             ..from.clone()
         };
         crate::pending::mark(&mut c);
@@ -380,6 +385,30 @@ fn runtime_config(runtime: Option<&Runtime>) -> (Option<String>, Option<String>)
     }
 }
 
+/// `spec` (an OCI spec as containerd stores it: JSON in an `Any`) for a copy
+/// `id` of container `from`: where its `linux.cgroupsPath` names `from`'s own
+/// cgroup (`/<namespace>/<from>`, as `ctr` and crabctl make it), the copy's
+/// names its own (`/<namespace>/<id>`), so that whatever restores the copy
+/// later (a rollback, a replica, a restore after a crash, a fork of the copy)
+/// finds the cgroup the copy was given, never its source's. Other paths (a
+/// systemd slice, an orchestrator's) stay as they are.
+fn spec_with_own_cgroup(spec: &prost_types::Any, from: &str, id: &str) -> Result<prost_types::Any> {
+    let mut json: serde_json::Value =
+        serde_json::from_slice(&spec.value).context("parse the source's spec")?;
+    let Some(path) = json
+        .pointer_mut("/linux/cgroupsPath")
+        .and_then(|p| p.as_str().map(str::to_string))
+    else {
+        return Ok(spec.clone());
+    };
+    let own = crab_runtime::checkpoint::own_cgroup_path(std::path::Path::new(&path), from, id);
+    json["linux"]["cgroupsPath"] = serde_json::Value::String(own.to_string_lossy().into_owned());
+    Ok(prost_types::Any {
+        type_url: spec.type_url.clone(),
+        value: serde_json::to_vec(&json).context("write the copy's spec")?,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -394,5 +423,37 @@ mod tests {
             runtime_config(Some(&runtime)),
             (Some("/etc/crab/tenant.toml".into()), None)
         );
+    }
+
+    fn spec(cgroups_path: &str) -> prost_types::Any {
+        let json = serde_json::json!({
+            "ociVersion": "1.1.0",
+            "process": {"args": ["sh"]},
+            "linux": {"cgroupsPath": cgroups_path},
+        });
+        prost_types::Any {
+            type_url: "types.containerd.io/opencontainers/runtime-spec/1/Spec".into(),
+            value: serde_json::to_vec(&json).unwrap(),
+        }
+    }
+
+    fn cgroups_path(any: &prost_types::Any) -> String {
+        let v: serde_json::Value = serde_json::from_slice(&any.value).unwrap();
+        v["linux"]["cgroupsPath"].as_str().unwrap().to_string()
+    }
+
+    #[test]
+    fn a_copys_spec_names_its_own_cgroup_not_its_sources() {
+        let copy = spec_with_own_cgroup(&spec("/crab/web"), "web", "web-fork-1").unwrap();
+        assert_eq!(cgroups_path(&copy), "/crab/web-fork-1");
+        let v: serde_json::Value = serde_json::from_slice(&copy.value).unwrap();
+        assert_eq!(
+            v["process"]["args"][0], "sh",
+            "the rest of the spec is kept"
+        );
+        // A path that is not the source's own (a systemd slice, an
+        // orchestrator's) stays.
+        let slice = spec_with_own_cgroup(&spec("system.slice:docker:web"), "web", "w2").unwrap();
+        assert_eq!(cgroups_path(&slice), "system.slice:docker:web");
     }
 }

@@ -153,6 +153,19 @@ fn forks_adopt_the_replicas_of_their_checkpoint_and_run_as_containers_of_their_o
         again.iter().all(|p| !pids.contains(p)),
         "{again:?} {pids:?}"
     );
+    // A fork's own replicas, and its rollback, are in cgroups named after the
+    // fork, not beside its source's.
+    crabctl_ok(&["checkpoint", &forks[0].id, "--name", "fork-base"]);
+    let out = crabctl_ok(&["rollback", &forks[0].id, "fork-base"]);
+    assert!(out.contains("rolled back"), "{out}");
+    let cgroups = std::fs::read_to_string(format!("/proc/{}/cgroup", forks[0].pid())).unwrap();
+    for line in cgroups.lines().filter(|l| l.contains(":memory:")) {
+        assert!(
+            line.ends_with(&format!("/{}", forks[0].id)),
+            "the fork's rolled back init is in {line}"
+        );
+    }
+    let source_id = g.id.clone();
     // The source goes; its forks, in its shim, run on.
     drop(g);
     for f in &forks {
@@ -168,6 +181,15 @@ fn forks_adopt_the_replicas_of_their_checkpoint_and_run_as_containers_of_their_o
         wait_until(Duration::from_secs(10), || !alive(shim[0])),
         "the shim outlives every container it served"
     );
+    // Nothing of the source's, its forks' or their replicas' cgroups is left.
+    let dir = format!("/sys/fs/cgroup/memory/{}", namespace());
+    let left: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(&source_id) || n.starts_with(&prefix))
+        .collect();
+    assert!(left.is_empty(), "cgroups left in {dir}: {left:?}");
 }
 
 #[test]

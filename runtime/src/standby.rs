@@ -318,6 +318,7 @@ impl Container {
                     usage,
                 }),
                 in_place: false,
+                cgroup_path: Some(own_cgroup.clone()),
             };
             helper::run(make, stdio)
         })();

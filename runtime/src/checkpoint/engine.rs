@@ -456,6 +456,12 @@ impl Container {
         stdio: ChildStdio,
         in_place: bool,
     ) -> Result<i32> {
+        // A rollback's container has its cgroups, recorded when it was made.
+        let own_cgroup = if in_place {
+            Some(self.cgroup_path()?)
+        } else {
+            None
+        };
         let make = |stdio| Restore {
             id: self.state.id.clone(),
             root: self.root.clone(),
@@ -467,6 +473,7 @@ impl Container {
             tracking: self.state.tracking_cgroup.clone(),
             standby: None,
             in_place,
+            cgroup_path: own_cgroup.clone(),
         };
         match helper::run(make, stdio).and_then(|restored| {
             let p = restored.phases;

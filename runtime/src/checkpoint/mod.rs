@@ -37,6 +37,8 @@ pub mod source;
 pub mod stats;
 pub(crate) mod tty;
 
+pub use restore_helper::own_cgroup_path;
+
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 

@@ -65,6 +65,13 @@ pub struct Restore {
     /// update's since) rather than given the spec's resources again.
     #[serde(default)]
     pub in_place: bool,
+    /// The container's own cgroup path, for a container that has one already
+    /// (a rollback in place, a replica of a live container): its libcontainer
+    /// state's, which its spec need not name (a fork's spec is its source's, a
+    /// copy restored by containerd names the checkpointed container). `None`: a
+    /// new container, whose path comes from its spec ([`own_cgroup_path`]).
+    #[serde(default)]
+    pub cgroup_path: Option<PathBuf>,
 }
 
 /// What a [`Restore`] answers.
@@ -106,6 +113,7 @@ fn serve(call: Restore) -> Result<Restored> {
         tracking,
         standby: target,
         in_place,
+        cgroup_path: recorded,
     } = call;
     let standby = target.is_some();
     TrackingCgroup::at(tracking).add(std::process::id() as i32)?;
@@ -114,7 +122,10 @@ fn serve(call: Restore) -> Result<Restored> {
         bundle: bundle.clone(),
         message: e.to_string(),
     })?;
-    youki.cgroup_path = own_cgroup_path(&youki.cgroup_path, &dumped.id, &id);
+    youki.cgroup_path = match recorded {
+        Some(path) => path,
+        None => own_cgroup_path(&youki.cgroup_path, &dumped.id, &id),
+    };
     let cgroup_path = match &target {
         Some(t) => crate::standby::cgroup_path(&youki.cgroup_path, &t.suffix),
         None => youki.cgroup_path.clone(),
