@@ -395,14 +395,14 @@ fn runtime_config(runtime: Option<&Runtime>) -> (Option<String>, Option<String>)
 fn spec_with_own_cgroup(spec: &prost_types::Any, from: &str, id: &str) -> Result<prost_types::Any> {
     let mut json: serde_json::Value =
         serde_json::from_slice(&spec.value).context("parse the source's spec")?;
-    let Some(path) = json
-        .pointer_mut("/linux/cgroupsPath")
-        .and_then(|p| p.as_str().map(str::to_string))
-    else {
+    let Some(slot) = json.pointer_mut("/linux/cgroupsPath") else {
         return Ok(spec.clone());
     };
-    let own = crab_runtime::checkpoint::own_cgroup_path(std::path::Path::new(&path), from, id);
-    json["linux"]["cgroupsPath"] = serde_json::Value::String(own.to_string_lossy().into_owned());
+    let Some(path) = slot.as_str() else {
+        return Ok(spec.clone());
+    };
+    let own = crab_runtime::checkpoint::own_cgroup_path(std::path::Path::new(path), from, id);
+    *slot = serde_json::Value::String(own.to_string_lossy().into_owned());
     Ok(prost_types::Any {
         type_url: spec.type_url.clone(),
         value: serde_json::to_vec(&json).context("write the copy's spec")?,

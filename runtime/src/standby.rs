@@ -404,7 +404,7 @@ impl Container {
         // standby's path, deleted with the leftovers).
         let taken = self.take_over(
             config,
-            &mut leftovers.standby,
+            &leftovers.standby,
             &pids,
             &store.rootfs(&key)?,
             rootfs,
@@ -421,13 +421,7 @@ impl Container {
                 return Err(e);
             }
         };
-        if container.state.cgroup_id != self.state.cgroup_id {
-            leftovers.forget = self
-                .state
-                .bpf_pin_root
-                .clone()
-                .map(|pins| (pins, self.state.cgroup_id));
-        }
+        leftovers.after(self, &container);
         tracing::debug!(id = %self.state.id, exchanged_us,
             adopted_us = started.elapsed().as_micros() as u64, "standby adopted");
         Ok(Adopted {
@@ -446,7 +440,7 @@ impl Container {
     fn take_over(
         &self,
         config: &Config,
-        standby: &mut Standby,
+        standby: &Standby,
         pids: &[i32],
         tree: &Path,
         rootfs: &Path,
@@ -477,15 +471,14 @@ impl Container {
     /// its tracking cgroup. Where the host allows ([`cgroups::rollback_renames`]),
     /// by renames that move no process: the v1 cgroups exchange names with the
     /// replica's, and the replica's tracking cgroup becomes the container's
-    /// ([`Container::with_tracking`]); `standby` then names what the container
-    /// held (its old tracking cgroup and, at its own name, its old v1 cgroups),
-    /// which the leftovers remove.
-    /// Else by moving each process. Answers the container as it is then, and
-    /// whether it renamed.
+    /// ([`Container::with_tracking`]; [`Leftovers::after`] then removes what the
+    /// container held: its old tracking cgroup and, at the replica's name, its
+    /// old v1 cgroups). Else by moving each process. Answers the container as it
+    /// is then, and whether it renamed.
     fn take_cgroups(
         &self,
         config: &Config,
-        standby: &mut Standby,
+        standby: &Standby,
         pids: &[i32],
     ) -> Result<(Container, bool)> {
         if !cgroups::rollback_renames() {
@@ -507,11 +500,6 @@ impl Container {
                 return Err(e);
             }
         };
-        // Its record in the host's budget still names the replica's tracking
-        // cgroup, the container's now: after a crash of this shim, whose
-        // container goes with it, the reconciliation kills what is in it, and
-        // leaves alone the container's old name, which a restore makes again.
-        standby.tracking = self.tracking();
         Ok((container, true))
     }
 }
@@ -544,6 +532,25 @@ pub struct Leftovers {
 }
 
 impl Leftovers {
+    /// Records what the adoption that made `before` into `after` left: when the
+    /// container took the replica's tracking cgroup ([`Container::with_tracking`]),
+    /// its old one is removed in the replica's place, and the inspector's records
+    /// of it dropped. The replica's record in the host's budget still names the
+    /// replica's tracking cgroup, the container's now: after a crash of this
+    /// shim, whose container goes with it, the reconciliation kills what is in
+    /// it, and leaves alone the container's old name, which a restore makes again.
+    fn after(&mut self, before: &Container, after: &Container) {
+        if after.state.cgroup_id == before.state.cgroup_id {
+            return;
+        }
+        self.standby.tracking = before.tracking();
+        self.forget = before
+            .state
+            .bpf_pin_root
+            .clone()
+            .map(|pins| (pins, before.state.cgroup_id));
+    }
+
     /// Waits (bounded) for the killed processes to be gone, then removes the rest.
     pub fn clean(self, config: &Config) -> Result<()> {
         let deadline = Instant::now() + GONE_WITHIN;

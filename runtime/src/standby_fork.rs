@@ -136,16 +136,8 @@ impl Container {
             Ok(v) => v,
             Err(e) => return fail(leftovers, &pids, e),
         };
-        if container.state.cgroup_id != self.state.cgroup_id {
-            // What the fork's Create made is left to remove; what the
-            // inspector recorded of it (nothing) to drop.
-            leftovers.standby.tracking = self.tracking();
-            leftovers.forget = self
-                .state
-                .bpf_pin_root
-                .clone()
-                .map(|pins| (pins, self.state.cgroup_id));
-        }
+        // What the fork's Create made, when it took the replica's.
+        leftovers.after(self, &container);
         for &pid in &pids {
             // A process that ended meanwhile is not an error.
             let _ = kill(Pid::from_raw(pid), Signal::SIGCONT);

@@ -286,10 +286,13 @@ impl TaskService {
         // The state becomes checkpoint `name`'s, which need not be the latest:
         // the facade taints the inspector, so every turn takes everything until
         // the next full checkpoint.
-        let rollback_fs = {
+        // The files' rollback, by the container as `sandbox` holds it (an
+        // adoption may change it).
+        let files_of = |sandbox: &crab_runtime::sandbox::Sandbox| {
             let (sandbox, snapshot) = (sandbox.clone(), snapshot.clone());
             move || sandbox.rollback_files(&snapshot)
         };
+        let rollback_fs = files_of(&sandbox);
         let inside = match caller {
             Some(conn) => {
                 let sandbox = sandbox.clone();
@@ -370,11 +373,7 @@ impl TaskService {
         // An adoption that failed after the replica took the container's
         // cgroups (its stdio) leaves the container as it answered it.
         let sandbox = inst.sandbox.clone();
-        let rollback_fs = {
-            let sandbox = sandbox.clone();
-            let snapshot = snapshot.clone();
-            move || sandbox.rollback_files(&snapshot)
-        };
+        let rollback_fs = files_of(&sandbox);
         match (&adopted, killed) {
             (
                 Some(_),

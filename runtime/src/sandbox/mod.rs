@@ -228,11 +228,7 @@ impl Sandbox {
         let adopted = self
             .container
             .adopt_standby(&self.config, standby, rootfs, killed)?;
-        Ok(Adoption {
-            pid: adopted.pid,
-            sandbox: Sandbox::new(adopted.container, self.config.clone()),
-            leftovers: adopted.leftovers,
-        })
+        Ok(self.adoption(adopted))
     }
 
     /// Makes `standby`, a replica for forks of checkpoint of `dumped_id` this
@@ -248,11 +244,16 @@ impl Sandbox {
         let adopted =
             self.container
                 .adopt_fork_replica(&self.config, standby, rootfs, dumped_id)?;
-        Ok(Adoption {
+        Ok(self.adoption(adopted))
+    }
+
+    /// The container's adoption as the sandbox's: the same configuration.
+    fn adoption(&self, adopted: crate::standby::Adopted) -> Adoption {
+        Adoption {
             pid: adopted.pid,
             sandbox: Sandbox::new(adopted.container, self.config.clone()),
             leftovers: adopted.leftovers,
-        })
+        }
     }
 
     /// Removes what an adoption left, once the processes it replaced are gone.
