@@ -81,18 +81,28 @@ impl Inspector {
 
     /// Stops recording for `cgid` and drops everything recorded for it.
     pub fn unwatch(&self, cgid: u64) -> Result<()> {
-        self.stop_recording(cgid);
+        let _ = self.stop_recording(cgid);
         self.delete_fs(cgid, |_| true);
         self.delete_procs(cgid);
         Ok(())
     }
 
-    /// Stops recording for `cgid` (one map update, where [`Inspector::unwatch`] also
-    /// walks the records): its place in the table is free at once, and what was
-    /// recorded stays until an `unwatch`.
-    pub fn stop_recording(&self, cgid: u64) {
+    /// Stops recording for `cgid` (a lookup and a delete, where
+    /// [`Inspector::unwatch`] also walks the records): its place in the table is
+    /// free at once, and what was recorded stays until an `unwatch`. Answers
+    /// whether anything may have been recorded: a name, a birth or a death
+    /// counted, or no counters to read. A task of the cgroup still running may
+    /// add a record after the answer; only the caller knows there is none.
+    pub fn stop_recording(&self, cgid: u64) -> bool {
+        let recorded = match self.state(cgid) {
+            Ok(Some(st)) => {
+                st.fs_entries != 0 || st.births != 0 || st.deaths != 0 || st.transient != 0
+            }
+            Ok(None) | Err(_) => true,
+        };
         let key = types::cg_key { cgid };
         let _ = self.maps.cgroups.delete(bytes_of(&key));
+        recorded
     }
 
     fn state(&self, cgid: u64) -> Result<Option<types::cg_state>> {

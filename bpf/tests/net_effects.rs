@@ -340,3 +340,26 @@ fn one_container_past_its_task_budget_overflows_alone() {
         .status();
     assert_eq!((q.overflow, q.births), (0, 1), "{q:?}");
 }
+
+/// What an adoption's leftovers rely on to skip the walk of the host's tables:
+/// stopping the watch of a cgroup that recorded nothing says so, and of one
+/// with a recorded name says that records remain, which stay until an unwatch.
+#[test]
+fn stopping_a_watch_tells_whether_anything_was_recorded() {
+    let quiet = Sandbox::new("stop-quiet");
+    quiet.setup("echo a > f");
+    assert!(
+        !quiet.insp.stop_recording(quiet.cgid),
+        "nothing was recorded"
+    );
+    assert!(!quiet.insp.is_watched(quiet.cgid).unwrap());
+    // Not watched any more: nothing is known of it, so records may remain.
+    assert!(quiet.insp.stop_recording(quiet.cgid));
+
+    let busy = Sandbox::new("stop-busy");
+    busy.run("echo b > g");
+    assert!(busy.insp.stop_recording(busy.cgid), "a name was recorded");
+    assert_eq!(busy.paths().len(), 1, "kept until an unwatch");
+    busy.insp.unwatch(busy.cgid).unwrap();
+    assert_eq!(busy.paths(), Vec::new());
+}

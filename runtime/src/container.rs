@@ -226,18 +226,21 @@ impl Container {
     /// follows it ([`crate::inspect::rewatch`]: tainted, the next turn takes
     /// everything). The old directory, and the inspector's records of it, are
     /// the caller's to remove. On an error nothing changed.
-    pub(crate) fn with_tracking(&self, config: &Config, to: &TrackingCgroup) -> Result<Container> {
+    pub(crate) fn with_tracking(&self, config: &Config, to: &TrackingCgroup) -> Result<Retracked> {
         let mut next = self.clone();
         next.state.tracking_cgroup = to.path().to_path_buf();
         next.state.cgroup_id = to.id()?;
         next.save_state()?;
-        crate::inspect::rewatch(
+        let old_records = crate::inspect::rewatch(
             config,
             &next.state.id,
-            self.state.cgroup_id,
+            (&self.tracking(), self.state.cgroup_id),
             next.state.cgroup_id,
         );
-        Ok(next)
+        Ok(Retracked {
+            container: next,
+            old_records,
+        })
     }
 
     /// Where this container's tracking cgroups are named from: on a hybrid host
@@ -610,4 +613,25 @@ fn may_have_changed(e: &Error) -> bool {
             | crate::error::ErrorKind::NotFound
             | crate::error::ErrorKind::FailedPrecondition
     )
+}
+
+/// A container as an adoption left it ([`Container::with_tracking`]).
+#[derive(Debug)]
+pub(crate) struct Retracked {
+    /// The container, with the tracking cgroup it has now.
+    pub container: Container,
+    /// Whether the inspector may still hold records of a tracking cgroup the
+    /// container left, which the adoption's leftovers drop
+    /// ([`crate::standby::Leftovers`]).
+    pub old_records: bool,
+}
+
+impl Retracked {
+    /// `container` kept its tracking cgroup.
+    pub fn kept(container: Container) -> Retracked {
+        Retracked {
+            container,
+            old_records: false,
+        }
+    }
 }

@@ -41,7 +41,7 @@ use oci_spec::runtime::{LinuxNamespaceType, LinuxResources};
 use crate::checkpoint::engine::Dumped;
 use crate::checkpoint::restore_helper::Restore;
 use crate::config::Config;
-use crate::container::Container;
+use crate::container::{Container, Retracked};
 use crate::helper::{self, ChildStdio};
 use crate::tracking::TrackingCgroup;
 use crate::{criu, Error, Result};
@@ -409,7 +409,7 @@ impl Container {
             &store.rootfs(&key)?,
             rootfs,
         );
-        let container = match taken {
+        let retracked = match taken {
             Ok(c) => c,
             Err(e) => {
                 let _ = leftovers.standby.tracking.kill_all();
@@ -421,7 +421,7 @@ impl Container {
                 return Err(e);
             }
         };
-        leftovers.after(self, &container);
+        let container = leftovers.after(self, retracked);
         tracing::debug!(id = %self.state.id, exchanged_us,
             adopted_us = started.elapsed().as_micros() as u64, "standby adopted");
         Ok(Adopted {
@@ -444,7 +444,7 @@ impl Container {
         pids: &[i32],
         tree: &Path,
         rootfs: &Path,
-    ) -> Result<Container> {
+    ) -> Result<Retracked> {
         let t = Instant::now();
         rebind(tree, rootfs)?;
         let rebound_us = t.elapsed().as_micros() as u64;
@@ -456,7 +456,8 @@ impl Container {
         lc.save()
             .map_err(Error::libcontainer("record the adopted init"))?;
         let recorded_us = t.elapsed().as_micros() as u64;
-        let (container, renamed) = self.take_cgroups(config, standby, pids)?;
+        let retracked = self.take_cgroups(config, standby, pids)?;
+        let renamed = retracked.container.state.cgroup_id != self.state.cgroup_id;
         tracing::debug!(id = %self.state.id, rebound_us, recorded_us, renamed,
             moved_us = t.elapsed().as_micros() as u64, "standby taken over");
         crate::storage::fault::shim_point("standby.moved", config.fault_file.as_deref());
@@ -464,7 +465,7 @@ impl Container {
             // A process that ended meanwhile is not an error.
             let _ = kill(Pid::from_raw(pid), Signal::SIGCONT);
         }
-        Ok(container)
+        Ok(retracked)
     }
 
     /// Makes the replica's processes `pids` the container's, in its cgroups and
@@ -474,13 +475,8 @@ impl Container {
     /// ([`Container::with_tracking`]; [`Leftovers::after`] then removes what the
     /// container held: its old tracking cgroup and, at the replica's name, its
     /// old v1 cgroups). Else by moving each process. Answers the container as it
-    /// is then, and whether it renamed.
-    fn take_cgroups(
-        &self,
-        config: &Config,
-        standby: &Standby,
-        pids: &[i32],
-    ) -> Result<(Container, bool)> {
+    /// is then.
+    fn take_cgroups(&self, config: &Config, standby: &Standby, pids: &[i32]) -> Result<Retracked> {
         if !cgroups::rollback_renames() {
             for &pid in pids {
                 self.tracking().add(pid)?;
@@ -489,18 +485,14 @@ impl Container {
                         .map_err(Error::io(format!("move pid {pid} into {}", file.display())))?;
                 }
             }
-            return Ok((self.clone(), false));
+            return Ok(Retracked::kept(self.clone()));
         }
         let own = self.cgroup_path()?;
         cgroups::swap_v1(&standby.cgroup_path, &own)?;
-        let container = match self.with_tracking(config, &standby.tracking) {
-            Ok(c) => c,
-            Err(e) => {
+        self.with_tracking(config, &standby.tracking)
+            .inspect_err(|_| {
                 let _ = cgroups::swap_v1(&standby.cgroup_path, &own);
-                return Err(e);
-            }
-        };
-        Ok((container, true))
+            })
     }
 }
 
@@ -532,23 +524,32 @@ pub struct Leftovers {
 }
 
 impl Leftovers {
-    /// Records what the adoption that made `before` into `after` left: when the
-    /// container took the replica's tracking cgroup ([`Container::with_tracking`]),
-    /// its old one is removed in the replica's place, and the inspector's records
-    /// of it dropped. The replica's record in the host's budget still names the
-    /// replica's tracking cgroup, the container's now: after a crash of this
-    /// shim, whose container goes with it, the reconciliation kills what is in
-    /// it, and leaves alone the container's old name, which a restore makes again.
-    fn after(&mut self, before: &Container, after: &Container) {
-        if after.state.cgroup_id == before.state.cgroup_id {
-            return;
+    /// Records what the adoption that made `before` into `after` left, and
+    /// answers the container as it is now: when the container took the
+    /// replica's tracking cgroup ([`Container::with_tracking`]), its old one is
+    /// removed in the replica's place, and the inspector's records of it
+    /// dropped, if it may hold any (a fork's own, which no task joined, holds
+    /// none: no walk of the host's tables then). The replica's record in the
+    /// host's budget still names the replica's tracking cgroup, the container's
+    /// now: after a crash of this shim, whose container goes with it, the
+    /// reconciliation kills what is in it, and leaves alone the container's old
+    /// name, which a restore makes again.
+    fn after(&mut self, before: &Container, after: Retracked) -> Container {
+        let Retracked {
+            container,
+            old_records,
+        } = after;
+        if container.state.cgroup_id == before.state.cgroup_id {
+            return container;
         }
         self.standby.tracking = before.tracking();
         self.forget = before
             .state
             .bpf_pin_root
             .clone()
+            .filter(|_| old_records)
             .map(|pins| (pins, before.state.cgroup_id));
+        container
     }
 
     /// Waits (bounded) for the killed processes to be gone, then removes the rest.

@@ -27,7 +27,7 @@ use nix::unistd::Pid;
 use super::{hierarchies, rebind, refused, Adopted, Leftovers, Standby, Use};
 use crate::checkpoint::restore_helper::{own_cgroup_path, save_state};
 use crate::config::Config;
-use crate::container::Container;
+use crate::container::{Container, Retracked};
 use crate::{Error, Result};
 
 /// Refuses a replica for forks that could not become a fork's (at its making).
@@ -137,7 +137,7 @@ impl Container {
             Err(e) => return fail(leftovers, &pids, e),
         };
         // What the fork's Create made, when it took the replica's.
-        leftovers.after(self, &container);
+        let container = leftovers.after(self, container);
         for &pid in &pids {
             // A process that ended meanwhile is not an error.
             let _ = kill(Pid::from_raw(pid), Signal::SIGCONT);
@@ -157,7 +157,7 @@ impl Container {
     /// period), else (a cgroup v2-only host, whose tracking cgroup is the fork's
     /// own, [`take_cgroups`] moved them there) by moving them. Answers the
     /// container as it is then.
-    fn take_tracking(&self, config: &Config, standby: &Standby, pids: &[i32]) -> Result<Container> {
+    fn take_tracking(&self, config: &Config, standby: &Standby, pids: &[i32]) -> Result<Retracked> {
         if super::cgroups::rollback_renames() {
             return self.with_tracking(config, &standby.tracking);
         }
@@ -167,7 +167,7 @@ impl Container {
             tracking.add(pid)?;
         }
         self.save_state()?;
-        Ok(self.clone())
+        Ok(Retracked::kept(self.clone()))
     }
 }
 

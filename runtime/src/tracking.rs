@@ -81,6 +81,14 @@ impl TrackingCgroup {
         Ok(text.lines().filter_map(|l| l.trim().parse().ok()).collect())
     }
 
+    /// Whether a process is in it or in a cgroup below it (`cgroup.events`); a
+    /// cgroup that cannot be read counts as populated.
+    pub fn populated(&self) -> bool {
+        std::fs::read_to_string(self.path.join("cgroup.events"))
+            .map(|events| !events.lines().any(|l| l.trim() == "populated 0"))
+            .unwrap_or(true)
+    }
+
     /// Waits until it holds no process, at most `within`; answers whether it is
     /// empty. A killed process ends when it next runs, which on a loaded host
     /// can take milliseconds: whoever reports the processes gone waits here.

@@ -428,3 +428,51 @@ fn a_nested_subvolume_fails_the_snapshot_naming_it_and_rollback_and_destroy_dele
     assert!(!list.contains(k.id()), "left in the pool:\n{list}");
     let _ = std::fs::remove_dir_all(image);
 }
+
+/// A fork's taken tree (a replica's) is owned by the fork's writable layer
+/// through a link recorded before the move: read back, reused by that layer,
+/// found by it, and collected once it is gone. A second take for the same
+/// container is refused before anything is recorded: the tree in place keeps
+/// its owner, and the second tree stays where it was.
+#[test]
+fn a_taken_tree_records_its_owner_first_and_never_replaces_another() {
+    let s = store();
+    let image_dir = temp_dir("take-image");
+    populate_image(&image_dir);
+    let layers = temp_dir("take-snapshots");
+    let (first, second) = (layers.join("7/fs"), layers.join("8/fs"));
+    std::fs::create_dir_all(&first).unwrap();
+    std::fs::create_dir_all(&second).unwrap();
+    let image = ImageSource::from_layers(vec![image_dir]).unwrap();
+    let src = ContainerKey::new("take", &unique("src")).unwrap();
+    let fork = ContainerKey::new("take", &unique("fork")).unwrap();
+    s.prepare(&src, &image).unwrap();
+    s.snapshot(&src, "base").unwrap();
+
+    let tree = s.standby_tree(&src, "base").unwrap();
+    let live = s.take_tree(&fork, &tree, Some(&first)).unwrap();
+    assert!(!tree.exists(), "the replica's tree moved");
+    assert_eq!(s.rootfs(&fork).unwrap(), live);
+    assert_eq!(s.owner(&fork).unwrap().as_deref(), Some(first.as_path()));
+    let mut by_first = image.clone();
+    by_first.owner = Some(first.clone());
+    assert_eq!(
+        s.existing(&fork, &by_first).unwrap(),
+        Some(crab_runtime::storage::work::Existing::Reuse)
+    );
+    assert_eq!(s.owned_by(&first).unwrap(), Some(fork.clone()));
+
+    let other = s.standby_tree(&src, "base").unwrap();
+    let e = s.take_tree(&fork, &other, Some(&second)).unwrap_err();
+    assert!(e.to_string().contains("exists"), "{e}");
+    assert_eq!(s.owner(&fork).unwrap().as_deref(), Some(first.as_path()));
+    assert!(other.exists(), "the refused tree stays for its discard");
+    s.discard_tree(&other).unwrap();
+
+    // The owner gone: the collect of its snapshotter removes the tree.
+    std::fs::remove_dir_all(&first).unwrap();
+    assert_eq!(s.collect(&layers).unwrap(), vec![fork.clone()]);
+    assert!(s.rootfs(&fork).is_err());
+    assert_eq!(s.owner(&fork).unwrap(), None);
+    s.destroy(&src).unwrap();
+}

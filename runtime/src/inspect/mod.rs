@@ -33,6 +33,7 @@ use crate::checkpoint::Kind;
 use crate::config::{Config, PolicyMode};
 use crate::container::{load_spec, Container};
 use crate::control::AgentConn;
+use crate::tracking::TrackingCgroup;
 use crate::{Error, Result};
 use crab_bpf::Inspector;
 use mounts::{MountMap, Place};
@@ -147,19 +148,30 @@ pub fn watch(config: &Config, cgroup_id: u64, id: &str) {
     }
 }
 
-/// Moves the inspector's watch of container `id` from cgroup `old` to `new` (an
-/// adopted replica's tracking cgroup, [`Container::with_tracking`]): `new`
-/// watched and tainted, so that the next turn takes everything; nothing more is
-/// recorded for `old`, whose records the caller drops later, off the rollback's
-/// critical path ([`unwatch`] walks the host's tables: about 1 ms). A failure
-/// is logged: the next classification finds `new` unwatched, takes everything
-/// and watches it.
-pub(crate) fn rewatch(config: &Config, id: &str, old: u64, new: u64) {
+/// Moves the inspector's watch of container `id` from the tracking cgroup `old`
+/// (whose id is `old_id`) to the one whose id is `new` (an adopted replica's
+/// tracking cgroup, [`Container::with_tracking`]): `new` watched and tainted, so
+/// that the next turn takes everything; nothing more is recorded for `old`.
+/// Answers whether `old` may hold records, which the caller drops later, off the
+/// rollback's critical path ([`unwatch`] walks the host's tables: about 1 ms,
+/// more on a busy host). It holds none when it was empty before the watch
+/// stopped (no task of it can be recording) and its counters were zero: a
+/// fork's own tracking cgroup, which no task ever joined. A failure is logged:
+/// the next classification finds `new` unwatched, takes everything and watches
+/// it.
+pub(crate) fn rewatch(
+    config: &Config,
+    id: &str,
+    (old, old_id): (&TrackingCgroup, u64),
+    new: u64,
+) -> bool {
     if config.policy.mode != PolicyMode::Adaptive {
-        return;
+        return false;
     }
+    let was_empty = !old.populated();
+    let mut recorded = true;
     let moved = inspector(config).and_then(|i| {
-        i.stop_recording(old);
+        recorded = i.stop_recording(old_id) || !was_empty;
         i.watch(new)?;
         // Untainted, `new` would read as unchanged since the adoption: better
         // unwatched, which takes everything.
@@ -172,6 +184,7 @@ pub(crate) fn rewatch(config: &Config, id: &str, old: u64, new: u64) {
     if let Err(e) = moved {
         tracing::error!(%id, error = %e, "the eBPF inspector cannot follow this container's new cgroup");
     }
+    recorded
 }
 
 /// Drops the inspector's records of a container being deleted.

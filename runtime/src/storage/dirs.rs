@@ -144,6 +144,27 @@ pub(crate) fn write_durably(path: &Path, data: &[u8]) -> Result<()> {
     Ok(())
 }
 
+/// Records `owner` at `path` as the target of a symbolic link, made beside it
+/// and renamed over it (an earlier record is replaced in one step), with no
+/// sync. For a record that must be durable whenever a later change to the same
+/// file system is: a link's target is metadata, written with the link in the
+/// same transaction (btrfs stores it inline in the link's inode, where a file's
+/// text waits for writeback), and a file system that commits its changes in
+/// order (btrfs's transactions, ext4's journal) never keeps the later change
+/// without it. [`super::work::read_owner`] reads either form.
+pub(crate) fn link_owner(path: &Path, owner: &Path) -> Result<()> {
+    let ctx = || format!("record the owner {} at {}", owner.display(), path.display());
+    let mut staged = path.as_os_str().to_owned();
+    staged.push(".new");
+    let staged = PathBuf::from(staged);
+    match std::fs::remove_file(&staged) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(Error::io(ctx())(e)),
+        _ => {}
+    }
+    std::os::unix::fs::symlink(owner, &staged).map_err(Error::io(ctx()))?;
+    std::fs::rename(&staged, path).map_err(Error::io(ctx()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -303,10 +303,7 @@ pub fn take_tree(
 ) -> Result<()> {
     let store = crate::container::Container::open_store(config)?;
     clear_for_new_tree(config, &*store, key, image)?;
-    let live = store.take_tree(key, tree)?;
-    if let Some(owner) = &image.owner {
-        store.set_owner(key, owner)?;
-    }
+    let live = store.take_tree(key, tree, image.owner.as_deref())?;
     bind_at(&live, target)
 }
 

@@ -207,9 +207,18 @@ pub trait Store: Send + Sync {
     }
 
     /// Makes `tree` (made by [`Store::standby_tree`]) the tree of `key`, which has
-    /// none: a fork takes its replica's tree instead of a clone of the same
-    /// snapshot. Answers the tree's new path.
-    fn take_tree(&self, key: &ContainerKey, _tree: &Path) -> Result<PathBuf> {
+    /// none, owned by containerd's writable layer `owner` (as
+    /// [`Store::set_owner`] records it): a fork takes its replica's tree instead
+    /// of a clone of the same snapshot. The owner is recorded before the tree
+    /// moves, in an order a crash keeps: a tree without its owner could be
+    /// neither reused nor collected, an owner without a tree is ignored. Answers
+    /// the tree's new path.
+    fn take_tree(
+        &self,
+        key: &ContainerKey,
+        _tree: &Path,
+        _owner: Option<&Path>,
+    ) -> Result<PathBuf> {
         Err(no_standby(self.backend(), key))
     }
 

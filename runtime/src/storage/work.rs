@@ -114,11 +114,16 @@ pub fn snapshotter_of(owner: &Path) -> Option<&Path> {
 }
 
 /// The recorded owner file's content as a path, if there is one.
+/// A store records it as the file's text, or as the target of a link
+/// ([`super::dirs::link_owner`]), which is read, never followed.
 pub fn read_owner(file: &Path) -> Option<PathBuf> {
-    std::fs::read_to_string(file)
-        .ok()
-        .filter(|s| !s.is_empty())
-        .map(PathBuf::from)
+    match std::fs::read_link(file) {
+        Ok(target) => Some(target).filter(|t| !t.as_os_str().is_empty()),
+        Err(_) => std::fs::read_to_string(file)
+            .ok()
+            .filter(|s| !s.is_empty())
+            .map(PathBuf::from),
+    }
 }
 
 #[cfg(test)]
@@ -154,6 +159,29 @@ mod tests {
         assert!(owner_alive(&tmp_name("x")));
         assert!(!owner_alive("999999999.0.x"));
         assert!(!owner_alive("garbage"));
+    }
+
+    #[test]
+    fn test_an_owner_is_read_from_a_link_without_following_it_or_from_a_file() {
+        let dir = std::env::temp_dir().join(format!("crab-owner-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("snapshots/3/fs")).unwrap();
+        let owner = dir.join("snapshots/3/fs");
+        let (link, file, empty) = (
+            dir.join("a.owner"),
+            dir.join("b.owner"),
+            dir.join("c.owner"),
+        );
+        crate::storage::dirs::link_owner(&link, &owner).unwrap();
+        // Recorded again: replaced in one step, nothing staged left.
+        crate::storage::dirs::link_owner(&link, &owner).unwrap();
+        std::fs::write(&file, owner.as_os_str().as_encoded_bytes()).unwrap();
+        std::fs::write(&empty, "").unwrap();
+        assert_eq!(read_owner(&link), Some(owner.clone()));
+        assert_eq!(read_owner(&file), Some(owner.clone()));
+        assert_eq!(read_owner(&empty), None);
+        assert_eq!(read_owner(&dir.join("none.owner")), None);
+        assert!(!dir.join("a.owner.new").exists());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
