@@ -39,6 +39,9 @@
 #                            iptables off: a second dockerd on the host then neither
 #                            shares docker0 nor rewrites the first one's rules
 #   CRAB_DOCKER_BRIDGE_CIDR the bridge's address, e.g. 10.88.228.1/24
+#   CRAB_DOCKER_USERNS_REMAP  dockerd's `userns-remap` (e.g. `default`: its dockremap
+#                            user, made in the root with 65536 subordinate ids; Docker
+#                            keeps that mapping's images below <data root>/<uid>.<gid>)
 set -euo pipefail
 
 ROOTFS="${CRAB_DOCKER_ROOTFS:-/var/lib/crab/docker-root}"
@@ -57,6 +60,7 @@ MIRROR="${CRAB_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 SUITE="${CRAB_DOCKER_SUITE:-trixie}"
 BRIDGE="${CRAB_DOCKER_BRIDGE:-}"
 BRIDGE_CIDR="${CRAB_DOCKER_BRIDGE_CIDR:-}"
+USERNS_REMAP="${CRAB_DOCKER_USERNS_REMAP:-}"
 # docker-py from Debian, inside the root: no PyPI needed.
 # shellcheck disable=SC2206 # a list of package names
 PACKAGES=(docker.io docker-cli procps python3-docker ${CRAB_DOCKER_EXTRA_PACKAGES:-})
@@ -232,18 +236,19 @@ make_bridge() {
 }
 
 write_daemon_json() {
-    local snap=false opts='{}' net='{}'
+    local snap=false opts='{}' net='{}' remap='{}'
     [ "${CRAB_DOCKER_SNAPSHOTTER:-0}" = 1 ] && snap=true
+    [ -n "$USERNS_REMAP" ] && remap=$(jq -n --arg u "$USERNS_REMAP" '{"userns-remap": $u}')
     [ -n "${CRAB_CONFIG:-}" ] && opts=$(jq -n --arg p "$CRAB_CONFIG" '{ConfigPath: $p}')
     [ -n "$BRIDGE" ] && net=$(jq -n --arg b "$BRIDGE" '{bridge: $b, iptables: false, ip6tables: false}')
     # group root: the root's "docker" group id is some other group on the host.
     # experimental: `docker checkpoint` and `docker start --checkpoint` need it.
-    jq -n --argjson snap "$snap" --argjson opts "$opts" --argjson net "$net" '{
+    jq -n --argjson snap "$snap" --argjson opts "$opts" --argjson net "$net" --argjson remap "$remap" '{
         runtimes: {crab: {runtimeType: "io.containerd.crab.v2", options: $opts}},
         group: "root",
         experimental: true,
         features: {"containerd-snapshotter": $snap}
-      } + (if $snap then {} else {"storage-driver": "overlay2"} end) + $net' >"$DAEMON_JSON.tmp"
+      } + (if $snap then {} else {"storage-driver": "overlay2"} end) + $net + $remap' >"$DAEMON_JSON.tmp"
     mv "$DAEMON_JSON.tmp" "$DAEMON_JSON"
 }
 

@@ -45,7 +45,10 @@ pub fn probe(config: &Config, namespace: &str, id: &str) -> Shim {
 }
 
 fn probe_socket(path: &Path) -> Shim {
-    match std::os::unix::net::UnixStream::connect(path) {
+    let Ok(address) = crab_runtime::socket_path::SocketPath::new(path) else {
+        return Shim::Unknown;
+    };
+    match std::os::unix::net::UnixStream::connect(address.as_path()) {
         // Closed unanswered: the shim reads one request per connection.
         Ok(_) => Shim::Alive,
         Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => Shim::Dead,

@@ -268,9 +268,18 @@ fn run() -> Result<()> {
             Ok(())
         }
         Command::Inspect { id } => inspect::run(&config, &cli.namespace, &id),
-        Command::Door { id } => {
-            inspect::door(&config, &cli.namespace, &id).map(|p| println!("{}", p.display()))
-        }
+        Command::Door { id } => inspect::door(&config, &cli.namespace, &id).map(|p| {
+            if p.as_os_str().len() > crab_runtime::socket_path::MAX_SOCKET_PATH {
+                eprintln!(
+                    "warning: this path is longer than a unix socket address holds \
+                         ({} bytes): connect through its directory \
+                         (/proc/self/fd/<dir fd>/{}), or set a shorter state_dir",
+                    crab_runtime::socket_path::MAX_SOCKET_PATH,
+                    p.file_name().unwrap_or_default().to_string_lossy()
+                );
+            }
+            println!("{}", p.display())
+        }),
         Command::Inspector(cmd) => inspect::inspector(&config, cmd),
         Command::Fs(cmd) => fs::run(&config, &cli.namespace, cmd),
         Command::Checkpoint {

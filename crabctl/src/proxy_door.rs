@@ -27,7 +27,8 @@ impl HostDoor {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(e).with_context(|| format!("remove {}", path.display())),
         }
-        let listener = tokio::net::UnixListener::bind(&path)
+        let address = crab_runtime::socket_path::SocketPath::new(&path)?;
+        let listener = tokio::net::UnixListener::bind(address.as_path())
             .with_context(|| format!("bind {}", path.display()))?;
         let group = config.control_gid()?;
         let mode = if group.is_some() { 0o660 } else { 0o600 };

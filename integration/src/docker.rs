@@ -33,8 +33,8 @@ pub fn docker_rootfs() -> String {
 }
 
 /// A command run inside the trixie root, bounded by `timeout`, with a clean environment
-/// that has `DOCKER_HOST`.
-fn in_root(timeout: Duration, args: &[&str]) -> Command {
+/// whose `DOCKER_HOST` is `host`.
+fn in_root(host: &str, timeout: Duration, args: &[&str]) -> Command {
     let root = docker_rootfs();
     assert!(
         std::path::Path::new(&root).join("usr/bin/docker").exists(),
@@ -45,7 +45,7 @@ fn in_root(timeout: Duration, args: &[&str]) -> Command {
         .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
         .env("LANG", "C.UTF-8")
         .env("HOME", "/root")
-        .env("DOCKER_HOST", docker_host())
+        .env("DOCKER_HOST", host)
         .arg("--kill-after=5")
         .arg(timeout.as_secs().to_string())
         .arg("chroot")
@@ -72,9 +72,14 @@ fn finish(mut cmd: Command, stdin: Option<&[u8]>) -> Output {
 
 /// `docker ARGS` (the CLI of the trixie root) with `stdin`, bounded by `timeout`.
 pub fn docker_run(args: &[&str], stdin: Option<&[u8]>, timeout: Duration) -> Output {
+    docker_run_at(&docker_host(), args, stdin, timeout)
+}
+
+/// `docker ARGS` against the dockerd at `host` (another than the suite's).
+pub fn docker_run_at(host: &str, args: &[&str], stdin: Option<&[u8]>, timeout: Duration) -> Output {
     let mut all = vec!["docker"];
     all.extend_from_slice(args);
-    finish(in_root(timeout, &all), stdin)
+    finish(in_root(host, timeout, &all), stdin)
 }
 
 /// `docker ARGS`, which must succeed; returns stdout.
@@ -99,7 +104,10 @@ pub fn docker_inspect(name: &str, format: &str) -> String {
 /// A python script run by the root's python3 with docker-py importable, bounded by
 /// `timeout`; `docker.from_env()` reaches dockerd through `DOCKER_HOST`.
 pub fn docker_py(script: &str, timeout: Duration) -> Output {
-    finish(in_root(timeout, &["python3", "-c", script]), None)
+    finish(
+        in_root(&docker_host(), timeout, &["python3", "-c", script]),
+        None,
+    )
 }
 
 /// `ctr` in dockerd's containerd namespace: what containerd (and so the shim) got.

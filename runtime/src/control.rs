@@ -8,7 +8,7 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -265,7 +265,18 @@ pub fn proxy_socket_path(config: &Config, namespace: &str, id: &str) -> PathBuf 
 pub fn call(config: &Config, request: &Request, timeout: Duration) -> Result<Response> {
     let (namespace, id) = request.target();
     let path = socket_path(config, namespace, id);
-    let mut conn = UnixStream::connect(&path).map_err(|e| {
+    let address = match crate::socket_path::SocketPath::new(&path) {
+        Ok(a) => a,
+        // No directory: no shim made it.
+        Err(_) if !path.parent().is_some_and(Path::exists) => {
+            return Err(Error::NotFound(format!(
+                "{namespace}/{id} (no running task with a control socket at {})",
+                path.display()
+            )))
+        }
+        Err(e) => return Err(e),
+    };
+    let mut conn = UnixStream::connect(address.as_path()).map_err(|e| {
         if matches!(
             e.kind(),
             std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused

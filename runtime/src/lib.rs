@@ -51,6 +51,7 @@ pub mod netns;
 pub mod oom;
 pub mod peer;
 pub mod sandbox;
+pub mod socket_path;
 pub mod standby;
 pub mod storage;
 pub(crate) mod tracking;

@@ -346,7 +346,7 @@ impl TaskService {
                 terminal: req.terminal,
             },
         );
-        let control = self.serve_control(&config, &req.id).ok();
+        let control = self.serve_control(&config, &req.id);
         // The tree holds the checkpoint's files; Create has not answered yet.
         fault::shim_point("restore.prepared", config.fault_file.as_deref());
         Ok(Instance {

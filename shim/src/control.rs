@@ -39,11 +39,22 @@ fn peer_allowed(conn: &tokio::net::UnixStream, group: Option<u32>) -> Result<(),
 }
 
 impl TaskService {
-    /// Binds the container's control socket and serves it until the task is deleted.
-    pub(crate) fn serve_control(&self, config: &Config, id: &str) -> ShimResult<JoinHandle<()>> {
+    /// Binds the container's control socket and serves it until the task is
+    /// deleted. A container without one still runs, but `crabctl` cannot reach
+    /// it: logged.
+    pub(crate) fn serve_control(&self, config: &Config, id: &str) -> Option<JoinHandle<()>> {
+        self.bind_control(config, id)
+            .inspect_err(|e| {
+                tracing::error!(%id, error = %e, "no control socket: crabctl cannot reach this container")
+            })
+            .ok()
+    }
+
+    fn bind_control(&self, config: &Config, id: &str) -> ShimResult<JoinHandle<()>> {
         let path = control::socket_path(config, &self.namespace, id);
         let _ = std::fs::remove_file(&path);
-        let listener = UnixListener::bind(&path)
+        let address = crab_runtime::socket_path::SocketPath::new(&path)?;
+        let listener = UnixListener::bind(address.as_path())
             .map_err(|e| ShimError::Other(format!("bind {}: {e}", path.display())))?;
         let group = config.control_gid()?;
         if let Some(gid) = group {

@@ -197,7 +197,7 @@ impl TaskService {
         init.io = Some(io);
         let oom = oom::watch(sandbox.container(), self.events.clone());
         rootfs::collect(&config, &req.rootfs);
-        let control = self.serve_control(&config, &req.id).ok();
+        let control = self.serve_control(&config, &req.id);
         let _held = creating.fill(Instance {
             sandbox,
             bundle,

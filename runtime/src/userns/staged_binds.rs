@@ -104,6 +104,22 @@ impl Staged {
                     mount_idmap::copy_of(&source, r.how, Some(&carriers[at].2))?
                 }
                 None => {
+                    if let Some((parent, name)) = file_in_a_propagating_mount(&source) {
+                        let how = Recursion {
+                            tree: false,
+                            idmap: false,
+                        };
+                        let tree = mount_idmap::copy_of(&parent, how, None)?;
+                        let point = dir.join(format!("m{i}-{me}"));
+                        detach_all(&point)?;
+                        make_point(&point, &parent)?;
+                        staged.points.push(point.clone());
+                        mount_idmap::attach(&tree, &point)?;
+                        if let Some(all) = staged.spec.mounts_mut() {
+                            all[i].set_source(Some(point.join(name)));
+                        }
+                        continue;
+                    }
                     let how = Recursion {
                         tree: has_option(m, "rbind"),
                         idmap: false,
@@ -271,6 +287,61 @@ fn remove_one(path: &Path) -> Result<()> {
     r.map_err(Error::io(format!("remove {}", path.display())))
 }
 
+/// The directory and name of `source` when it is a file in a mount that
+/// propagates (shared, or a slave: Docker's `resolv.conf`, `hostname` and
+/// `hosts` below its data root). Such a file is staged as a copy of its
+/// directory, not of itself: a bind of it in the container is then a slave of
+/// the same peer group, and a restore's CRIU, which copies that sharing from
+/// the mount its source path resolves to, needs that mount's root to hold the
+/// roots of all the group's binds (`MOVE_MOUNT_SET_GROUP`). A copy of each file
+/// holds only itself, and the second of Docker's three files failed with
+/// EINVAL. The sandbox's root sees no more for it: the copy is attached only
+/// while libcontainer or CRIU binds from it, before any process of the sandbox
+/// runs.
+/// The source's links are resolved first, as the copy of the file itself
+/// resolved them: the name bound from the copy of the directory is the file.
+fn file_in_a_propagating_mount(source: &Path) -> Option<(PathBuf, std::ffi::OsString)> {
+    let file = std::fs::canonicalize(source).ok()?;
+    let meta = std::fs::metadata(&file).ok()?;
+    if meta.is_dir() || !propagates(&file) {
+        return None;
+    }
+    Some((file.parent()?.to_path_buf(), file.file_name()?.to_owned()))
+}
+
+/// Whether the mount holding `path` is shared or a slave (its mountinfo line
+/// has `shared:N` or `master:N`).
+fn propagates(path: &Path) -> bool {
+    let Some(id) = mount_id(path) else {
+        return false;
+    };
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    info.lines().any(|l| {
+        let mut fields = l.split(' ');
+        fields.next() == Some(id.to_string().as_str())
+            && l.split(" - ").next().is_some_and(|head| {
+                head.split(' ')
+                    .skip(6)
+                    .any(|f| f.starts_with("shared:") || f.starts_with("master:"))
+            })
+    })
+}
+
+/// The id of the mount holding `path` (statx's `STATX_MNT_ID`).
+fn mount_id(path: &Path) -> Option<u64> {
+    let c =
+        std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(path.as_os_str())).ok()?;
+    // SAFETY: statx writes one `struct statx` into the zeroed local and reads the
+    // NUL-terminated path for the call.
+    unsafe {
+        let mut st: libc::statx = std::mem::zeroed();
+        let r = libc::statx(libc::AT_FDCWD, c.as_ptr(), 0, libc::STATX_MNT_ID, &mut st);
+        (r == 0 && st.stx_mask & libc::STATX_MNT_ID != 0).then_some(st.stx_mnt_id)
+    }
+}
+
 /// A staging point shaped as its source: a directory, or an empty file.
 fn make_point(target: &Path, source: &Path) -> Result<()> {
     let is_dir = std::fs::metadata(source)
@@ -321,5 +392,55 @@ fn is_mount_root(path: &Path) -> bool {
         r == 0
             && st.stx_attributes_mask & libc::STATX_ATTR_MOUNT_ROOT as u64 != 0
             && st.stx_attributes & libc::STATX_ATTR_MOUNT_ROOT as u64 != 0
+    }
+}
+
+#[cfg(all(test, feature = "host-tests"))]
+mod tests {
+    use super::*;
+    use std::process::Command;
+
+    fn sh(script: &str) {
+        let ok = Command::new("sh")
+            .arg("-c")
+            .arg(script)
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "{script}");
+    }
+
+    // Needs root (it mounts).
+    #[test]
+    fn a_file_in_a_shared_mount_is_staged_as_its_directory_and_a_link_to_it_as_the_file() {
+        let base = std::env::temp_dir().join(format!("crab-stage-{}", std::process::id()));
+        let (shared, private) = (base.join("shared"), base.join("private"));
+        std::fs::create_dir_all(&shared).unwrap();
+        std::fs::create_dir_all(&private).unwrap();
+        sh(&format!(
+            "mount -t tmpfs t {s} && mount --make-shared {s} && mount -t tmpfs t {p} && \
+             mount --make-private {p} && echo h > {s}/hosts && echo r > {p}/resolv.conf && \
+             mkdir {s}/dir && ln -s {s}/hosts {p}/link",
+            s = shared.display(),
+            p = private.display()
+        ));
+        let got = file_in_a_propagating_mount(&shared.join("hosts"));
+        let via_link = file_in_a_propagating_mount(&private.join("link"));
+        let in_private = file_in_a_propagating_mount(&private.join("resolv.conf"));
+        let a_dir = file_in_a_propagating_mount(&shared.join("dir"));
+        sh(&format!(
+            "umount {} {}",
+            shared.display(),
+            private.display()
+        ));
+        std::fs::remove_dir_all(&base).unwrap();
+        let expected = Some((shared.clone(), std::ffi::OsString::from("hosts")));
+        assert_eq!(got, expected);
+        assert_eq!(via_link, expected, "the link resolved to the file it names");
+        assert_eq!(
+            in_private, None,
+            "a private mount has no sharing to restore"
+        );
+        assert_eq!(a_dir, None, "a directory is staged as itself");
     }
 }
