@@ -80,7 +80,7 @@ pub fn stats(config: &Config, namespace: &str, id: &str, json: bool) -> Result<(
             "  standby: checkpoint seq {}, init pid {}, {} bytes of memory, made in {} ms",
             sb.seq, sb.pid, sb.memory_bytes, sb.made_ms
         );
-        if crab_runtime::standby::rollback_moves_processes()
+        if !crab_runtime::standby::rollback_renames()
             && !crab_runtime::cgroup2::favors_dynamic_moves()
         {
             println!(

@@ -276,12 +276,13 @@ impl Container {
         }
         // libcontainer checks that the init's /proc entry exists, then reads its
         // stat: an init reaped in between fails the load (seen right after a
-        // rollback's kill). A new read finds it gone, and says so.
+        // rollback's kill). A new read finds it gone, and says so. Any other
+        // failure is not retried.
         let mut tries = 0;
         loop {
             match LcContainer::load(dir.clone()) {
                 Ok(c) => return Ok(c),
-                Err(_) if tries < 3 => tries += 1,
+                Err(_) if tries < 3 && !recorded_init_alive(&dir) => tries += 1,
                 Err(e) => return Err(Error::libcontainer("load state")(e)),
             }
         }
@@ -613,6 +614,19 @@ fn may_have_changed(e: &Error) -> bool {
             | crate::error::ErrorKind::NotFound
             | crate::error::ErrorKind::FailedPrecondition
     )
+}
+
+/// Whether the init libcontainer's state in `dir` records still has a /proc
+/// entry (an unreadable state counts as alive: nothing to wait out).
+fn recorded_init_alive(dir: &Path) -> bool {
+    let pid = std::fs::read(dir.join("state.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .and_then(|v| v.get("pid")?.as_i64());
+    match pid {
+        Some(pid) => Path::new(&format!("/proc/{pid}")).exists(),
+        None => true,
+    }
 }
 
 /// A container as an adoption left it ([`Container::with_tracking`]).

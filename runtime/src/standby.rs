@@ -53,14 +53,7 @@ use crate::{criu, Error, Result};
 /// container's cgroup is ever named so.
 pub const CGROUP_SUFFIX: &str = "@standby";
 
-/// Whether adopting a replica for a rollback moves its processes between
-/// cgroups on this host (a cgroup v2-only host), each adoption then waiting for
-/// a kernel grace period unless cgroup2 is mounted `favordynmods`
-/// ([`crate::cgroup2::favors_dynamic_moves`]); elsewhere renames take the
-/// container's cgroups ([`cgroups::rollback_renames`]).
-pub fn rollback_moves_processes() -> bool {
-    !cgroups::rollback_renames()
-}
+pub use cgroups::rollback_renames;
 
 /// Standbys made by this process so far (for their names).
 static MADE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);

@@ -18,8 +18,10 @@ use crate::{Error, Result};
 /// hierarchies and a tracking cgroup of Crab's) rather than by moving its
 /// processes (a cgroup v2-only host, whose container cgroup is its
 /// orchestrator's and cannot be renamed). Decided alike when a replica is
-/// made (its cgroup view) and when it is adopted.
-pub(crate) fn rollback_renames() -> bool {
+/// made (its cgroup view) and when it is adopted. Where it moves them, each
+/// adoption waits for a kernel grace period unless cgroup2 is mounted
+/// `favordynmods` ([`crate::cgroup2::favors_dynamic_moves`]).
+pub fn rollback_renames() -> bool {
     !crate::cgroup2::unified()
 }
 

@@ -318,12 +318,12 @@ impl TaskService {
 }
 
 /// Says once per shim, at its first replica, that adoptions here will wait for a
-/// grace period of the kernel's ([`crab_runtime::standby::rollback_moves_processes`]):
+/// grace period of the kernel's ([`crab_runtime::standby::rollback_renames`]):
 /// most of a rollback's time on such a host, and a setting of the host's, not ours.
 fn warn_slow_moves() {
     static SAID: std::sync::Once = std::sync::Once::new();
     SAID.call_once(|| {
-        if crab_runtime::standby::rollback_moves_processes()
+        if !crab_runtime::standby::rollback_renames()
             && !crab_runtime::cgroup2::favors_dynamic_moves()
         {
             tracing::warn!(

@@ -282,7 +282,7 @@ fn main() {
         } else {
             "without"
         },
-        if crab_runtime::standby::rollback_moves_processes() {
+        if !crab_runtime::standby::rollback_renames() {
             "move the replica's processes"
         } else {
             "rename the replica's cgroups"
