@@ -88,7 +88,15 @@ impl Staged {
         for i in staged_indexes {
             let m = &mounts[i];
             let source = m.source().clone().unwrap_or_default();
-            let tree = match idmapped.iter().find(|r| r.index == i) {
+            // What is copied (the source, or the directory of a file whose
+            // mount propagates), and the name bound from the copy.
+            let request = idmapped.iter().find(|r| r.index == i);
+            let (copied, name) =
+                match request.map_or_else(|| file_in_a_propagating_mount(&source), |_| None) {
+                    Some((parent, name)) => (parent, Some(name)),
+                    None => (source.clone(), None),
+                };
+            let tree = match request {
                 Some(r) => {
                     let at = match carriers
                         .iter()
@@ -104,36 +112,23 @@ impl Staged {
                     mount_idmap::copy_of(&source, r.how, Some(&carriers[at].2))?
                 }
                 None => {
-                    if let Some((parent, name)) = file_in_a_propagating_mount(&source) {
-                        let how = Recursion {
-                            tree: false,
-                            idmap: false,
-                        };
-                        let tree = mount_idmap::copy_of(&parent, how, None)?;
-                        let point = dir.join(format!("m{i}-{me}"));
-                        detach_all(&point)?;
-                        make_point(&point, &parent)?;
-                        staged.points.push(point.clone());
-                        mount_idmap::attach(&tree, &point)?;
-                        if let Some(all) = staged.spec.mounts_mut() {
-                            all[i].set_source(Some(point.join(name)));
-                        }
-                        continue;
-                    }
                     let how = Recursion {
-                        tree: has_option(m, "rbind"),
+                        tree: name.is_none() && has_option(m, "rbind"),
                         idmap: false,
                     };
-                    mount_idmap::copy_of(&source, how, None)?
+                    mount_idmap::copy_of(&copied, how, None)?
                 }
             };
             let point = dir.join(format!("m{i}-{me}"));
             detach_all(&point)?;
-            make_point(&point, &source)?;
+            make_point(&point, &copied)?;
             staged.points.push(point.clone());
             mount_idmap::attach(&tree, &point)?;
             if let Some(all) = staged.spec.mounts_mut() {
-                all[i].set_source(Some(point));
+                all[i].set_source(Some(match &name {
+                    Some(name) => point.join(name),
+                    None => point,
+                }));
                 idmapped_mounts::strip(&mut all[i]);
             }
         }
