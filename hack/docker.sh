@@ -353,8 +353,30 @@ stop() {
     rm -f "$PIDFILE"
     # The mounts inside the root (the data root and the state dir stay bound on
     # themselves on the host, shared: harmless, and re-used by the next start).
-    [ -d "$ROOTFS" ] && unmount_root
+    # Another dockerd running from the same root (a second instance, with its own
+    # data root and state) keeps the root's mounts: only this one's binds go.
+    [ -d "$ROOTFS" ] || return 0
+    if other_dockerd_in_root; then
+        local dir
+        for dir in "$DATA_DIR" "$STATE_DIR"; do
+            is_mounted "$ROOTFS$dir" && mount --make-rslave "$ROOTFS$dir"
+            unmount_below "$ROOTFS$dir"
+        done
+    else
+        unmount_root
+    fi
     return 0
+}
+
+# Whether a dockerd other than this instance's runs chrooted in the root.
+other_dockerd_in_root() {
+    local d root
+    root=$(realpath "$ROOTFS")
+    for d in /proc/[0-9]*; do
+        [ "$(cat "$d/comm" 2>/dev/null)" = dockerd ] || continue
+        [ "$(readlink "$d/root" 2>/dev/null)" = "$root" ] && return 0
+    done
+    return 1
 }
 
 status() {
