@@ -127,10 +127,16 @@ pub fn ctr_moby(args: &[&str]) -> Output {
 
 /// `crabctl -n moby ARGS` (Crab's operations on a Docker container).
 pub fn crabctl_moby_out(args: &[&str]) -> std::process::Output {
+    crabctl_in(MOBY, args)
+}
+
+/// `crabctl -n NAMESPACE ARGS` against the suite's containerd (a dockerd with
+/// `userns-remap` keeps its containers in `moby-<uid>.<gid>`).
+pub fn crabctl_in(namespace: &str, args: &[&str]) -> std::process::Output {
     Command::new("crabctl")
         .arg("-a")
         .arg(address())
-        .args(["-n", MOBY])
+        .args(["-n", namespace])
         .args(args)
         .stdin(Stdio::null())
         .output()

@@ -293,19 +293,6 @@ print(json.dumps({{"runtime": r["HostConfig"]["Runtime"], "status": c.status,
 // Issue 16's Docker items that do not work yet: each test says what a user sees once it
 // is fixed; un-ignore it with the fix (docs/docker.md has the reproductions).
 
-/// `crabctl -n moby ARGS` against the test containerd.
-fn crabctl_moby(args: &[&str]) -> std::process::Output {
-    std::process::Command::new("crabctl")
-        .arg("-a")
-        .arg(address())
-        .arg("-n")
-        .arg(MOBY)
-        .args(args)
-        .stdin(std::process::Stdio::null())
-        .output()
-        .expect("crabctl")
-}
-
 /// The checkpoint store of the test configuration.
 fn checkpoint_store() -> std::path::PathBuf {
     let path = std::env::var("CRAB_CONFIG").unwrap_or_else(|_| "/etc/crab/config.toml".into());
@@ -328,7 +315,7 @@ fn checkpoint_store() -> std::path::PathBuf {
 
 /// Whether Crab's store still has a tree for Docker container `id`.
 fn has_tree(id: &str) -> bool {
-    crabctl_moby(&["fs", "du", id]).status.success()
+    crabctl_moby_out(&["fs", "du", id]).status.success()
 }
 
 /// Removes the Docker container `c` and waits until Crab's tree for it and its
@@ -362,14 +349,14 @@ fn crabctl_checkpoint_and_rollback_work_on_a_docker_container() {
         .success());
     let ip = docker_inspect(&c.name, "{{.NetworkSettings.IPAddress}}");
     assert!(!ip.is_empty(), "no address on the default bridge");
-    let out = crabctl_moby(&["checkpoint", &id, "--name", "before"]);
+    let out = crabctl_moby_out(&["checkpoint", &id, "--name", "before"]);
     let (o, e) = text(&out);
     assert!(out.status.success(), "crabctl checkpoint: {o}{e}");
     assert!(c
         .exec(&["sh", "-c", "echo after > /state"])
         .status
         .success());
-    let out = crabctl_moby(&["rollback", &id, "before"]);
+    let out = crabctl_moby_out(&["rollback", &id, "before"]);
     let (o, e) = text(&out);
     assert!(out.status.success(), "crabctl rollback: {o}{e}");
     let (o, _) = text(&c.exec(&["cat", "/state"]));
@@ -391,7 +378,7 @@ fn crabctl_turns_on_a_docker_container_see_its_file_writes() {
     let c = DockerGuard::run(&[], DOCKER_BUSYBOX, &["sleep", "1000"]);
     let id = c.id();
     let turn = || {
-        let out = crabctl_moby(&["turn", &id]);
+        let out = crabctl_moby_out(&["turn", &id]);
         let (o, e) = text(&out);
         assert!(out.status.success(), "crabctl turn: {o}{e}");
         o
@@ -580,7 +567,7 @@ fn a_docker_containers_archive_imports_with_its_binds_allowed_and_dockers_hook_d
     let archive = dir.path().join("docker.tar");
     let path = archive.display().to_string();
     let at = docker_number(&c, "/tmp/count");
-    let out = crabctl_moby(&["export", &id, "-o", &path]);
+    let out = crabctl_moby_out(&["export", &id, "-o", &path]);
     let (o, e) = text(&out);
     assert!(out.status.success(), "crabctl export: {o}{e}");
 

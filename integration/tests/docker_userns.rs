@@ -12,8 +12,8 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use crab_integration::docker::{docker_run_at, DOCKER_BUSYBOX, DOCKER_RUNTIME};
-use crab_integration::{address, text, unique_id, wait_until};
+use crab_integration::docker::{crabctl_in, docker_run_at, DOCKER_BUSYBOX, DOCKER_RUNTIME};
+use crab_integration::{text, unique_id, wait_until};
 
 const STATE: &str = "/run/crab/docker-userns";
 
@@ -80,14 +80,7 @@ fn first_subordinate(file: &str) -> u32 {
 }
 
 fn crabctl(ns: &str, args: &[&str]) -> String {
-    let out = Command::new("crabctl")
-        .arg("-a")
-        .arg(address())
-        .args(["-n", ns])
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("crabctl");
+    let out = crabctl_in(ns, args);
     let (o, e) = text(&out);
     assert!(out.status.success(), "crabctl {args:?}: {o}{e}");
     o
