@@ -76,8 +76,9 @@ pub enum FsCommand {
     Quota { id: String },
     /// Repair what interrupted operations left behind.
     Reconcile,
-    /// Remove the trees of containers containerd has removed, among those of one
-    /// containerd's snapshotter (another containerd on the host keeps its own).
+    /// Remove the trees of containers containerd has removed, then the image copies
+    /// of layers it removed, among those of one containerd's snapshotter (another
+    /// containerd on the host keeps its own).
     Gc {
         /// That snapshotter's snapshots directory, e.g.
         /// /var/lib/containerd/io.containerd.snapshotter.v1.overlayfs/snapshots
@@ -281,11 +282,14 @@ pub fn run(config: &Config, namespace: &str, args: FsArgs) -> Result<()> {
                 let collect = storage::in_helper::Collect {
                     scope: snapshots.clone(),
                 };
-                for k in collect
+                let gone = collect
                     .serve(config, store.as_ref())
-                    .with_context(|| format!("gc {b:?}"))?
-                {
+                    .with_context(|| format!("gc {b:?}"))?;
+                for k in gone.containers {
                     println!("removed {k}");
+                }
+                for k in gone.images {
+                    println!("removed image copy {k}");
                 }
             }
         }

@@ -116,3 +116,126 @@ fn a_create_collects_gone_owners_of_its_own_containerd_but_not_of_another() {
     assert!(out.contains(&theirs.id), "{out}");
     assert!(!tree(&theirs.id).exists());
 }
+
+/// The pool's image copies (`<pool>/images/<key>`; records are `<key>.layers`).
+fn image_copies() -> Vec<String> {
+    std::fs::read_dir(Path::new(POOL).join("images"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| !n.starts_with('.') && !n.ends_with(".layers"))
+        .collect()
+}
+
+/// A one-layer image of its own (the host's busybox and a file naming it), as an
+/// OCI archive made by `hack/oci-image.py`: no other image shares its layer.
+fn own_image(name: &str, dir: &Path) -> PathBuf {
+    let rootfs = dir.join("rootfs");
+    std::fs::create_dir_all(rootfs.join("bin")).unwrap();
+    let busybox = String::from_utf8(
+        std::process::Command::new("sh")
+            .args(["-c", "command -v busybox"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    std::fs::copy(busybox.trim(), rootfs.join("bin/busybox")).unwrap();
+    std::os::unix::fs::symlink("busybox", rootfs.join("bin/sh")).unwrap();
+    std::os::unix::fs::symlink("busybox", rootfs.join("bin/cat")).unwrap();
+    std::fs::write(rootfs.join("name"), name).unwrap();
+    let tar = dir.join("image.tar");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../hack/oci-image.py");
+    let out = std::process::Command::new("python3")
+        .arg(script)
+        .args(["--rootfs", rootfs.to_str().unwrap(), "--name", name])
+        .args(["--cmd", "[\"sh\"]", "--output", tar.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    tar
+}
+
+/// An image removed from containerd (its layers collected) loses its copy in the
+/// pool at the next create, once no container of it is left; the copies of images
+/// still in use stay.
+#[test]
+fn a_removed_image_loses_its_copy_at_the_next_create() {
+    let id = unique_id("gcimg");
+    let name = format!("docker.io/crab/{id}:latest");
+    let dir = std::env::temp_dir().join(&id);
+    std::fs::create_dir_all(&dir).unwrap();
+    let tar = own_image(&name, &dir);
+    trigger_collect(); // busybox's copy exists, with its record
+    let before = image_copies();
+    ctr_ok(&["images", "import", tar.to_str().unwrap()]);
+
+    // A stopped container of the image: its tree is a snapshot of the new copy.
+    let g = Guard::run_detached(CRAB, &name, &[], &["sh", "-c", "cat /name > /seen"]);
+    assert!(wait_until(Duration::from_secs(10), || {
+        g.status().as_deref() == Some("STOPPED")
+    }));
+    ctr_ok(&["task", "rm", &g.id]);
+    let made: Vec<String> = image_copies()
+        .into_iter()
+        .filter(|c| !before.contains(c))
+        .collect();
+    assert_eq!(made.len(), 1, "one copy made for {name}: {made:?}");
+    let copy = Path::new(POOL).join("images").join(&made[0]);
+    let record = Path::new(POOL)
+        .join("images")
+        .join(format!("{}.layers", made[0]));
+    assert!(copy.join("name").is_file(), "{}", copy.display());
+    assert!(record.is_file(), "{}", record.display());
+    let seen = tree(&g.id).join("seen");
+    assert_eq!(std::fs::read_to_string(&seen).unwrap().trim(), name);
+
+    // The image removed while its container is kept: containerd keeps the layer
+    // (the container's snapshot is its child), and a create's collect the copy.
+    ctr_ok(&["images", "rm", "--sync", &name]);
+    trigger_collect();
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(copy.is_dir(), "the copy went while its layer was kept");
+
+    // The container removed too: containerd collects the layer, and the next
+    // create the tree and the copy with its record.
+    let layer = std::fs::read(&record).unwrap();
+    let layer = PathBuf::from(
+        String::from_utf8_lossy(&layer)
+            .trim_end_matches('\0')
+            .to_string(),
+    );
+    assert!(
+        layer.is_dir(),
+        "the record names the layer: {}",
+        layer.display()
+    );
+    drop(g);
+    assert!(
+        wait_until(Duration::from_secs(30), || !layer.exists()),
+        "containerd kept the layer {}",
+        layer.display()
+    );
+    trigger_collect();
+    let gone = wait_until(Duration::from_secs(20), || !copy.exists() && !seen.exists());
+    assert!(
+        gone,
+        "the copy of the removed image stays: {}",
+        copy.display()
+    );
+    assert!(!record.exists(), "its record went with it");
+
+    // busybox's copy was kept: its next container makes none.
+    let after = image_copies();
+    trigger_collect();
+    let new: Vec<String> = image_copies()
+        .into_iter()
+        .filter(|c| !after.contains(c))
+        .collect();
+    assert!(new.is_empty(), "busybox was copied again: {new:?}");
+    let _ = std::fs::remove_dir_all(dir);
+}

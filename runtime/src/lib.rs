@@ -44,6 +44,7 @@ pub mod container;
 pub mod control;
 pub mod criu;
 pub mod error;
+pub(crate) mod file_lock;
 pub mod helper;
 pub mod inspect;
 pub mod metrics;

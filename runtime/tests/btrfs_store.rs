@@ -476,3 +476,74 @@ fn a_taken_tree_records_its_owner_first_and_never_replaces_another() {
     assert_eq!(s.owner(&fork).unwrap(), None);
     s.destroy(&src).unwrap();
 }
+
+/// Collects `scope`'s stale image copies until `key`'s goes (a create of another
+/// test may hold the copies for a moment: the collect then leaves them).
+fn collect_image(s: &BtrfsStore, scope: &Path, key: &str) -> bool {
+    for _ in 0..100 {
+        if s.collect_images(scope).unwrap().iter().any(|k| k == key) {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    false
+}
+
+/// An image's copy goes once the collecting snapshotter removed one of its
+/// layers or put another at the same path, never while they are there nor for
+/// another snapshotter; a tree made of it outlives it, and a create of the new
+/// layer makes a new copy.
+#[test]
+fn an_image_copy_goes_once_its_layers_are_gone_and_its_trees_stay() {
+    let s = store();
+    let snapshots = temp_dir("copies").join("snapshots");
+    let (l1, l2) = (snapshots.join("1/fs"), snapshots.join("2/fs"));
+    populate_image(&l1);
+    std::fs::create_dir_all(&l2).unwrap();
+    std::fs::write(l2.join("second"), "2").unwrap();
+    let a = ImageSource::from_layers(vec![l1.clone()]).unwrap();
+    let b = ImageSource::from_layers(vec![l2.clone(), l1.clone()]).unwrap();
+    let (ka, kb) = (
+        ContainerKey::new("copies", &unique("a")).unwrap(),
+        ContainerKey::new("copies", &unique("b")).unwrap(),
+    );
+    s.prepare(&ka, &a).unwrap();
+    let live_b = s.prepare(&kb, &b).unwrap();
+    let copy = |k: &str| Path::new(POOL).join("images").join(k);
+    assert!(copy(&a.key).join("etc").is_dir() && copy(&b.key).join("second").is_file());
+
+    let gone = s.collect_images(&snapshots).unwrap();
+    assert!(!gone.contains(&a.key) && !gone.contains(&b.key), "{gone:?}");
+    std::fs::remove_dir_all(&l2).unwrap();
+    let elsewhere = s.collect_images(&temp_dir("elsewhere")).unwrap();
+    assert!(!elsewhere.contains(&b.key), "{elsewhere:?}");
+    assert!(copy(&b.key).is_dir());
+    assert!(collect_image(&s, &snapshots, &b.key), "b's copy stays");
+    assert!(!copy(&b.key).exists());
+    assert!(copy(&a.key).is_dir(), "a's layer is there: its copy stays");
+
+    // b's tree is its own: its files, a snapshot and a rollback.
+    assert_eq!(std::fs::read_to_string(live_b.join("second")).unwrap(), "2");
+    s.snapshot(&kb, "s").unwrap();
+    std::fs::write(live_b.join("later"), "x").unwrap();
+    s.rollback(&kb, "s").unwrap();
+    assert!(!live_b.join("later").exists());
+    assert!(live_b.join("second").is_file());
+
+    // l1 made again at its path (a containerd set up afresh): a new key, a new
+    // copy, and the old one goes.
+    std::fs::remove_dir_all(&l1).unwrap();
+    populate_image(&l1);
+    let a2 = ImageSource::from_layers(vec![l1.clone()]).unwrap();
+    assert_ne!(a2.key, a.key);
+    let ka2 = ContainerKey::new("copies", &unique("a2")).unwrap();
+    s.prepare(&ka2, &a2).unwrap();
+    assert!(collect_image(&s, &snapshots, &a.key), "a's old copy stays");
+    assert!(copy(&a2.key).is_dir());
+
+    for k in [&ka, &kb, &ka2] {
+        s.destroy(k).unwrap();
+    }
+    std::fs::remove_dir_all(&l1).unwrap();
+    assert!(collect_image(&s, &snapshots, &a2.key));
+}

@@ -145,14 +145,19 @@ pub fn collect(config: &Config, mounts: &[Mount]) {
     let config = config.clone();
     tokio::spawn(async move {
         match store_op(&config, Collect { scope }).await {
-            Ok(keys) if !keys.is_empty() => {
-                let keys: Vec<String> = keys.iter().map(ToString::to_string).collect();
-                tracing::info!(
-                    ?keys,
-                    "removed the trees and checkpoints of removed containers"
-                )
+            Ok(gone) => {
+                if !gone.containers.is_empty() {
+                    let keys: Vec<String> =
+                        gone.containers.iter().map(ToString::to_string).collect();
+                    tracing::info!(
+                        ?keys,
+                        "removed the trees and checkpoints of removed containers"
+                    )
+                }
+                if !gone.images.is_empty() {
+                    tracing::info!(keys = ?gone.images, "removed the copies of removed images")
+                }
             }
-            Ok(_) => {}
             Err(e) => tracing::warn!(error = %e, "collect removed containers' trees"),
         }
     });

@@ -56,28 +56,13 @@ fn sync_image(dir: &Path, seq: u64) -> crate::Result<()> {
 /// it itself once the process that was to do it is gone (the kernel drops the
 /// lock with it). `None` when another holds it.
 fn lock_syncing(dir: &Path, seq: u64, wait: bool) -> crate::Result<Option<std::fs::File>> {
-    use std::os::fd::AsRawFd;
-    let path = syncing(dir, seq);
-    let file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&path)
-        .map_err(crate::Error::io(format!("open {}", path.display())))?;
-    let how = if wait {
-        libc::LOCK_EX
+    use crate::file_lock::{lock, LockMode};
+    let mode = if wait {
+        LockMode::Exclusive
     } else {
-        libc::LOCK_EX | libc::LOCK_NB
+        LockMode::TryExclusive
     };
-    // SAFETY: flock on an fd this function owns; no memory is passed.
-    if unsafe { libc::flock(file.as_raw_fd(), how) } == 0 {
-        return Ok(Some(file));
-    }
-    let e = std::io::Error::last_os_error();
-    if e.kind() == std::io::ErrorKind::WouldBlock {
-        return Ok(None);
-    }
-    Err(crate::Error::io(format!("lock {}", path.display()))(e))
+    lock(&syncing(dir, seq), mode)
 }
 
 /// Syncs image `seq` under its lock, then removes the lock's file.

@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! <pool>/images/<key>                       read-only copy of an image
+//! <pool>/images/<key>.layers                what it was copied from (`image_copies`)
 //! <pool>/containers/<ns>/<id>               the container's writable tree (its rootfs)
 //! <pool>/containers/<ns>/<id>.rollback      marker: a rollback to the named snapshot runs
 //! <pool>/snapshots/<ns>/<id>/<name>         read-only snapshots
@@ -15,6 +16,7 @@ use std::path::{Path, PathBuf};
 use super::dirs::{
     complete_snapshots, link_owner, mkdirs, read_dir_lossy, write_durably, PoolDirs,
 };
+use super::image_copies::ImageCopies;
 use super::names::{CONTAINERS, IMAGES, SNAPSHOTS, TMP};
 use super::{
     btrfs_ioctl as ioctl, btrfs_nested, btrfs_quota, btrfs_receive, cmd, fault, names, send_stream,
@@ -29,6 +31,8 @@ const BTRFS_SUPER_MAGIC: i64 = 0x9123_683E;
 #[derive(Debug)]
 pub struct BtrfsStore {
     dirs: PoolDirs,
+    /// The image copies' records and lock.
+    copies: ImageCopies,
     /// What each container tree may own in the pool ([`btrfs_quota`]).
     tree_limit: Option<u64>,
 }
@@ -47,6 +51,7 @@ impl BtrfsStore {
         }
         let dirs = PoolDirs::open(root, &[IMAGES, CONTAINERS, SNAPSHOTS, TMP])?;
         Ok(BtrfsStore {
+            copies: ImageCopies::new(dirs.area(IMAGES)),
             dirs,
             tree_limit: None,
         })
@@ -106,10 +111,12 @@ impl BtrfsStore {
         self.dirs.area(IMAGES).join(image)
     }
 
-    /// The read-only copy of `image`, made on first use.
+    /// The read-only copy of `image`, made on first use; the caller holds
+    /// [`ImageCopies::using`] until its tree is made of it.
     fn image(&self, image: &ImageSource) -> Result<PathBuf> {
         let dst = self.image_copy(&image.key);
         if ioctl::is_subvolume(&dst) {
+            self.copies.record_if_missing(image)?;
             return Ok(dst);
         }
         let work = self.tmp(&format!("image-{}", image.key));
@@ -122,6 +129,7 @@ impl BtrfsStore {
                 tree::copy(&mnt, &work)?;
             }
             fault::point("btrfs.image.copied");
+            self.copies.record(image)?;
             // A read-only snapshot under the final name publishes the copy atomically
             // (a read-only subvolume itself cannot be renamed).
             let published = ioctl::snapshot(&work, &dst, true);
@@ -240,6 +248,7 @@ impl Store for BtrfsStore {
             Some(work::Existing::Conflict) => return Err(names::tree_exists(key)),
             None => {}
         }
+        let _using = self.copies.using()?;
         let base = self.image(image)?;
         mkdirs(live.parent().expect("has a parent"))?;
         if let Some(owner) = &image.owner {
@@ -548,6 +557,29 @@ impl Store for BtrfsStore {
             gone.push(key);
         }
         Ok(gone)
+    }
+
+    fn collect_images(&self, scope: &Path) -> Result<Vec<String>> {
+        let copies = || -> Vec<String> {
+            read_dir_lossy(&self.dirs.area(IMAGES))
+                .filter(|e| ioctl::is_subvolume(&e.path()))
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        };
+        if self.copies.stale(&copies(), scope).is_empty() {
+            return Ok(Vec::new());
+        }
+        let Some(_held) = self.copies.collecting()? else {
+            return Ok(Vec::new());
+        };
+        let mut removed = Vec::new();
+        for key in self.copies.stale(&copies(), scope) {
+            ioctl::delete(&self.image_copy(&key))?;
+            self.copies.forget(&key)?;
+            removed.push(key);
+        }
+        self.copies.forget_orphans(&copies())?;
+        Ok(removed)
     }
 
     fn reconcile(&self) -> Result<ReconcileReport> {

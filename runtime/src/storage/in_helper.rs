@@ -85,11 +85,21 @@ pub struct Release {
 }
 
 /// Destroy the trees of removed containers of one snapshotter (the caller's
-/// containerd's, [`super::work::collectable`]); answers their keys.
+/// containerd's, [`super::work::collectable`]), then the image copies of layers
+/// it removed ([`super::Store::collect_images`]); answers what went.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Collect {
     /// That snapshotter's snapshots directory.
     pub scope: PathBuf,
+}
+
+/// What a [`Collect`] removed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Collected {
+    /// The removed containers' keys (their trees, snapshots and histories went).
+    pub containers: Vec<ContainerKey>,
+    /// The removed image copies' keys.
+    pub images: Vec<String>,
 }
 
 /// The names that may differ from the image ([`super::Store::changed_since_image`]);
@@ -327,9 +337,13 @@ impl StoreCall for Release {
 }
 
 impl StoreCall for Collect {
-    type Reply = Vec<ContainerKey>;
-    fn serve(self, config: &Config, store: &dyn Store) -> Result<Vec<ContainerKey>> {
-        collect(config, store, &self.scope)
+    type Reply = Collected;
+    fn serve(self, config: &Config, store: &dyn Store) -> Result<Collected> {
+        let containers = collect(config, store, &self.scope)?;
+        // After the trees: a removed container's layers may have been the last
+        // reason containerd kept them.
+        let images = store.collect_images(&self.scope)?;
+        Ok(Collected { containers, images })
     }
 }
 

@@ -33,6 +33,7 @@ pub(crate) mod cmd;
 mod dirs;
 pub mod du;
 pub mod fault;
+mod image_copies;
 pub mod in_helper;
 pub mod layers;
 pub mod names;
@@ -170,6 +171,13 @@ pub trait Store: Send + Sync {
     /// (containerd removed the container), among those of the snapshotter `scope`
     /// ([`work::collectable`]). Returns their keys.
     fn collect(&self, _scope: &std::path::Path) -> Result<Vec<ContainerKey>> {
+        Ok(Vec::new())
+    }
+
+    /// Removes the image copies that the snapshotter `scope` no longer has the
+    /// layers of ([`image_copies`]), unless a create is using the copies at the
+    /// moment (the next collect then does it). Returns the removed copies' keys.
+    fn collect_images(&self, _scope: &std::path::Path) -> Result<Vec<String>> {
         Ok(Vec::new())
     }
 

@@ -8,6 +8,7 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use super::fuse::{zfs_unmounted, DaemonTurn};
 use super::{ZfsStore, BASE, OWNER, TREE};
+use crate::storage::image_copies::ImageCopies;
 use crate::storage::names::{snapshot_not_found, tree_exists, CONTAINERS, IMAGES};
 use crate::storage::{cmd, fault, tree, work, ContainerKey, ImageSource, SnapshotInfo};
 use crate::{Error, Result};
@@ -236,11 +237,28 @@ impl ZfsStore {
         self.create_fs(&ns, &[])
     }
 
-    /// The `@base` snapshot of the image's copy, made on first use.
+    /// The records and lock of the image copies ([`ImageCopies`]), in the
+    /// directory where `<root>/images` is mounted.
+    pub(super) fn copies(&self) -> Result<ImageCopies> {
+        Ok(ImageCopies::new(self.mountpoint(&self.area(IMAGES))?))
+    }
+
+    /// The keys of the image copies.
+    pub(super) fn image_keys(&self) -> Result<Vec<String>> {
+        let prefix = format!("{}/", self.area(IMAGES));
+        Ok(children(&self.area(IMAGES))?
+            .into_iter()
+            .filter_map(|ds| ds.strip_prefix(&prefix).map(str::to_string))
+            .collect())
+    }
+
+    /// The `@base` snapshot of the image's copy, made on first use; the caller
+    /// holds [`ImageCopies::using`] until its clone is made.
     pub(super) fn image(&self, image: &ImageSource) -> Result<String> {
         let dst = format!("{}/{}", self.area(IMAGES), image.key);
         let base = format!("{dst}@{BASE}");
         if self.exists(&base)? {
+            self.copies()?.record_if_missing(image)?;
             return Ok(base);
         }
         let work = self.tmp(&format!("image-{}", image.key));
@@ -255,6 +273,7 @@ impl ZfsStore {
                 tree::copy(&mnt, &copy)?;
             }
             fault::point("zfs.image.copied");
+            self.copies()?.record(image)?;
             zfs(&["snapshot", &format!("{work}@{BASE}")])?;
             self.unmount(&work)?;
             match zfs_unmounted(&["rename", &work, &dst]) {

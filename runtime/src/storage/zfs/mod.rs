@@ -3,6 +3,9 @@
 //!
 //! ```text
 //! <root>/images/<key>@base               read-only copy of an image (never mounted)
+//! <images>/<key>.layers                  what it was copied from, in the directory
+//!                                        where `<root>/images` is mounted
+//!                                        (`image_copies`)
 //! <root>/containers/<ns>/<id>            the container's dataset: its writable tree (the
 //!                                        rootfs), a clone of an image's @base or of a
 //!                                        snapshot, or a received stream
@@ -221,6 +224,8 @@ impl Store for ZfsStore {
                 _ => return Err(tree_exists(key)),
             }
         }
+        let copies = self.copies()?;
+        let _using = copies.using()?;
         let base = self.image(image)?;
         self.clone_into(&base, key, image.owner.as_deref())
     }
@@ -394,6 +399,10 @@ impl Store for ZfsStore {
 
     fn collect(&self, scope: &Path) -> Result<Vec<ContainerKey>> {
         self.collect_orphans(scope)
+    }
+
+    fn collect_images(&self, scope: &Path) -> Result<Vec<String>> {
+        self.collect_stale_images(scope)
     }
 
     fn owned_by(&self, owner: &Path) -> Result<Option<ContainerKey>> {

@@ -5,9 +5,9 @@
 use std::path::Path;
 
 use super::datasets::{children, is_missing, values_below, zfs};
-use super::{ZfsStore, DELETED, OWNER, RETIRED, ROLLBACK};
+use super::{ZfsStore, BASE, DELETED, OWNER, RETIRED, ROLLBACK};
 use crate::storage::dirs::dead_work_in;
-use crate::storage::names::{self, CONTAINERS, TMP};
+use crate::storage::names::{self, CONTAINERS, IMAGES, TMP};
 use crate::storage::work::{dead_rollback, owner_alive};
 use crate::storage::{ContainerKey, ReconcileReport, Store};
 use crate::{Error, Result};
@@ -129,6 +129,31 @@ impl ZfsStore {
         }
         report.removed.extend(self.collect_retired()?);
         Ok(report)
+    }
+
+    /// [`Store::collect_images`]: destroys the image copies whose layers are gone
+    /// and that no clone uses (a retired container's may still).
+    pub(super) fn collect_stale_images(&self, scope: &Path) -> Result<Vec<String>> {
+        let copies = self.copies()?;
+        if copies.stale(&self.image_keys()?, scope).is_empty() {
+            return Ok(Vec::new());
+        }
+        let Some(_held) = copies.collecting()? else {
+            return Ok(Vec::new());
+        };
+        let deps = self.dependents()?;
+        let mut removed = Vec::new();
+        for key in copies.stale(&self.image_keys()?, scope) {
+            let ds = format!("{}/{key}", self.area(IMAGES));
+            if deps.contains_key(&format!("{ds}@{BASE}")) {
+                continue;
+            }
+            self.destroy_fs(&ds)?;
+            copies.forget(&key)?;
+            removed.push(key);
+        }
+        copies.forget_orphans(&self.image_keys()?)?;
+        Ok(removed)
     }
 
     /// [`Store::collect`]: destroys the trees whose owner is gone.
