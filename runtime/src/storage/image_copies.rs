@@ -210,7 +210,9 @@ mod tests {
         std::fs::create_dir_all(&l2).unwrap();
         assert!(copies.stale(&keys, &snapshots).contains(&only_top.key));
 
-        copies.forget_orphans(std::slice::from_ref(&only_top.key)).unwrap();
+        copies
+            .forget_orphans(std::slice::from_ref(&only_top.key))
+            .unwrap();
         assert!(copies.recorded(&image.key).is_none());
         assert!(copies.recorded(&only_top.key).is_some());
         copies.forget(&only_top.key).unwrap();

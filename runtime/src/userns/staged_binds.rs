@@ -21,6 +21,7 @@
 //! its binds); the directory goes at delete ([`release`]). Nothing there is
 //! removed recursively: a point may still hold a source.
 
+use std::collections::HashSet;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
@@ -85,17 +86,21 @@ impl Staged {
             spec: spec.clone(),
         };
         let mut carriers: Vec<(Vec<Extent>, Vec<Extent>, OwnedFd)> = Vec::new();
+        // The host's propagating mounts, read once for all the file binds.
+        let mut propagating = None;
         for i in staged_indexes {
             let m = &mounts[i];
             let source = m.source().clone().unwrap_or_default();
             // What is copied (the source, or the directory of a file whose
             // mount propagates), and the name bound from the copy.
             let request = idmapped.iter().find(|r| r.index == i);
-            let (copied, name) =
-                match request.map_or_else(|| file_in_a_propagating_mount(&source), |_| None) {
-                    Some((parent, name)) => (parent, Some(name)),
-                    None => (source.clone(), None),
-                };
+            let (copied, name) = match request.map_or_else(
+                || file_in_a_propagating_mount(&source, &mut propagating),
+                |_| None,
+            ) {
+                Some((parent, name)) => (parent, Some(name)),
+                None => (source.clone(), None),
+            };
             let tree = match request {
                 Some(r) => {
                     let at = match carriers
@@ -295,33 +300,39 @@ fn remove_one(path: &Path) -> Result<()> {
 /// runs.
 /// The source's links are resolved first, as the copy of the file itself
 /// resolved them: the name bound from the copy of the directory is the file.
-fn file_in_a_propagating_mount(source: &Path) -> Option<(PathBuf, std::ffi::OsString)> {
+fn file_in_a_propagating_mount(
+    source: &Path,
+    propagating: &mut Option<HashSet<u64>>,
+) -> Option<(PathBuf, std::ffi::OsString)> {
     let file = std::fs::canonicalize(source).ok()?;
     let meta = std::fs::metadata(&file).ok()?;
-    if meta.is_dir() || !propagates(&file) {
+    if meta.is_dir() {
+        return None;
+    }
+    let id = mount_id(&file)?;
+    if !propagating
+        .get_or_insert_with(propagating_mounts)
+        .contains(&id)
+    {
         return None;
     }
     Some((file.parent()?.to_path_buf(), file.file_name()?.to_owned()))
 }
 
-/// Whether the mount holding `path` is shared or a slave (its mountinfo line
-/// has `shared:N` or `master:N`).
-fn propagates(path: &Path) -> bool {
-    let Some(id) = mount_id(path) else {
-        return false;
-    };
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return false;
-    };
-    info.lines().any(|l| {
-        let mut fields = l.split(' ');
-        fields.next() == Some(id.to_string().as_str())
-            && l.split(" - ").next().is_some_and(|head| {
+/// The ids of this process's mounts that are shared or slaves (their mountinfo
+/// line has `shared:N` or `master:N`); none if it cannot be read.
+fn propagating_mounts() -> HashSet<u64> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    info.lines()
+        .filter(|l| {
+            l.split(" - ").next().is_some_and(|head| {
                 head.split(' ')
                     .skip(6)
                     .any(|f| f.starts_with("shared:") || f.starts_with("master:"))
             })
-    })
+        })
+        .filter_map(|l| l.split(' ').next()?.parse().ok())
+        .collect()
 }
 
 /// The id of the mount holding `path` (statx's `STATX_MNT_ID`).
@@ -419,10 +430,11 @@ mod tests {
             s = shared.display(),
             p = private.display()
         ));
-        let got = file_in_a_propagating_mount(&shared.join("hosts"));
-        let via_link = file_in_a_propagating_mount(&private.join("link"));
-        let in_private = file_in_a_propagating_mount(&private.join("resolv.conf"));
-        let a_dir = file_in_a_propagating_mount(&shared.join("dir"));
+        let mut read = None;
+        let got = file_in_a_propagating_mount(&shared.join("hosts"), &mut read);
+        let via_link = file_in_a_propagating_mount(&private.join("link"), &mut read);
+        let in_private = file_in_a_propagating_mount(&private.join("resolv.conf"), &mut read);
+        let a_dir = file_in_a_propagating_mount(&shared.join("dir"), &mut None);
         sh(&format!(
             "umount {} {}",
             shared.display(),
