@@ -21,6 +21,7 @@ pub mod crash;
 pub mod cri;
 pub mod docker;
 pub mod host;
+pub mod image_copies;
 pub mod llm;
 pub mod mini_crash;
 pub mod mini_eval;

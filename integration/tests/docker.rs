@@ -650,3 +650,56 @@ fn a_docker_containers_archive_imports_with_its_binds_allowed_and_dockers_hook_d
         "the Docker container's file"
     );
 }
+
+/// `docker rmi` of an image whose containers are gone: Docker removes its layer,
+/// and the next crab container's create removes the image's copy in Crab's
+/// pool (Docker's `overlay2` layers are that create's scope); busybox's copy,
+/// in use, stays.
+#[test]
+fn docker_rmi_drops_the_images_copy_at_the_next_create() {
+    use crab_integration::image_copies::{image_copies, own_image, recorded_layer};
+    let id = unique_id("gcimg");
+    let name = format!("docker.io/crab/{id}:latest");
+    let dir = std::env::temp_dir().join(&id);
+    std::fs::create_dir_all(&dir).unwrap();
+    let tar = own_image(&name, &dir);
+    run_rm(&[], DOCKER_BUSYBOX, &["true"], None); // busybox's copy is there
+    let before = image_copies();
+    // On stdin: the docker CLI runs in its own root, without this /tmp.
+    let archive = std::fs::read(&tar).unwrap();
+    let loaded = docker_run(&["load"], Some(&archive), T);
+    assert!(loaded.status.success(), "{:?}", text(&loaded));
+    let (out, _) = text(&run_rm(&[], &name, &["cat", "/name"], None));
+    assert_eq!(out.trim(), name);
+    let made: Vec<String> = image_copies()
+        .into_iter()
+        .filter(|c| !before.contains(c))
+        .collect();
+    assert_eq!(made.len(), 1, "one copy made for {name}: {made:?}");
+    let layer = recorded_layer(&made[0]);
+    assert!(layer.is_dir(), "{}", layer.display());
+
+    docker_ok(&["rmi", &name]);
+    assert!(
+        wait_until(Duration::from_secs(30), || !layer.exists()),
+        "docker rmi kept the layer {}",
+        layer.display()
+    );
+    run_rm(&[], DOCKER_BUSYBOX, &["true"], None);
+    let copy = std::path::Path::new(crab_integration::image_copies::POOL)
+        .join("images")
+        .join(&made[0]);
+    assert!(
+        wait_until(Duration::from_secs(20), || !copy.exists()),
+        "the copy of the removed image stays: {}",
+        copy.display()
+    );
+    let after = image_copies();
+    run_rm(&[], DOCKER_BUSYBOX, &["true"], None);
+    let new: Vec<String> = image_copies()
+        .into_iter()
+        .filter(|c| !after.contains(c))
+        .collect();
+    assert!(new.is_empty(), "busybox was copied again: {new:?}");
+    let _ = std::fs::remove_dir_all(dir);
+}

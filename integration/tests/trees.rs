@@ -11,6 +11,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crab_integration::image_copies::{image_copies, own_image, recorded_layer};
 use crab_integration::*;
 
 const POOL: &str = "/var/lib/crab/pool";
@@ -117,49 +118,6 @@ fn a_create_collects_gone_owners_of_its_own_containerd_but_not_of_another() {
     assert!(!tree(&theirs.id).exists());
 }
 
-/// The pool's image copies (`<pool>/images/<key>`; records are `<key>.layers`).
-fn image_copies() -> Vec<String> {
-    std::fs::read_dir(Path::new(POOL).join("images"))
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| !n.starts_with('.') && !n.ends_with(".layers"))
-        .collect()
-}
-
-/// A one-layer image of its own (the host's busybox and a file naming it), as an
-/// OCI archive made by `hack/oci-image.py`: no other image shares its layer.
-fn own_image(name: &str, dir: &Path) -> PathBuf {
-    let rootfs = dir.join("rootfs");
-    std::fs::create_dir_all(rootfs.join("bin")).unwrap();
-    let busybox = String::from_utf8(
-        std::process::Command::new("sh")
-            .args(["-c", "command -v busybox"])
-            .output()
-            .unwrap()
-            .stdout,
-    )
-    .unwrap();
-    std::fs::copy(busybox.trim(), rootfs.join("bin/busybox")).unwrap();
-    std::os::unix::fs::symlink("busybox", rootfs.join("bin/sh")).unwrap();
-    std::os::unix::fs::symlink("busybox", rootfs.join("bin/cat")).unwrap();
-    std::fs::write(rootfs.join("name"), name).unwrap();
-    let tar = dir.join("image.tar");
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../hack/oci-image.py");
-    let out = std::process::Command::new("python3")
-        .arg(script)
-        .args(["--rootfs", rootfs.to_str().unwrap(), "--name", name])
-        .args(["--cmd", "[\"sh\"]", "--output", tar.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    tar
-}
-
 /// An image removed from containerd (its layers collected) loses its copy in the
 /// pool at the next create, once no container of it is left; the copies of images
 /// still in use stay.
@@ -203,12 +161,7 @@ fn a_removed_image_loses_its_copy_at_the_next_create() {
 
     // The container removed too: containerd collects the layer, and the next
     // create the tree and the copy with its record.
-    let layer = std::fs::read(&record).unwrap();
-    let layer = PathBuf::from(
-        String::from_utf8_lossy(&layer)
-            .trim_end_matches('\0')
-            .to_string(),
-    );
+    let layer = recorded_layer(&made[0]);
     assert!(
         layer.is_dir(),
         "the record names the layer: {}",

@@ -12,7 +12,8 @@
 //! gets a new copy, and the old one would never be used again. A copy is stale
 //! when containerd removed its layers, or put other ones at their paths: every
 //! layer must belong to the collecting containerd's snapshotter (another's may be
-//! out of this process's sight) and one must be gone or changed. A copy made
+//! out of this process's sight; Docker's `overlay2/l/<name>` links belong to its
+//! `overlay2` dir) and one must be gone or changed. A copy made
 //! before its record existed cannot be checked and is treated as stale: the next
 //! create that needs it copies the image again, with a record.
 //!
@@ -26,7 +27,7 @@ use std::path::{Path, PathBuf};
 
 use super::dirs::{mkdirs, read_dir_lossy};
 use super::layers::ImageSource;
-use super::work::snapshotter_of;
+use super::work::layer_snapshotter;
 use crate::file_lock::{lock, LockMode};
 use crate::{Error, Result};
 
@@ -149,11 +150,12 @@ impl ImageCopies {
 /// removed or replaced. A layer that cannot be looked at for another reason keeps
 /// the copy.
 fn layers_replaced(key: &str, layers: &[PathBuf], scope: &Path) -> bool {
-    if layers.is_empty() || !layers.iter().all(|l| snapshotter_of(l) == Some(scope)) {
+    if layers.is_empty() || !layers.iter().all(|l| layer_snapshotter(l) == Some(scope)) {
         return false;
     }
+    // Followed: Docker's link to a removed layer may outlive it.
     let gone = layers.iter().any(|l| {
-        matches!(std::fs::symlink_metadata(l),
+        matches!(std::fs::metadata(l),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound)
     });
     gone || ImageSource::from_layers(layers.to_vec()).is_ok_and(|now| now.key != key)
@@ -218,6 +220,33 @@ mod tests {
         copies.forget(&only_top.key).unwrap();
         copies.forget(&only_top.key).unwrap();
         assert!(copies.recorded(&only_top.key).is_none());
+        let _ = std::fs::remove_dir_all(root);
+    }
+
+    #[test]
+    fn test_dockers_short_layer_links_belong_to_its_overlay2_dir() {
+        let root = scratch("docker");
+        let overlay2 = root.join("overlay2");
+        let diff = overlay2.join("0123abcd/diff");
+        std::fs::create_dir_all(&diff).unwrap();
+        std::fs::create_dir_all(overlay2.join("l")).unwrap();
+        let link = overlay2.join("l/SHORTNAME");
+        std::os::unix::fs::symlink("../0123abcd/diff", &link).unwrap();
+        assert_eq!(layer_snapshotter(&link), Some(overlay2.as_path()));
+        assert_eq!(layer_snapshotter(&diff), Some(overlay2.as_path()));
+        assert_eq!(layer_snapshotter(&root.join("l/SHORTNAME")), None);
+
+        let copies = ImageCopies::new(root.join("images"));
+        std::fs::create_dir_all(root.join("images")).unwrap();
+        let image = ImageSource::from_layers(vec![link.clone()]).unwrap();
+        copies.record(&image).unwrap();
+        let keys = vec![image.key.clone()];
+        assert!(copies.stale(&keys, &overlay2).is_empty());
+        // `docker rmi`: the layer goes (its link too, later).
+        std::fs::remove_dir_all(overlay2.join("0123abcd")).unwrap();
+        assert_eq!(copies.stale(&keys, &overlay2), keys);
+        std::fs::remove_file(&link).unwrap();
+        assert_eq!(copies.stale(&keys, &overlay2), keys);
         let _ = std::fs::remove_dir_all(root);
     }
 

@@ -113,6 +113,17 @@ pub fn snapshotter_of(owner: &Path) -> Option<&Path> {
     (owner.file_name()? == "diff" && overlay2.file_name()? == "overlay2").then_some(overlay2)
 }
 
+/// The snapshots directory an image layer belongs to: as [`snapshotter_of`],
+/// and for Docker's short links `<data-root>/overlay2/l/<name>` (the form its
+/// overlay's `lowerdir` names layers in), the `overlay2` dir.
+pub fn layer_snapshotter(layer: &Path) -> Option<&Path> {
+    snapshotter_of(layer).or_else(|| {
+        let links = layer.parent()?;
+        let overlay2 = links.parent()?;
+        (links.file_name()? == "l" && overlay2.file_name()? == "overlay2").then_some(overlay2)
+    })
+}
+
 /// The recorded owner file's content as a path, if there is one.
 /// A store records it as the file's text, or as the target of a link
 /// ([`super::dirs::link_owner`]), which is read, never followed.
