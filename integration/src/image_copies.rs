@@ -16,6 +16,24 @@ pub fn image_copies() -> Vec<String> {
         .collect()
 }
 
+/// The copies there now that are not among `before`.
+pub fn copies_since(before: &[String]) -> Vec<String> {
+    image_copies()
+        .into_iter()
+        .filter(|c| !before.contains(c))
+        .collect()
+}
+
+/// Runs `create` (a container of an image in use) twice, and fails if the
+/// second made a copy: the image's copy survived the first one's collect.
+pub fn assert_kept_copy(mut create: impl FnMut(), image: &str) {
+    create();
+    let after = image_copies();
+    create();
+    let new = copies_since(&after);
+    assert!(new.is_empty(), "{image} was copied again: {new:?}");
+}
+
 /// The one layer the record of copy `key` names.
 pub fn recorded_layer(key: &str) -> PathBuf {
     let record = Path::new(POOL).join("images").join(format!("{key}.layers"));

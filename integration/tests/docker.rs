@@ -657,7 +657,9 @@ fn a_docker_containers_archive_imports_with_its_binds_allowed_and_dockers_hook_d
 /// in use, stays.
 #[test]
 fn docker_rmi_drops_the_images_copy_at_the_next_create() {
-    use crab_integration::image_copies::{image_copies, own_image, recorded_layer};
+    use crab_integration::image_copies::{
+        assert_kept_copy, copies_since, image_copies, own_image, recorded_layer,
+    };
     let id = unique_id("gcimg");
     let name = format!("docker.io/crab/{id}:latest");
     let dir = std::env::temp_dir().join(&id);
@@ -671,10 +673,7 @@ fn docker_rmi_drops_the_images_copy_at_the_next_create() {
     assert!(loaded.status.success(), "{:?}", text(&loaded));
     let (out, _) = text(&run_rm(&[], &name, &["cat", "/name"], None));
     assert_eq!(out.trim(), name);
-    let made: Vec<String> = image_copies()
-        .into_iter()
-        .filter(|c| !before.contains(c))
-        .collect();
+    let made = copies_since(&before);
     assert_eq!(made.len(), 1, "one copy made for {name}: {made:?}");
     let layer = recorded_layer(&made[0]);
     assert!(layer.is_dir(), "{}", layer.display());
@@ -694,12 +693,9 @@ fn docker_rmi_drops_the_images_copy_at_the_next_create() {
         "the copy of the removed image stays: {}",
         copy.display()
     );
-    let after = image_copies();
-    run_rm(&[], DOCKER_BUSYBOX, &["true"], None);
-    let new: Vec<String> = image_copies()
-        .into_iter()
-        .filter(|c| !after.contains(c))
-        .collect();
-    assert!(new.is_empty(), "busybox was copied again: {new:?}");
+    assert_kept_copy(
+        || drop(run_rm(&[], DOCKER_BUSYBOX, &["true"], None)),
+        "busybox",
+    );
     let _ = std::fs::remove_dir_all(dir);
 }

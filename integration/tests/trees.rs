@@ -11,7 +11,9 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crab_integration::image_copies::{image_copies, own_image, recorded_layer};
+use crab_integration::image_copies::{
+    assert_kept_copy, copies_since, image_copies, own_image, recorded_layer,
+};
 use crab_integration::*;
 
 const POOL: &str = "/var/lib/crab/pool";
@@ -138,10 +140,7 @@ fn a_removed_image_loses_its_copy_at_the_next_create() {
         g.status().as_deref() == Some("STOPPED")
     }));
     ctr_ok(&["task", "rm", &g.id]);
-    let made: Vec<String> = image_copies()
-        .into_iter()
-        .filter(|c| !before.contains(c))
-        .collect();
+    let made = copies_since(&before);
     assert_eq!(made.len(), 1, "one copy made for {name}: {made:?}");
     let copy = Path::new(POOL).join("images").join(&made[0]);
     let record = Path::new(POOL)
@@ -183,12 +182,6 @@ fn a_removed_image_loses_its_copy_at_the_next_create() {
     assert!(!record.exists(), "its record went with it");
 
     // busybox's copy was kept: its next container makes none.
-    let after = image_copies();
-    trigger_collect();
-    let new: Vec<String> = image_copies()
-        .into_iter()
-        .filter(|c| !after.contains(c))
-        .collect();
-    assert!(new.is_empty(), "busybox was copied again: {new:?}");
+    assert_kept_copy(trigger_collect, "busybox");
     let _ = std::fs::remove_dir_all(dir);
 }

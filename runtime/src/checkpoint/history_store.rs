@@ -12,8 +12,7 @@
 //! at once: a second open waits for the first to be dropped.
 
 use std::fs::File;
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use super::history::{self, create_private_dir, Entry, History};
@@ -106,21 +105,8 @@ pub(crate) fn lock(path: &Path) -> Result<File> {
         create_private_dir(parent)?;
     }
     loop {
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .custom_flags(libc::O_CLOEXEC)
-            .open(path)
-            .map_err(Error::io(format!("open {}", path.display())))?;
-        // SAFETY: flock on an fd this function owns; no memory is passed.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
-            return Err(Error::io(format!("lock {}", path.display()))(
-                std::io::Error::last_os_error(),
-            ));
-        }
+        let file = crate::file_lock::lock(path, crate::file_lock::LockMode::Exclusive)?
+            .expect("a blocking lock is always taken");
         let held = file
             .metadata()
             .map_err(Error::io(format!("stat {}", path.display())))?;

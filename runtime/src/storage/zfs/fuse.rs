@@ -53,23 +53,12 @@ pub(super) struct DaemonTurn(#[allow(dead_code)] Option<std::fs::File>);
 
 impl DaemonTurn {
     pub(super) fn take() -> Result<DaemonTurn> {
-        use std::os::fd::AsRawFd;
         if Path::new("/sys/module/zfs").exists() {
             return Ok(DaemonTurn(None));
         }
         let path = Path::new("/run/crab-zfs-fuse.lock");
-        let f = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(path)
-            .map_err(Error::io(format!("open {}", path.display())))?;
-        // SAFETY: flock on an fd this function owns; no memory is passed.
-        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
-            return Err(Error::sys(format!("lock {}", path.display()))(
-                nix::Error::last(),
-            ));
-        }
+        let f = crate::file_lock::lock(path, crate::file_lock::LockMode::Exclusive)?
+            .expect("a blocking lock is always taken");
         Ok(DaemonTurn(Some(f)))
     }
 }
