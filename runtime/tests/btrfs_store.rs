@@ -492,7 +492,7 @@ fn collect_image(s: &BtrfsStore, scope: &Path, key: &str) -> bool {
 /// An image's copy goes once the collecting snapshotter removed one of its
 /// layers or put another at the same path, never while they are there nor for
 /// another snapshotter; a tree made of it outlives it, and a create of the new
-/// layer makes a new copy.
+/// layer makes a new copy. While a create holds the copies' lock, none goes.
 #[test]
 fn an_image_copy_goes_once_its_layers_are_gone_and_its_trees_stay() {
     let s = store();
@@ -545,5 +545,16 @@ fn an_image_copy_goes_once_its_layers_are_gone_and_its_trees_stay() {
         s.destroy(k).unwrap();
     }
     std::fs::remove_dir_all(&l1).unwrap();
+
+    // While a create holds the copies (`images/.lock`, shared), a collect leaves
+    // them: the copy it may be snapshotting stays.
+    let lock = std::fs::File::open(Path::new(POOL).join("images/.lock")).unwrap();
+    // SAFETY: flock on a descriptor this test owns; no memory is passed.
+    let rc = unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_SH) };
+    assert_eq!(rc, 0);
+    assert!(!s.collect_images(&snapshots).unwrap().contains(&a2.key));
+    assert!(copy(&a2.key).is_dir(), "a copy went while a create held it");
+    drop(lock);
     assert!(collect_image(&s, &snapshots, &a2.key));
+    assert!(!copy(&a2.key).exists());
 }
