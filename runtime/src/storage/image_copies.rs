@@ -89,15 +89,20 @@ impl ImageCopies {
     /// made before records were kept): a copy in use is then never taken for
     /// one that cannot be checked.
     pub(crate) fn record_if_missing(&self, image: &ImageSource) -> Result<()> {
-        if self.record_path(&image.key).exists() {
+        if self.recorded(&image.key).is_some() {
             return Ok(());
         }
         self.record(image)
     }
 
-    /// The layers recorded for the copy `key`; `None` without a record.
+    /// The layers recorded for the copy `key`; `None` without a record. Records
+    /// are not synced: an empty one (a crash right after its copy was published)
+    /// counts as none.
     fn recorded(&self, key: &str) -> Option<Vec<PathBuf>> {
         let text = std::fs::read(self.record_path(key)).ok()?;
+        if text.is_empty() {
+            return None;
+        }
         Some(
             text.split(|b| *b == 0)
                 .filter(|p| !p.is_empty())
@@ -211,6 +216,22 @@ mod tests {
         std::fs::remove_dir_all(&l2).unwrap();
         std::fs::create_dir_all(&l2).unwrap();
         assert!(copies.stale(&keys, &snapshots).contains(&only_top.key));
+
+        // A record a crash left empty counts as none, and a create writes it again.
+        std::fs::write(copies.record_path(&image.key), b"").unwrap();
+        assert!(copies
+            .stale(&keys, &root.join("elsewhere"))
+            .contains(&image.key));
+        std::fs::create_dir_all(&l1).unwrap();
+        let again = ImageSource {
+            key: image.key.clone(),
+            ..ImageSource::from_layers(vec![l2.clone(), l1.clone()]).unwrap()
+        };
+        copies.record_if_missing(&again).unwrap();
+        assert_eq!(
+            copies.recorded(&image.key).unwrap(),
+            vec![l2.clone(), l1.clone()]
+        );
 
         copies
             .forget_orphans(std::slice::from_ref(&only_top.key))
