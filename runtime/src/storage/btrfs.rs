@@ -560,26 +560,16 @@ impl Store for BtrfsStore {
     }
 
     fn collect_images(&self, scope: &Path) -> Result<Vec<String>> {
-        let copies = || -> Vec<String> {
-            read_dir_lossy(&self.dirs.area(IMAGES))
+        let list = || {
+            Ok(read_dir_lossy(&self.dirs.area(IMAGES))
                 .filter(|e| ioctl::is_subvolume(&e.path()))
                 .map(|e| e.file_name().to_string_lossy().into_owned())
-                .collect()
+                .collect())
         };
-        if self.copies.stale(&copies(), scope).is_empty() {
-            return Ok(Vec::new());
-        }
-        let Some(_held) = self.copies.collecting()? else {
-            return Ok(Vec::new());
-        };
-        let mut removed = Vec::new();
-        for key in self.copies.stale(&copies(), scope) {
-            ioctl::delete(&self.image_copy(&key))?;
-            self.copies.forget(&key)?;
-            removed.push(key);
-        }
-        self.copies.forget_orphans(&copies())?;
-        Ok(removed)
+        // A copy goes even while trees made of it live: each is a snapshot of its own.
+        self.copies.collect(scope, list, |key| {
+            ioctl::delete(&self.image_copy(key)).map(|()| true)
+        })
     }
 
     fn reconcile(&self) -> Result<ReconcileReport> {

@@ -67,9 +67,40 @@ impl ImageCopies {
         Ok(CopiesLock(file))
     }
 
+    /// Removes the copies among those `list` answers that are stale for the
+    /// snapshotter `scope`, each with `remove` (which answers false for a copy it
+    /// must keep, such as a ZFS copy a clone uses), and their records. Under the
+    /// collect's lock, and not at all while a create holds the copies (the next
+    /// collect does it). Answers the removed copies' keys.
+    pub(crate) fn collect(
+        &self,
+        scope: &Path,
+        list: impl Fn() -> Result<Vec<String>>,
+        mut remove: impl FnMut(&str) -> Result<bool>,
+    ) -> Result<Vec<String>> {
+        if self.stale(&list()?, scope).is_empty() {
+            return Ok(Vec::new());
+        }
+        let Some(_held) = self.collecting()? else {
+            return Ok(Vec::new());
+        };
+        // Listed again under the lock: a create may have made or used a copy.
+        let mut left = list()?;
+        let mut removed = Vec::new();
+        for key in self.stale(&left, scope) {
+            if remove(&key)? {
+                self.forget(&key)?;
+                removed.push(key);
+            }
+        }
+        left.retain(|k| !removed.contains(k));
+        self.forget_orphans(&left)?;
+        Ok(removed)
+    }
+
     /// Taken by a collect; `None` while a create holds [`ImageCopies::using`]
     /// (the collect then leaves the copies to the next one).
-    pub(crate) fn collecting(&self) -> Result<Option<CopiesLock>> {
+    fn collecting(&self) -> Result<Option<CopiesLock>> {
         mkdirs(&self.dir)?;
         Ok(lock(&self.lock_path(), LockMode::TryExclusive)?.map(CopiesLock))
     }
@@ -113,7 +144,7 @@ impl ImageCopies {
 
     /// Among the copies `keys`, those the collect of the snapshotter `scope` may
     /// remove (see the module's documentation).
-    pub(crate) fn stale(&self, keys: &[String], scope: &Path) -> Vec<String> {
+    fn stale(&self, keys: &[String], scope: &Path) -> Vec<String> {
         keys.iter()
             .filter(|k| match self.recorded(k) {
                 Some(layers) => layers_replaced(k, &layers, scope),
@@ -124,7 +155,7 @@ impl ImageCopies {
     }
 
     /// Removes the record of a copy that is gone.
-    pub(crate) fn forget(&self, key: &str) -> Result<()> {
+    fn forget(&self, key: &str) -> Result<()> {
         let path = self.record_path(key);
         match std::fs::remove_file(&path) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
@@ -137,7 +168,7 @@ impl ImageCopies {
     /// Removes the records whose copy is not among `keys` (a create that died
     /// between its record and its copy); the caller holds
     /// [`ImageCopies::collecting`].
-    pub(crate) fn forget_orphans(&self, keys: &[String]) -> Result<()> {
+    fn forget_orphans(&self, keys: &[String]) -> Result<()> {
         for e in read_dir_lossy(&self.dir) {
             let name = e.file_name();
             let Some(key) = name.to_str().and_then(|n| n.strip_suffix(RECORD)) else {

@@ -252,13 +252,14 @@ impl ZfsStore {
             .collect())
     }
 
-    /// The `@base` snapshot of the image's copy, made on first use; the caller
-    /// holds [`ImageCopies::using`] until its clone is made.
-    pub(super) fn image(&self, image: &ImageSource) -> Result<String> {
+    /// The `@base` snapshot of the image's copy, made on first use and recorded
+    /// in `copies`; the caller holds [`ImageCopies::using`] until its clone is
+    /// made.
+    pub(super) fn image(&self, image: &ImageSource, copies: &ImageCopies) -> Result<String> {
         let dst = format!("{}/{}", self.area(IMAGES), image.key);
         let base = format!("{dst}@{BASE}");
         if self.exists(&base)? {
-            self.copies()?.record_if_missing(image)?;
+            copies.record_if_missing(image)?;
             return Ok(base);
         }
         let work = self.tmp(&format!("image-{}", image.key));
@@ -273,7 +274,7 @@ impl ZfsStore {
                 tree::copy(&mnt, &copy)?;
             }
             fault::point("zfs.image.copied");
-            self.copies()?.record(image)?;
+            copies.record(image)?;
             zfs(&["snapshot", &format!("{work}@{BASE}")])?;
             self.unmount(&work)?;
             match zfs_unmounted(&["rename", &work, &dst]) {

@@ -226,7 +226,7 @@ impl Store for ZfsStore {
         }
         let copies = self.copies()?;
         let _using = copies.using()?;
-        let base = self.image(image)?;
+        let base = self.image(image, &copies)?;
         self.clone_into(&base, key, image.owner.as_deref())
     }
 

@@ -134,26 +134,22 @@ impl ZfsStore {
     /// [`Store::collect_images`]: destroys the image copies whose layers are gone
     /// and that no clone uses (a retired container's may still).
     pub(super) fn collect_stale_images(&self, scope: &Path) -> Result<Vec<String>> {
-        let copies = self.copies()?;
-        if copies.stale(&self.image_keys()?, scope).is_empty() {
-            return Ok(Vec::new());
-        }
-        let Some(_held) = copies.collecting()? else {
-            return Ok(Vec::new());
-        };
-        let deps = self.dependents()?;
-        let mut removed = Vec::new();
-        for key in copies.stale(&self.image_keys()?, scope) {
-            let ds = format!("{}/{key}", self.area(IMAGES));
-            if deps.contains_key(&format!("{ds}@{BASE}")) {
-                continue;
-            }
-            self.destroy_fs(&ds)?;
-            copies.forget(&key)?;
-            removed.push(key);
-        }
-        copies.forget_orphans(&self.image_keys()?)?;
-        Ok(removed)
+        let mut deps = None;
+        self.copies()?.collect(
+            scope,
+            || self.image_keys(),
+            |key| {
+                let ds = format!("{}/{key}", self.area(IMAGES));
+                let deps = match &mut deps {
+                    Some(d) => d,
+                    None => deps.insert(self.dependents()?),
+                };
+                if deps.contains_key(&format!("{ds}@{BASE}")) {
+                    return Ok(false);
+                }
+                self.destroy_fs(&ds).map(|()| true)
+            },
+        )
     }
 
     /// [`Store::collect`]: destroys the trees whose owner is gone.
