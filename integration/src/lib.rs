@@ -34,6 +34,7 @@ pub mod scripted;
 pub mod second_containerd;
 pub mod trajectory;
 pub mod ttrpc;
+pub mod wasm;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -64,6 +64,16 @@ fn fork_from_a_named_checkpoint_has_that_checkpoints_files() {
 }
 
 #[test]
+fn a_fork_of_node_compiles_webassembly_again() {
+    let node = wasm::Node::start(&[]);
+    let prefix = unique_id("wasm");
+    let f = Guard::new(&format!("{prefix}-1"));
+    crabctl_ok(&["fork", &node.guard.id, "--prefix", &prefix]);
+    node.assert_compiles_again(&f);
+    node.assert_compiles_again(&node.guard);
+}
+
+#[test]
 fn a_killed_container_comes_back_under_its_id_from_its_checkpoint() {
     let g = server();
     // Read before the checkpoint: the counter ticks on after it (every 0.2 s),

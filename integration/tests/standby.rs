@@ -146,6 +146,22 @@ fn a_rollback_to_the_checkpoint_a_standby_holds_adopts_it_and_restores_memory_an
     }
 }
 
+#[test]
+fn node_adopted_from_a_standby_compiles_webassembly_again() {
+    let node = wasm::Node::start(ASK_FOR_STANDBY);
+    let g = &node.guard;
+    crabctl_ok(&["checkpoint", &g.id, "--name", "wasm"]);
+    let standby_pid = wait_for_standby(&g.id, newest_seq(&g.id));
+    assert_eq!(
+        state_of(standby_pid),
+        Some('T'),
+        "the standby is not stopped"
+    );
+    let out = crabctl_ok(&["rollback", &g.id, "wasm"]);
+    assert!(out.contains("standby adopted"), "{out}");
+    node.assert_compiles_again(g);
+}
+
 /// The spec's cgroup mount, as Docker, Kubernetes and containerd's CRI give every
 /// container (`ctr`'s default spec has none).
 const CGROUP_VIEW: &[&str] = &[

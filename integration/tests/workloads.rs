@@ -180,3 +180,11 @@ fn two_hundred_megabytes_of_memory_come_back_with_the_same_checksum() {
         "process image of {bytes} bytes cannot hold 200 MB"
     );
 }
+
+#[test]
+fn node_compiles_webassembly_again_after_a_rollback() {
+    let node = wasm::Node::start(&[]);
+    crabctl_ok(&["checkpoint", &node.guard.id, "--name", "wasm"]);
+    crabctl_ok(&["rollback", &node.guard.id, "wasm"]);
+    node.assert_compiles_again(&node.guard);
+}

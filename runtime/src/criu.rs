@@ -158,6 +158,11 @@ pub fn dump(d: &Dump) -> Result<()> {
     if d.empty_network {
         cmd.args(["--empty-ns", "net"]);
     }
+    // CRIU drops the processes' memory protection keys: they are recorded beside its
+    // images (the cgroup is frozen already).
+    if let Some(cg) = &d.freeze_cgroup {
+        crate::pkeys::record(cg, &d.images)?;
+    }
     run(cmd, "dump", &d.criu, &d.images.join("dump.log"))?;
     let pruned = crate::checkpoint::net_images::prune(&d.images, d.own_network)?;
     tracing::debug!(?pruned, "network images that restore nothing, dropped");

@@ -51,6 +51,7 @@ pub mod metrics;
 pub mod netns;
 pub mod oom;
 pub mod peer;
+pub mod pkeys;
 pub mod sandbox;
 pub mod socket_path;
 pub mod standby;

@@ -65,7 +65,11 @@ pub fn image_files(dir: &Path) -> BTreeMap<String, u64> {
         .flatten()
         .flatten()
         .filter(|e| e.file_type().map(|t| t.is_file()).unwrap_or(false))
-        .filter(|e| e.file_name().to_string_lossy().ends_with(".img"))
+        .filter(|e| {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            name.ends_with(".img") || name == crate::pkeys::FILE
+        })
         .map(|e| {
             let len = e.metadata().map(|m| m.len()).unwrap_or(0);
             (e.file_name().to_string_lossy().into_owned(), len)

@@ -244,6 +244,8 @@ fn serve(call: Restore) -> Result<Restored> {
         let changed = crate::userns::images::hand_to_namespace_root(&images, maps)?;
         tracing::debug!(changed, "images handed to the user namespace's root");
     }
+    // The processes' protection keys are put back before any of them runs.
+    let keys = crate::pkeys::Record::load(&images)?;
     let pid = criu::restore(&criu::Restore {
         criu: criu_bin,
         images,
@@ -258,7 +260,7 @@ fn serve(call: Restore) -> Result<Restored> {
             super::hooks::action_script(&exe, &bundle, &id)
         }),
         mount_compat: dumped.foreign_mounts,
-        leave_stopped: standby,
+        leave_stopped: standby || keys.is_some(),
     })?;
     drop(fds);
     drop(joined);
@@ -266,6 +268,17 @@ fn serve(call: Restore) -> Result<Restored> {
     // CRIU made the user namespace from the images: it must be the spec's (the
     // caller kills what was restored when this fails).
     crate::userns::restored::verify(pid, maps.as_ref())?;
+    if let Some(keys) = &keys {
+        let tree = crate::pkeys::reapply(keys, pid)?;
+        if !standby {
+            for p in tree {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(p),
+                    nix::sys::signal::Signal::SIGCONT,
+                );
+            }
+        }
+    }
     let criu_ms = ms(criu_started);
     let finish_started = std::time::Instant::now();
     if !standby {
