@@ -275,14 +275,16 @@ fn twenty_rollbacks_between_two_checkpoints_land_on_each_with_or_without_a_stand
     let at_a = count(&g);
     crabctl_ok(&["checkpoint", &g.id, "--name", "a"]);
     let seq_a = newest_seq(&g.id);
-    // The count in memory may be one ahead of the file's.
-    let after_a = count(&g) + 2;
+    // The count in memory may be one ahead of the file's, and under load the
+    // counter (a tick per 200 ms) goes on for a tick or two between the rollback's
+    // end and the read: the window stays below the other checkpoint's count.
+    let after_a = count(&g) + 4;
     assert!(wait_until(Duration::from_secs(10), || count(&g) >= after_a + 3));
     g.exec_ok(&["sh", "-c", "echo b > /mark"]);
     let at_b = count(&g);
     crabctl_ok(&["checkpoint", &g.id, "--name", "b"]);
     let seq_b = newest_seq(&g.id);
-    let after_b = count(&g) + 2;
+    let after_b = count(&g) + 4;
     let mut adopted = 0;
     // a a b b a a ...: the first of each pair restores from the images (the
     // standby holds the other checkpoint), the second adopts the replica made

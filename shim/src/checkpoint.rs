@@ -344,6 +344,7 @@ impl TaskService {
                 stdout: req.stdout.clone(),
                 stderr: req.stderr.clone(),
                 terminal: req.terminal,
+                container: (self.namespace.clone(), req.id.clone()),
             },
         );
         let control = self.serve_control(&config, &req.id);

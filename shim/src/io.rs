@@ -21,6 +21,7 @@ use tokio::sync::Mutex;
 use tokio::task::JoinHandle;
 
 use crate::error::{ShimError, ShimResult};
+use crate::log_uri::{Logger, Output};
 
 /// The fifo paths containerd gave for a process.
 #[derive(Debug, Clone, Default)]
@@ -33,6 +34,8 @@ pub struct StdioPaths {
     pub stderr: String,
     /// Whether the process has a terminal (then stdout carries both outputs).
     pub terminal: bool,
+    /// The container's namespace and id, for a logging binary's environment.
+    pub container: (String, String),
 }
 
 type StdinWriter = Arc<Mutex<Option<Box<dyn AsyncWrite + Send + Unpin>>>>;
@@ -44,6 +47,7 @@ pub struct ProcessIo {
     stdin_task: Option<JoinHandle<()>>,
     outputs: Vec<JoinHandle<()>>,
     console: Option<Arc<OwnedFd>>,
+    logger: Option<Logger>,
 }
 
 impl std::fmt::Debug for ProcessIo {
@@ -116,19 +120,12 @@ impl PipeIo {
 
     /// Starts the copy tasks.
     pub fn start(self) -> ShimResult<ProcessIo> {
+        let ([out, err], logger) = open_outputs(&self.paths, false)?;
         let mut outputs = Vec::new();
-        for (r, path) in [
-            (self.stdout_r, &self.paths.stdout),
-            (self.stderr_r, &self.paths.stderr),
-        ] {
+        for (r, dst) in [(self.stdout_r, out), (self.stderr_r, err)] {
             if let Some(r) = r {
                 let src = pipe::Receiver::from_owned_fd(r)
                     .map_err(|e| ShimError::Other(format!("stdio pipe: {e}")))?;
-                let dst = if path.is_empty() {
-                    None
-                } else {
-                    Some(open_output_fifo(path)?)
-                };
                 outputs.push(tokio::spawn(copy_output(src, dst)));
             }
         }
@@ -149,6 +146,7 @@ impl PipeIo {
             stdin_task,
             outputs,
             console: None,
+            logger,
         })
     }
 }
@@ -163,11 +161,7 @@ impl ProcessIo {
         // Without an output fifo (a restored terminal task of crabctl's) the output is
         // read and dropped: a full pty would block the process.
         let src = tokio::fs::File::from_std(File::from(dup(&master)?));
-        let dst = if paths.stdout.is_empty() {
-            None
-        } else {
-            Some(open_output_fifo(&paths.stdout)?)
-        };
+        let ([dst, _], logger) = open_outputs(paths, true)?;
         let outputs = vec![tokio::spawn(copy_output(src, dst))];
         let stdin: StdinWriter = Arc::new(Mutex::new(None));
         let mut stdin_task = None;
@@ -182,6 +176,7 @@ impl ProcessIo {
             stdin_task,
             outputs,
             console: Some(Arc::new(master)),
+            logger,
         })
     }
 
@@ -193,6 +188,7 @@ impl ProcessIo {
             stdin_task: None,
             outputs: Vec::new(),
             console: None,
+            logger: None,
         }
     }
 
@@ -217,6 +213,9 @@ impl ProcessIo {
         }
         self.stop_stdin();
         self.stdin.lock().await.take();
+        if let Some(logger) = self.logger.take() {
+            tokio::task::spawn_blocking(move || logger.finish());
+        }
     }
 
     /// Stops the stdin copy. A copy still blocked in opening the fifo (the client never
@@ -241,6 +240,83 @@ impl Drop for ProcessIo {
             t.abort();
         }
         self.stop_stdin();
+        if let Some(logger) = self.logger.take() {
+            std::thread::spawn(move || logger.finish());
+        }
+    }
+}
+
+/// A destination of output.
+enum Sink {
+    /// containerd's fifo.
+    Fifo(pipe::Sender),
+    /// A log file (`file://`).
+    File(tokio::fs::File),
+    /// A logging binary's fd 3 or 4 (`binary://`).
+    Logger(pipe::Sender),
+}
+
+impl Sink {
+    async fn write_all(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        match self {
+            Sink::Fifo(s) | Sink::Logger(s) => s.write_all(bytes).await,
+            // tokio's File buffers a write until flushed.
+            Sink::File(f) => {
+                f.write_all(bytes).await?;
+                f.flush().await
+            }
+        }
+    }
+
+    /// Waits until the client read everything (a fifo's; others need not wait).
+    async fn drained(&self) {
+        if let Sink::Fifo(d) = self {
+            while unread(d) > 0 {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        }
+    }
+}
+
+/// The destinations of stdout and stderr, and the logging binary when the stdout URI
+/// names one (then, as for a file, both outputs go there). `terminal`: one output.
+fn open_outputs(
+    paths: &StdioPaths,
+    terminal: bool,
+) -> ShimResult<([Option<Sink>; 2], Option<Logger>)> {
+    let fifo = |path: &str| -> ShimResult<Option<Sink>> {
+        match Output::parse(path)? {
+            Output::None => Ok(None),
+            Output::Fifo(p) => Ok(Some(Sink::Fifo(open_output_fifo(&p)?))),
+            _ => Err(ShimError::InvalidArgument(format!(
+                "stderr {path:?}: a log URI is given as stdout"
+            ))),
+        }
+    };
+    match Output::parse(&paths.stdout)? {
+        Output::File(path) => {
+            let file = crate::log_uri::open_file(&path)?;
+            let second = file
+                .try_clone()
+                .map_err(|e| ShimError::Other(format!("log file {}: {e}", path.display())))?;
+            let both = [file, second].map(|f| Some(Sink::File(tokio::fs::File::from_std(f))));
+            Ok((both, None))
+        }
+        Output::Binary { path, args } => {
+            let (namespace, id) = &paths.container;
+            let (logger, out, err) = Logger::start(&path, &args, namespace, id)?;
+            let sink = |fd: OwnedFd| -> ShimResult<Option<Sink>> {
+                let s = pipe::Sender::from_owned_fd(fd)
+                    .map_err(|e| ShimError::Other(format!("logging pipe: {e}")))?;
+                Ok(Some(Sink::Logger(s)))
+            };
+            let err = if terminal { None } else { sink(err)? };
+            Ok(([sink(out)?, err], Some(logger)))
+        }
+        Output::None | Output::Fifo(_) => {
+            let err = if terminal { None } else { fifo(&paths.stderr)? };
+            Ok(([fifo(&paths.stdout)?, err], None))
+        }
     }
 }
 
@@ -256,7 +332,7 @@ fn open_output_fifo(path: &str) -> ShimResult<pipe::Sender> {
 /// until the client has read everything from the fifo: a client deletes the process
 /// once it has exited and then stops reading at once (containerd's `cio` closes its
 /// end), so what it has not read by then would be lost.
-async fn copy_output(mut src: impl AsyncRead + Unpin, mut dst: Option<pipe::Sender>) {
+async fn copy_output(mut src: impl AsyncRead + Unpin, mut dst: Option<Sink>) {
     let mut buf = vec![0u8; 32 * 1024];
     loop {
         let n = match src.read(&mut buf).await {
@@ -270,9 +346,7 @@ async fn copy_output(mut src: impl AsyncRead + Unpin, mut dst: Option<pipe::Send
         }
     }
     if let Some(d) = &dst {
-        while unread(d) > 0 {
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
+        d.drained().await;
     }
 }
 

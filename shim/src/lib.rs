@@ -23,6 +23,7 @@ pub mod fork_group;
 pub mod info;
 pub mod instance;
 pub mod io;
+pub mod log_uri;
 pub mod logging;
 pub mod metrics;
 pub mod oom;

@@ -152,6 +152,7 @@ impl TaskService {
             stdout: req.stdout.clone(),
             stderr: req.stderr.clone(),
             terminal: req.terminal,
+            container: (self.namespace.clone(), req.id.clone()),
         };
         let opts = CreateOpts {
             namespace: self.namespace.clone(),
@@ -414,6 +415,7 @@ impl TaskService {
                 stdout: req.stdout.clone(),
                 stderr: req.stderr.clone(),
                 terminal: req.terminal,
+                container: (self.namespace.clone(), req.id.clone()),
             },
         );
         proc.spec = Some(spec);
