@@ -10,7 +10,8 @@ use containerd_client::services::v1::content_client::ContentClient;
 use containerd_client::services::v1::images_client::ImagesClient;
 use containerd_client::services::v1::snapshots::snapshots_client::SnapshotsClient;
 use containerd_client::services::v1::snapshots::{
-    MountsRequest, PrepareSnapshotRequest, StatSnapshotRequest,
+    CommitSnapshotRequest, MountsRequest, PrepareSnapshotRequest, RemoveSnapshotRequest,
+    StatSnapshotRequest,
 };
 use containerd_client::services::v1::tasks_client::TasksClient;
 use containerd_client::services::v1::{
@@ -240,6 +241,57 @@ impl Client {
             .await
             .with_context(|| format!("stat snapshot {key}"))?;
         Ok(resp.into_inner().info.map(|i| i.parent).unwrap_or_default())
+    }
+
+    /// Whether snapshot `key` exists.
+    pub async fn snapshot_exists(&self, snapshotter: &str, key: &str) -> Result<bool> {
+        let req = StatSnapshotRequest {
+            snapshotter: snapshotter.to_string(),
+            key: key.to_string(),
+        };
+        match SnapshotsClient::new(self.channel.clone())
+            .stat(with_namespace!(req, self.namespace))
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(s) if s.code() == Code::NotFound => Ok(false),
+            Err(s) => Err(anyhow!(s)).with_context(|| format!("stat snapshot {key}")),
+        }
+    }
+
+    /// Commits the writable snapshot `key` as `name`.
+    pub async fn commit(
+        &self,
+        snapshotter: &str,
+        name: &str,
+        key: &str,
+    ) -> std::result::Result<(), Status> {
+        let req = CommitSnapshotRequest {
+            snapshotter: snapshotter.to_string(),
+            name: name.to_string(),
+            key: key.to_string(),
+            ..Default::default()
+        };
+        SnapshotsClient::new(self.channel.clone())
+            .commit(with_namespace!(req, self.namespace))
+            .await
+            .map(|_| ())
+    }
+
+    /// Removes snapshot `key` (gone already is not an error).
+    pub async fn remove_snapshot(&self, snapshotter: &str, key: &str) -> Result<()> {
+        let req = RemoveSnapshotRequest {
+            snapshotter: snapshotter.to_string(),
+            key: key.to_string(),
+        };
+        match SnapshotsClient::new(self.channel.clone())
+            .remove(with_namespace!(req, self.namespace))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(s) if s.code() == Code::NotFound => Ok(()),
+            Err(s) => Err(anyhow!(s)).with_context(|| format!("remove snapshot {key}")),
+        }
     }
 
     /// Prepares a writable snapshot `key` on `parent`; returns its mounts.

@@ -11,6 +11,7 @@ mod proxy;
 mod proxy_door;
 mod quota;
 mod recover;
+mod remap;
 mod turn;
 
 use std::path::PathBuf;

@@ -212,7 +212,17 @@ pub fn import(
         client.create_container(c.clone()).await?;
         fault::point("import.created");
         let made = async {
-            let mounts = client.prepare(&c.snapshotter, new_id, &chain).await?;
+            // A sandbox with a user namespace had its root on the image's layers
+            // owned by the ids its root maps to: so has the import.
+            let parent = match crate::remap::root_ids(&spec)? {
+                Some(ids) => {
+                    let scratch = PathBuf::from(format!("{}.remap", dir.display()));
+                    crate::remap::remapped_parent(&client, &c.snapshotter, &chain, ids, &scratch)
+                        .await?
+                }
+                None => chain.clone(),
+            };
+            let mounts = client.prepare(&c.snapshotter, new_id, &parent).await?;
             fault::point("import.prepared");
             let pid = client
                 .start_restored(&c, mounts, Source::Dir { path: dir.clone() })

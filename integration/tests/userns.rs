@@ -211,6 +211,68 @@ fn an_archive_of_a_namespaced_sandbox_is_refused_on_import_unless_its_mappings_a
     );
 }
 
+/// The remapped layers `ctr run --uidmap` made for a mapping of this test's own.
+fn remapped_layers(suffix: &str) -> Vec<String> {
+    ctr_ok(&["snapshots", "ls"])
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|k| k.ends_with(suffix))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn an_archive_of_a_namespaced_sandbox_imports_into_its_mapping_when_allowed() {
+    // A mapping no other test uses: the import must remap the layers itself, as on
+    // a host that never ran the sandbox.
+    const MAPS_400K: &[&str] = &["--uidmap", "0:400000:65536", "--gidmap", "0:400000:65536"];
+    let g = Guard::run_detached(CRAB, BUSYBOX, MAPS_400K, &["sh", "-c", COUNTER]);
+    assert!(wait_until(Duration::from_secs(10), || g
+        .number("/tmp/count")
+        >= 5));
+    let file = std::env::temp_dir().join(format!("{}.tar", unique_id("unsi")));
+    let path = file.display().to_string();
+    crabctl_ok(&["export", &g.id, "-o", &path]);
+    let exported = g.number("/tmp/count");
+    drop(g);
+    for key in remapped_layers("-400000-400000") {
+        ctr_ok(&["snapshots", "rm", &key]);
+    }
+    assert_eq!(remapped_layers("-400000-400000"), Vec::<String>::new());
+
+    let id = unique_id("unsi-imported");
+    let imported = Guard::new(&id);
+    let out = crabctl(
+        &["import", &path, "--id", &id, "--allow", "user-mappings"],
+        &[],
+    );
+    let _ = std::fs::remove_file(&file);
+    let (o, e) = text(&out);
+    assert!(out.status.success(), "import: {o}{e}");
+    assert_eq!(
+        remapped_layers("-400000-400000").len(),
+        1,
+        "the import's remapped layers"
+    );
+    let pid = imported.pid();
+    assert_eq!(host_ids(pid, "Uid:"), [400_000; 4]);
+    assert_eq!(uid_map(pid), "0 400000 65536");
+    // The image's files owned by the mapped root, as the sandbox's were, and its own
+    // files restored.
+    for f in ["etc/passwd", "bin", "tmp/count"] {
+        let md = std::fs::symlink_metadata(format!("/proc/{pid}/root/{f}")).unwrap();
+        assert_eq!((md.uid(), md.gid()), (400_000, 400_000), "{f}");
+    }
+    let first = imported.number("/tmp/count");
+    assert!(
+        first >= exported,
+        "the count restarted: {first} < {exported}"
+    );
+    assert!(wait_until(Duration::from_secs(5), || imported
+        .number("/tmp/count")
+        > first));
+}
+
 #[test]
 fn forks_of_a_namespaced_sandbox_run_in_its_mapping_with_its_memory() {
     let g = counter(&[]);
