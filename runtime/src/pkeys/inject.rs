@@ -156,51 +156,40 @@ fn sigmask(tid: Pid, request: libc::c_uint, mask: u64) -> Result<u64> {
 
 fn get_xstate(tid: Pid) -> Result<Vec<u8>> {
     let mut buf = vec![0u8; XSTATE_MAX];
+    let len = xstate(tid, libc::PTRACE_GETREGSET, &mut buf)
+        .map_err(Error::sys(format!("extended state of {tid}")))?;
+    buf.truncate(len);
+    Ok(buf)
+}
+
+fn set_xstate(tid: Pid, saved: &[u8]) -> Result<()> {
+    let mut copy = saved.to_vec();
+    xstate(tid, libc::PTRACE_SETREGSET, &mut copy)
+        .map(drop)
+        .map_err(Error::sys(format!("restore extended state of {tid}")))
+}
+
+/// `PTRACE_GETREGSET` (fills `buf`) or `PTRACE_SETREGSET` (reads it) of the thread's
+/// XSAVE area; answers the length the kernel used.
+fn xstate(tid: Pid, request: libc::c_uint, buf: &mut [u8]) -> nix::Result<usize> {
     let mut iov = libc::iovec {
         iov_base: buf.as_mut_ptr().cast(),
         iov_len: buf.len(),
     };
-    // SAFETY: PTRACE_GETREGSET writes at most iov_len bytes into the buffer iov points
-    // at, which lives until the call returns, and shortens iov_len to what it wrote.
+    // SAFETY: both requests access at most iov_len bytes of the buffer iov points at,
+    // which lives until the call returns; GETREGSET shortens iov_len to what it wrote.
     let rc = unsafe {
         libc::ptrace(
-            libc::PTRACE_GETREGSET,
+            request,
             tid.as_raw(),
             NT_X86_XSTATE as usize as *mut libc::c_void,
             &mut iov as *mut libc::iovec,
         )
     };
     if rc < 0 {
-        return Err(Error::sys(format!("extended state of {tid}"))(
-            nix::Error::last(),
-        ));
+        return Err(nix::Error::last());
     }
-    buf.truncate(iov.iov_len);
-    Ok(buf)
-}
-
-fn set_xstate(tid: Pid, xstate: &[u8]) -> Result<()> {
-    let mut copy = xstate.to_vec();
-    let mut iov = libc::iovec {
-        iov_base: copy.as_mut_ptr().cast(),
-        iov_len: copy.len(),
-    };
-    // SAFETY: PTRACE_SETREGSET reads iov_len bytes from the buffer iov points at,
-    // which lives until the call returns.
-    let rc = unsafe {
-        libc::ptrace(
-            libc::PTRACE_SETREGSET,
-            tid.as_raw(),
-            NT_X86_XSTATE as usize as *mut libc::c_void,
-            &mut iov as *mut libc::iovec,
-        )
-    };
-    if rc < 0 {
-        return Err(Error::sys(format!("restore extended state of {tid}"))(
-            nix::Error::last(),
-        ));
-    }
-    Ok(())
+    Ok(iov.iov_len)
 }
 
 /// The address of a `syscall` instruction (`0f 05`) in the process's vDSO, which
