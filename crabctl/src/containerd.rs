@@ -8,12 +8,17 @@ use containerd_client::services::v1::container::Runtime;
 use containerd_client::services::v1::containers_client::ContainersClient;
 use containerd_client::services::v1::content_client::ContentClient;
 use containerd_client::services::v1::images_client::ImagesClient;
+use containerd_client::services::v1::leases_client::LeasesClient;
 use containerd_client::services::v1::snapshots::snapshots_client::SnapshotsClient;
 use containerd_client::services::v1::snapshots::{
     CommitSnapshotRequest, MountsRequest, PrepareSnapshotRequest, RemoveSnapshotRequest,
     StatSnapshotRequest,
 };
 use containerd_client::services::v1::tasks_client::TasksClient;
+use containerd_client::services::v1::{
+    AddResourceRequest, CreateRequest as LeaseCreateRequest, DeleteRequest as LeaseDeleteRequest,
+    Resource as LeaseResource,
+};
 use containerd_client::services::v1::{
     Container, CreateContainerRequest, CreateTaskRequest, DeleteTaskRequest, GetContainerRequest,
     GetImageRequest, GetRequest, ListContainersRequest, ReadContentRequest, StartRequest,
@@ -37,7 +42,13 @@ pub fn runtime() -> Result<tokio::runtime::Runtime> {
 pub struct Client {
     pub(crate) channel: Channel,
     pub(crate) namespace: String,
+    /// A lease the snapshots this client prepares and commits are held by
+    /// ([`Client::under_lease`]).
+    lease: Option<String>,
 }
+
+/// containerd's gRPC header naming the lease a request's resources belong to.
+const LEASE_HEADER: &str = "containerd-lease";
 
 /// The type of [`RuntimeOptions`].
 const RUNTIME_OPTIONS_TYPE: &str = "runtimeoptions.v1.Options";
@@ -58,6 +69,7 @@ impl Client {
             .await
             .with_context(|| format!("connect to containerd at {address}"))?;
         Ok(Client {
+            lease: None,
             channel,
             namespace: namespace.to_string(),
         })
@@ -243,6 +255,71 @@ impl Client {
         Ok(resp.into_inner().info.map(|i| i.parent).unwrap_or_default())
     }
 
+    /// `msg` in this client's namespace, and under its lease if it has one.
+    fn request<T>(&self, msg: T) -> Request<T> {
+        let mut req = with_namespace!(msg, self.namespace);
+        if let Some(lease) = self.lease.as_ref().and_then(|l| l.parse().ok()) {
+            req.metadata_mut().insert(LEASE_HEADER, lease);
+        }
+        req
+    }
+
+    /// This connection, with the snapshots it prepares and commits held by lease
+    /// `id` (containerd's garbage collector removes a snapshot nothing references).
+    pub fn under_lease(&self, id: &str) -> Client {
+        Client {
+            lease: Some(id.to_string()),
+            ..self.clone()
+        }
+    }
+
+    /// Creates lease `id`, which containerd drops by itself after `ttl` (a crashed
+    /// caller leaves nothing held for good).
+    pub async fn create_lease(&self, id: &str, ttl: std::time::Duration) -> Result<()> {
+        let expire = chrono::Utc::now() + chrono::Duration::from_std(ttl)?;
+        let req = LeaseCreateRequest {
+            id: id.to_string(),
+            labels: HashMap::from([(
+                "containerd.io/gc.expire".to_string(),
+                expire.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            )]),
+        };
+        LeasesClient::new(self.channel.clone())
+            .create(with_namespace!(req, self.namespace))
+            .await
+            .with_context(|| format!("create lease {id}"))?;
+        Ok(())
+    }
+
+    /// Adds snapshot `key` to lease `id`.
+    pub async fn lease_snapshot(&self, id: &str, snapshotter: &str, key: &str) -> Result<()> {
+        let req = AddResourceRequest {
+            id: id.to_string(),
+            resource: Some(LeaseResource {
+                id: key.to_string(),
+                r#type: format!("snapshots/{snapshotter}"),
+            }),
+        };
+        LeasesClient::new(self.channel.clone())
+            .add_resource(with_namespace!(req, self.namespace))
+            .await
+            .with_context(|| format!("add snapshot {key} to lease {id}"))?;
+        Ok(())
+    }
+
+    /// Deletes lease `id` (what it held stays while something else references it).
+    pub async fn delete_lease(&self, id: &str) -> Result<()> {
+        let req = LeaseDeleteRequest {
+            id: id.to_string(),
+            sync: false,
+        };
+        LeasesClient::new(self.channel.clone())
+            .delete(with_namespace!(req, self.namespace))
+            .await
+            .with_context(|| format!("delete lease {id}"))?;
+        Ok(())
+    }
+
     /// Whether snapshot `key` exists.
     pub async fn snapshot_exists(&self, snapshotter: &str, key: &str) -> Result<bool> {
         let req = StatSnapshotRequest {
@@ -273,7 +350,7 @@ impl Client {
             ..Default::default()
         };
         SnapshotsClient::new(self.channel.clone())
-            .commit(with_namespace!(req, self.namespace))
+            .commit(self.request(req))
             .await
             .map(|_| ())
     }
@@ -303,7 +380,7 @@ impl Client {
             labels: HashMap::new(),
         };
         let resp = SnapshotsClient::new(self.channel.clone())
-            .prepare(with_namespace!(req, self.namespace))
+            .prepare(self.request(req))
             .await
             .with_context(|| format!("prepare snapshot {key}"))?;
         Ok(resp.into_inner().mounts)

@@ -214,15 +214,29 @@ pub fn import(
         let made = async {
             // A sandbox with a user namespace had its root on the image's layers
             // owned by the ids its root maps to: so has the import.
-            let parent = match crate::remap::root_ids(&spec)? {
+            let (parent, lease) = match crate::remap::root_ids(&spec)? {
                 Some(ids) => {
                     let scratch = PathBuf::from(format!("{}.remap", dir.display()));
-                    crate::remap::remapped_parent(&client, &c.snapshotter, &chain, ids, &scratch)
-                        .await?
+                    let (parent, lease) = crate::remap::remapped_parent(
+                        &client,
+                        &c.snapshotter,
+                        &chain,
+                        ids,
+                        &scratch,
+                    )
+                    .await?;
+                    (parent, Some(lease))
                 }
-                None => chain.clone(),
+                None => (chain.clone(), None),
             };
-            let mounts = client.prepare(&c.snapshotter, new_id, &parent).await?;
+            let mounts = client.prepare(&c.snapshotter, new_id, &parent).await;
+            // The container's snapshot holds the remapped layers from now on.
+            if let Some(lease) = lease {
+                if let Err(e) = client.delete_lease(&lease).await {
+                    tracing::warn!(%lease, error = %format!("{e:#}"), "delete the remap's lease");
+                }
+            }
+            let mounts = mounts?;
             fault::point("import.prepared");
             let pid = client
                 .start_restored(&c, mounts, Source::Dir { path: dir.clone() })

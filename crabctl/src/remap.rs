@@ -40,10 +40,47 @@ pub fn root_ids(spec: &serde_json::Value) -> Result<Option<(u32, u32)>> {
     }
 }
 
-/// The remapped snapshot of `chain` for root `(uid, gid)`, made if missing.
+/// How long the lease holding a remap's snapshots lasts if its caller dies.
+const LEASE_TTL: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// The remapped snapshot of `chain` for root `(uid, gid)`, made if missing, and the
+/// lease that holds it (and its work snapshot) from containerd's garbage collector
+/// until the caller prepared its own snapshot on it and deletes the lease.
 /// `scratch`: an empty directory to mount it on while its owners are shifted.
 pub async fn remapped_parent(
     client: &Client,
+    snapshotter: &str,
+    chain: &str,
+    ids: (u32, u32),
+    scratch: &Path,
+) -> Result<(String, String)> {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    let lease = format!("crab-remap-{}-{nanos}", std::process::id());
+    client.create_lease(&lease, LEASE_TTL).await?;
+    match remap(
+        &client.under_lease(&lease),
+        &lease,
+        snapshotter,
+        chain,
+        ids,
+        scratch,
+    )
+    .await
+    {
+        Ok(name) => Ok((name, lease)),
+        Err(e) => {
+            let _ = client.delete_lease(&lease).await;
+            Err(e)
+        }
+    }
+}
+
+async fn remap(
+    client: &Client,
+    lease: &str,
     snapshotter: &str,
     chain: &str,
     (uid, gid): (u32, u32),
@@ -51,6 +88,7 @@ pub async fn remapped_parent(
 ) -> Result<String> {
     let name = format!("{chain}-{uid}-{gid}");
     if client.snapshot_exists(snapshotter, &name).await? {
+        client.lease_snapshot(lease, snapshotter, &name).await?;
         return Ok(name);
     }
     let work = format!("{name}-remap");
@@ -70,6 +108,7 @@ pub async fn remapped_parent(
         // Another import (or ctr) committed it first: theirs is used.
         Err(s) if s.code() == Code::AlreadyExists => {
             client.remove_snapshot(snapshotter, &work).await?;
+            client.lease_snapshot(lease, snapshotter, &name).await?;
             Ok(name)
         }
         Err(s) => {

@@ -254,6 +254,11 @@ fn an_archive_of_a_namespaced_sandbox_imports_into_its_mapping_when_allowed() {
         1,
         "the import's remapped layers"
     );
+    // Held by a lease from containerd's garbage collector while they were made
+    // (a collection triggered by the removals above once took them mid-remap), and
+    // by the container's snapshot after: the lease is gone.
+    let leases = ctr_ok(&["leases", "ls"]);
+    assert!(!leases.contains("crab-remap-"), "{leases}");
     let pid = imported.pid();
     assert_eq!(host_ids(pid, "Uid:"), [400_000; 4]);
     assert_eq!(uid_map(pid), "0 400000 65536");
