@@ -27,19 +27,15 @@ pub(super) struct Injector {
     syscall_at: u64,
 }
 
-fn sys(context: String) -> impl FnOnce(nix::Error) -> Error {
-    Error::sys(context)
-}
-
 impl Injector {
     /// Seizes `pid` (a process in group-stop) and saves its main thread's state.
     pub(super) fn seize(pid: i32) -> Result<Injector> {
         let tid = Pid::from_raw(pid);
-        ptrace::seize(tid, ptrace::Options::empty()).map_err(sys(format!("seize {pid}")))?;
+        ptrace::seize(tid, ptrace::Options::empty()).map_err(Error::sys(format!("seize {pid}")))?;
         let saved = (|| {
-            ptrace::interrupt(tid).map_err(sys(format!("interrupt {pid}")))?;
+            ptrace::interrupt(tid).map_err(Error::sys(format!("interrupt {pid}")))?;
             wait_stop(tid)?;
-            let regs = ptrace::getregs(tid).map_err(sys(format!("registers of {pid}")))?;
+            let regs = ptrace::getregs(tid).map_err(Error::sys(format!("registers of {pid}")))?;
             let xstate = get_xstate(tid)?;
             let syscall_at = syscall_instruction(pid)?;
             // The process's pending signals (CRIU restores them) wait: none may be
@@ -76,16 +72,17 @@ impl Injector {
         regs.rip = self.syscall_at;
         // No system-call restart may apply to the injected instruction.
         regs.orig_rax = u64::MAX;
-        ptrace::setregs(self.tid, regs).map_err(sys(format!("set registers of {}", self.tid)))?;
+        ptrace::setregs(self.tid, regs)
+            .map_err(Error::sys(format!("set registers of {}", self.tid)))?;
         // A stop can come before the instruction ran: the SIGSTOP that stopped the
         // process (it is sent again at the release), or its group-stop reported
         // again. The step is then repeated; any other stop is an error.
         let mut stops = Vec::new();
         for _ in 0..4 {
-            ptrace::step(self.tid, None).map_err(sys(format!("step {}", self.tid)))?;
+            ptrace::step(self.tid, None).map_err(Error::sys(format!("step {}", self.tid)))?;
             stops.push(wait_stop(self.tid)?);
-            let after =
-                ptrace::getregs(self.tid).map_err(sys(format!("registers of {}", self.tid)))?;
+            let after = ptrace::getregs(self.tid)
+                .map_err(Error::sys(format!("registers of {}", self.tid)))?;
             if after.rip == self.syscall_at + 2 {
                 return Ok(after.rax as i64);
             }
@@ -107,20 +104,49 @@ impl Injector {
         let restored = set_xstate(self.tid, &self.xstate)
             .and_then(|()| {
                 ptrace::setregs(self.tid, self.regs)
-                    .map_err(sys(format!("restore registers of {}", self.tid)))
+                    .map_err(Error::sys(format!("restore registers of {}", self.tid)))
             })
             .and_then(|()| sigmask(self.tid, libc::PTRACE_SETSIGMASK, self.sigmask).map(drop));
         // Queued now, taken at the detach: the process stops again whatever ptrace
         // did to its group-stop.
         let _ = kill(self.tid, Signal::SIGSTOP);
-        let detached = ptrace::detach(self.tid, None).map_err(sys(format!("detach {}", self.tid)));
+        let detached = ptrace::detach(self.tid, None)
+            .map_err(Error::sys(format!("detach {}", self.tid)))
+            .and_then(|()| stopped_again(self.tid));
         restored.and(detached)
+    }
+}
+
+/// Waits until the detached process has taken the SIGSTOP queued at the release:
+/// the detach wakes it, and until it takes the signal it shows as running. Callers
+/// (a standby kept stopped, a test reading its state) see it stopped.
+fn stopped_again(tid: Pid) -> Result<()> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    loop {
+        let stat = std::fs::read_to_string(format!("/proc/{tid}/stat"))
+            .map_err(Error::io(format!("read the state of {tid}")))?;
+        // The state follows the command's closing parenthesis (the command may hold any).
+        let state = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim_start().chars().next());
+        if matches!(state, Some('T' | 't')) {
+            return Ok(());
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(Error::Helper {
+                operation: "restore protection keys",
+                message: format!("process {tid} did not stop again after the release ({state:?})"),
+            });
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
     }
 }
 
 fn wait_stop(tid: Pid) -> Result<WaitStatus> {
     loop {
-        match waitpid(tid, Some(WaitPidFlag::__WALL)).map_err(sys(format!("wait for {tid}")))? {
+        match waitpid(tid, Some(WaitPidFlag::__WALL))
+            .map_err(Error::sys(format!("wait for {tid}")))?
+        {
             s @ (WaitStatus::PtraceEvent(..) | WaitStatus::Stopped(..)) => return Ok(s),
             WaitStatus::Exited(..) | WaitStatus::Signaled(..) => {
                 return Err(Error::Helper {
