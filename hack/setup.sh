@@ -6,6 +6,7 @@
 #                            # Docker 26 in an isolated trixie root (hack/docker.sh),
 #                            # mini-swe-agent in a venv (hack/mini-swe-agent.sh)
 #   CRAB_SKIP_BUILD=1 ...    # everything but the cargo build and shim install
+#   CRAB_BUILD_TESTS=1 ...   # the build also compiles every test (hack/test.sh)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -139,8 +140,15 @@ mount_kernel_fs() {
 
 build_shim() {
     [ "${CRAB_SKIP_BUILD:-0}" = 1 ] && return
-    log "building the shim"
-    (cd "$ROOT" && cargo build --release -p crab-shim -p crabctl -p crab-snapshotter)
+    if [ "${CRAB_BUILD_TESTS:-0}" = 1 ]; then
+        # hack/test.sh: the binaries and every test at once, with the selection and
+        # features its cargo test commands use (dependencies compiled once).
+        log "building the workspace and its tests"
+        (cd "$ROOT" && cargo build --release --workspace --all-features --all-targets)
+    else
+        log "building the shim"
+        (cd "$ROOT" && cargo build --release -p crab-shim -p crabctl -p crab-snapshotter)
+    fi
     install -m 0755 "$ROOT/target/release/containerd-shim-crab-v2" /usr/local/bin/containerd-shim-crab-v2
     install -m 0755 "$ROOT/target/release/crabctl" /usr/local/bin/crabctl
     # Crab's snapshotter: CRI's default snapshotter of hack/containerd.sh --cri.

@@ -24,7 +24,26 @@ COMPAT_TESTS=(docker cri cri_userns idmapped_mounts lifecycle checkpoint client_
 log() { printf '\033[1;32m[test]\033[0m %s\n' "$*" >&2; }
 STARTED=$(date +%s)
 
-"$ROOT/hack/setup.sh"
+# Every cargo command selects the whole workspace with every feature and picks its
+# tests by target: a selection of its own (-p, --exclude, other features) resolves
+# the dependencies' features differently, and cargo compiles them again (it did four
+# times, two thirds of a CI run). The build in hack/setup.sh compiles them once.
+CARGO=(--release --workspace --all-features)
+UNIT_TESTS=()
+INTEGRATION_TESTS=()
+for f in */tests/*.rs; do
+    name=$(basename "$f" .rs)
+    case "$f" in
+        integration/*) INTEGRATION_TESTS+=(--test "$name") ;;
+        runtime/tests/zfs_store.rs) ;;
+        *) UNIT_TESTS+=(--test "$name") ;;
+    esac
+done
+# A --test name runs that target in every package that has one.
+dup=$(for f in */tests/*.rs; do basename "$f"; done | sort | uniq -d)
+[ -z "$dup" ] || { echo "test file names must be unique in the workspace: $dup" >&2; exit 1; }
+
+CRAB_BUILD_TESTS=1 "$ROOT/hack/setup.sh"
 
 # shellcheck source=hack/test-config.sh
 . "$ROOT/hack/test-config.sh"
@@ -46,7 +65,7 @@ if [ "$COMPAT" = 1 ]; then
         log "tests/$t.rs against containerd 2.x"
         # In a condition, so that a failing file (set -e, pipefail) does not end the
         # matrix before the next ones run.
-        if ! cargo test --release --no-fail-fast -p crab-integration --features host-tests \
+        if ! cargo test "${CARGO[@]}" --no-fail-fast \
             --test "$t" -- --test-threads=1 2>&1 | tee -a "$COMPAT_DIR/integration.log"; then
             status=1
         fi
@@ -87,16 +106,13 @@ if [ ${#FILTER[@]} -eq 0 ]; then
     # With every feature: the tests behind host-tests are linted too.
     cargo clippy --release --workspace --all-targets --all-features -- -D warnings
     log "unit tests, and the tests that need root, eBPF and the stores (host-tests)"
-    cargo test --release --workspace --exclude crab-integration --exclude crab-runtime \
-        --features crab-bpf/host-tests,crab-snapshotter/host-tests
-    cargo test --release -p crab-runtime --features host-tests \
-        --lib --bins --test btrfs_store --test overlay_store
+    cargo test "${CARGO[@]}" --lib --bins "${UNIT_TESTS[@]}"
+    cargo test "${CARGO[@]}" --doc
     # zfs-fuse: one test at a time (its daemon is the slow, fragile part)
-    timeout --kill-after=10 1200 cargo test --release -p crab-runtime --features host-tests \
-        --test zfs_store -- --test-threads=1
+    timeout --kill-after=10 1200 cargo test "${CARGO[@]}" --test zfs_store -- --test-threads=1
 fi
 log "integration tests (real containerd at $CRAB_CONTAINERD_ADDRESS, CRI at $CRAB_CRI_ADDRESS)"
-cargo test --release --no-fail-fast -p crab-integration --features host-tests \
+cargo test "${CARGO[@]}" --no-fail-fast "${INTEGRATION_TESTS[@]}" \
     -- --test-threads=1 "${FILTER[@]}" 2>&1 | tee "$TEST_DIR/integration.log"
 status=${PIPESTATUS[0]}
 # One closing line that counts every integration test of the run.

@@ -11,7 +11,7 @@ use containerd_client::services::v1::images_client::ImagesClient;
 use containerd_client::services::v1::leases_client::LeasesClient;
 use containerd_client::services::v1::snapshots::snapshots_client::SnapshotsClient;
 use containerd_client::services::v1::snapshots::{
-    CommitSnapshotRequest, MountsRequest, PrepareSnapshotRequest, RemoveSnapshotRequest,
+    CommitSnapshotRequest, Info, MountsRequest, PrepareSnapshotRequest, RemoveSnapshotRequest,
     StatSnapshotRequest,
 };
 use containerd_client::services::v1::tasks_client::TasksClient;
@@ -242,19 +242,6 @@ impl Client {
         Ok(resp.into_inner().mounts)
     }
 
-    /// The parent (the image's top layer) of snapshot `key`.
-    pub async fn snapshot_parent(&self, snapshotter: &str, key: &str) -> Result<String> {
-        let req = StatSnapshotRequest {
-            snapshotter: snapshotter.to_string(),
-            key: key.to_string(),
-        };
-        let resp = SnapshotsClient::new(self.channel.clone())
-            .stat(with_namespace!(req, self.namespace))
-            .await
-            .with_context(|| format!("stat snapshot {key}"))?;
-        Ok(resp.into_inner().info.map(|i| i.parent).unwrap_or_default())
-    }
-
     /// `msg` in this client's namespace, and under its lease if it has one.
     fn request<T>(&self, msg: T) -> Request<T> {
         let mut req = with_namespace!(msg, self.namespace);
@@ -320,8 +307,8 @@ impl Client {
         Ok(())
     }
 
-    /// Whether snapshot `key` exists.
-    pub async fn snapshot_exists(&self, snapshotter: &str, key: &str) -> Result<bool> {
+    /// Snapshot `key`'s information (its parent, its kind), or `None` if there is none.
+    pub async fn stat_snapshot(&self, snapshotter: &str, key: &str) -> Result<Option<Info>> {
         let req = StatSnapshotRequest {
             snapshotter: snapshotter.to_string(),
             key: key.to_string(),
@@ -330,8 +317,8 @@ impl Client {
             .stat(with_namespace!(req, self.namespace))
             .await
         {
-            Ok(_) => Ok(true),
-            Err(s) if s.code() == Code::NotFound => Ok(false),
+            Ok(resp) => Ok(resp.into_inner().info),
+            Err(s) if s.code() == Code::NotFound => Ok(None),
             Err(s) => Err(anyhow!(s)).with_context(|| format!("stat snapshot {key}")),
         }
     }

@@ -150,7 +150,10 @@ pub fn fork_into(
     let prefix = prefix
         .map(str::to_string)
         .unwrap_or_else(|| format!("{id}-fork"));
-    let parent = rt.block_on(client.snapshot_parent(&src.snapshotter, &src.snapshot_key))?;
+    let parent = rt
+        .block_on(client.stat_snapshot(&src.snapshotter, &src.snapshot_key))?
+        .map(|info| info.parent)
+        .with_context(|| format!("snapshot {} of {id} is gone", src.snapshot_key))?;
     // All at once: the work is in containerd, the shims and CRIU, which run in
     // parallel; this process only waits.
     let results = rt.block_on(async {

@@ -87,7 +87,7 @@ async fn remap(
     scratch: &Path,
 ) -> Result<String> {
     let name = format!("{chain}-{uid}-{gid}");
-    if client.snapshot_exists(snapshotter, &name).await? {
+    if client.stat_snapshot(snapshotter, &name).await?.is_some() {
         client.lease_snapshot(lease, snapshotter, &name).await?;
         return Ok(name);
     }
@@ -153,56 +153,51 @@ fn shift_mounted(
 /// Adds `(uid, gid)` to the owner of every file below `root` (symlinks themselves,
 /// never what they point at), keeping set-id bits, which a chown clears. Answers
 /// how many files it changed.
-pub fn shift_tree(root: &Path, (uid, gid): (u32, u32)) -> Result<u64> {
-    let mut count = 0;
+pub fn shift_tree(root: &Path, ids: (u32, u32)) -> Result<u64> {
+    shift_one(root, ids)?;
+    let mut count = 1;
     let mut dirs: Vec<PathBuf> = vec![root.to_path_buf()];
-    let mut first = true;
     while let Some(dir) = dirs.pop() {
-        let mut entries: Vec<PathBuf> = Vec::new();
-        if first {
-            entries.push(dir.clone());
-            first = false;
-        }
         for e in std::fs::read_dir(&dir).with_context(|| format!("read {}", dir.display()))? {
-            entries.push(e.with_context(|| format!("read {}", dir.display()))?.path());
-        }
-        for path in entries {
-            let md = std::fs::symlink_metadata(&path)
-                .with_context(|| format!("stat {}", path.display()))?;
-            let (Some(u), Some(g)) = (md.uid().checked_add(uid), md.gid().checked_add(gid)) else {
-                bail!(
-                    "{}: owner {}:{} shifted past the id range",
-                    path.display(),
-                    md.uid(),
-                    md.gid()
-                );
-            };
-            fchownat(
-                None,
-                &path,
-                Some(Uid::from_raw(u)),
-                Some(Gid::from_raw(g)),
-                AtFlags::AT_SYMLINK_NOFOLLOW,
-            )
-            .with_context(|| format!("chown {}", path.display()))?;
+            let path = e.with_context(|| format!("read {}", dir.display()))?.path();
             count += 1;
-            let kind = md.file_type();
-            if kind.is_symlink() {
-                continue;
-            }
-            if md.mode() & 0o6000 != 0 {
-                std::fs::set_permissions(
-                    &path,
-                    std::fs::Permissions::from_mode(md.mode() & 0o7777),
-                )
-                .with_context(|| format!("chmod {}", path.display()))?;
-            }
-            if kind.is_dir() && path != dir {
+            if shift_one(&path, ids)? {
                 dirs.push(path);
             }
         }
     }
     Ok(count)
+}
+
+/// Shifts one file's owner (not following a symlink), keeping its set-id bits;
+/// answers whether it is a directory to descend into.
+fn shift_one(path: &Path, (uid, gid): (u32, u32)) -> Result<bool> {
+    let md = std::fs::symlink_metadata(path).with_context(|| format!("stat {}", path.display()))?;
+    let (Some(u), Some(g)) = (md.uid().checked_add(uid), md.gid().checked_add(gid)) else {
+        bail!(
+            "{}: owner {}:{} shifted past the id range",
+            path.display(),
+            md.uid(),
+            md.gid()
+        );
+    };
+    fchownat(
+        None,
+        path,
+        Some(Uid::from_raw(u)),
+        Some(Gid::from_raw(g)),
+        AtFlags::AT_SYMLINK_NOFOLLOW,
+    )
+    .with_context(|| format!("chown {}", path.display()))?;
+    let kind = md.file_type();
+    if kind.is_symlink() {
+        return Ok(false);
+    }
+    if md.mode() & 0o6000 != 0 {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(md.mode() & 0o7777))
+            .with_context(|| format!("chmod {}", path.display()))?;
+    }
+    Ok(kind.is_dir())
 }
 
 #[cfg(test)]

@@ -52,6 +52,7 @@ pub mod netns;
 pub mod oom;
 pub mod peer;
 pub mod pkeys;
+pub mod resume;
 pub mod sandbox;
 pub mod socket_path;
 pub mod standby;

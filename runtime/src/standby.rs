@@ -454,10 +454,7 @@ impl Container {
         tracing::debug!(id = %self.state.id, rebound_us, recorded_us, renamed,
             moved_us = t.elapsed().as_micros() as u64, "standby taken over");
         crate::storage::fault::shim_point("standby.moved", config.fault_file.as_deref());
-        for &pid in pids {
-            // A process that ended meanwhile is not an error.
-            let _ = kill(Pid::from_raw(pid), Signal::SIGCONT);
-        }
+        crate::resume::continue_processes(pids.iter().copied());
         Ok(retracked)
     }
 

@@ -138,10 +138,7 @@ impl Container {
         };
         // What the fork's Create made, when it took the replica's.
         let container = leftovers.after(self, container);
-        for &pid in &pids {
-            // A process that ended meanwhile is not an error.
-            let _ = kill(Pid::from_raw(pid), Signal::SIGCONT);
-        }
+        crate::resume::continue_processes(pids.iter().copied());
         tracing::debug!(%id, cgroups_us, adopted_us = started.elapsed().as_micros() as u64,
             "replica for forks adopted");
         Ok(Adopted {

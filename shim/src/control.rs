@@ -353,7 +353,11 @@ impl TaskService {
             &inst.init.stdio.stderr,
         ]
         .into_iter()
-        .filter(|p| !p.is_empty())
+        // Only fifos: a log file or a logging binary is not opened here.
+        .filter_map(|p| match crate::log_uri::Output::parse(p) {
+            Ok(crate::log_uri::Output::Fifo(path)) => Some(path),
+            _ => None,
+        })
         .filter_map(|p| {
             std::fs::OpenOptions::new()
                 .read(true)

@@ -304,7 +304,16 @@ fn open_outputs(
         }
         Output::Binary { path, args } => {
             let (namespace, id) = &paths.container;
-            let (logger, out, err) = Logger::start(&path, &args, namespace, id)?;
+            // The wait for its readiness (up to seconds) must not hold a runtime
+            // worker that other containers' requests need.
+            let start = || Logger::start(&path, &args, namespace, id);
+            let multi_thread = tokio::runtime::Handle::try_current()
+                .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+            let (logger, out, err) = if multi_thread {
+                tokio::task::block_in_place(start)?
+            } else {
+                start()?
+            };
             let sink = |fd: OwnedFd| -> ShimResult<Option<Sink>> {
                 let s = pipe::Sender::from_owned_fd(fd)
                     .map_err(|e| ShimError::Other(format!("logging pipe: {e}")))?;

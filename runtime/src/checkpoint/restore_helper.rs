@@ -271,12 +271,7 @@ fn serve(call: Restore) -> Result<Restored> {
     if let Some(keys) = &keys {
         let tree = crate::pkeys::reapply(keys, pid)?;
         if !standby {
-            for p in tree {
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(p),
-                    nix::sys::signal::Signal::SIGCONT,
-                );
-            }
+            crate::resume::continue_processes(tree);
         }
     }
     let criu_ms = ms(criu_started);

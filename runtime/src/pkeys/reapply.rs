@@ -42,32 +42,25 @@ pub fn reapply(record: &Record, init: i32) -> Result<Vec<i32>> {
     Ok(tree)
 }
 
-/// `init` and every process below it (by parent pid, as /proc gives them).
+/// `init` and every process below it, from each thread's `children` list (exact
+/// here: the tree is stopped). Only the tree is read, not all of /proc.
 fn tree_under(init: i32) -> Vec<i32> {
-    let mut children: HashMap<i32, Vec<i32>> = HashMap::new();
-    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
-            continue;
-        };
-        if let Some(ppid) = parent_of(pid) {
-            children.entry(ppid).or_default().push(pid);
-        }
-    }
     let mut tree = vec![init];
     let mut i = 0;
     while i < tree.len() {
-        tree.extend(children.get(&tree[i]).into_iter().flatten());
+        let pid = tree[i];
+        let threads = std::fs::read_dir(format!("/proc/{pid}/task"));
+        for t in threads.into_iter().flatten().flatten() {
+            let children = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
+            tree.extend(
+                children
+                    .split_whitespace()
+                    .filter_map(|c| c.parse::<i32>().ok()),
+            );
+        }
         i += 1;
     }
     tree
-}
-
-fn parent_of(pid: i32) -> Option<i32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name in parentheses may hold spaces and parentheses: the fields
-    // after it start at the last ')'.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// Every recorded range must lie in mappings the restored process has, with the
