@@ -536,3 +536,27 @@ fn names_that_are_not_utf8_are_created_changed_and_deleted_across_a_rollback() {
         "{state}"
     );
 }
+
+#[test]
+fn a_checkpoint_of_a_sandbox_with_a_stopped_process_is_refused_at_once_and_works_once_it_runs() {
+    // CRIU's seize of a stopped process in a frozen cgroup never returns: the dump
+    // would wait for its timeout. It is refused before anything is frozen.
+    let script = format!("sleep 1000 & echo $! > /tmp/parked; kill -STOP $!; {COUNTER}");
+    let g = Guard::run_detached(CRAB, BUSYBOX, &[], &["sh", "-c", &script]);
+    assert!(wait_until(Duration::from_secs(10), || count(&g) >= 2));
+    let out = crabctl(&["checkpoint", &g.id, "--name", "stopped"], &[]);
+    let (o, e) = text(&out);
+    assert!(!out.status.success(), "{o}{e}");
+    assert!(e.contains("is stopped (SIGSTOP or job control)"), "{o}{e}");
+    // Nothing was left frozen: the counter goes on, and no checkpoint was recorded.
+    let now = count(&g);
+    assert!(
+        wait_until(Duration::from_secs(5), || count(&g) > now),
+        "left frozen"
+    );
+    assert!(seqs(&g.id).is_empty(), "{:?}", seqs(&g.id));
+
+    g.exec_ok(&["sh", "-c", "kill -CONT $(cat /tmp/parked)"]);
+    crabctl_ok(&["checkpoint", &g.id, "--name", "running"]);
+    assert_eq!(seqs(&g.id).len(), 1);
+}

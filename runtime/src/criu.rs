@@ -158,15 +158,56 @@ pub fn dump(d: &Dump) -> Result<()> {
     if d.empty_network {
         cmd.args(["--empty-ns", "net"]);
     }
-    // CRIU drops the processes' memory protection keys: they are recorded beside its
-    // images (the cgroup is frozen already).
     if let Some(cg) = &d.freeze_cgroup {
+        // CRIU drops the processes' memory protection keys: they are recorded
+        // beside its images.
         crate::pkeys::record(cg, &d.images)?;
     }
     run(cmd, "dump", &d.criu, &d.images.join("dump.log"))?;
     let pruned = crate::checkpoint::net_images::prune(&d.images, d.own_network)?;
     tracing::debug!(?pruned, "network images that restore nothing, dropped");
     Ok(())
+}
+
+/// A process stopped by a signal (SIGSTOP, a shell's job control) cannot be taken
+/// from a frozen cgroup: CRIU's ptrace seize of a stopped and frozen task waits
+/// forever (a kernel limit, CRIU#1905), and the dump would end only at its timeout.
+/// Refused at once instead, before the freeze (a frozen task shows as frozen, not
+/// stopped). A process stopped between this look and the freeze, or in a container
+/// its client paused, still meets the timeout.
+pub fn refuse_stopped(cgroup: &Path) -> Result<()> {
+    for pid in pids_in(cgroup)? {
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // The state follows the command's closing parenthesis (the command may hold any).
+        let state = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim_start().chars().next());
+        if state == Some('T') {
+            return Err(Error::StoppedProcess { pid });
+        }
+    }
+    Ok(())
+}
+
+/// The processes of `cgroup` and of the cgroups below it: those a dump that
+/// freezes it takes.
+pub(crate) fn pids_in(cgroup: &Path) -> Result<Vec<i32>> {
+    let mut pids = Vec::new();
+    let mut dirs = vec![cgroup.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        let procs = dir.join("cgroup.procs");
+        let text = std::fs::read_to_string(&procs)
+            .map_err(Error::io(format!("read {}", procs.display())))?;
+        pids.extend(text.lines().filter_map(|l| l.trim().parse::<i32>().ok()));
+        for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                dirs.push(e.path());
+            }
+        }
+    }
+    Ok(pids)
 }
 
 /// Restores the tree as a sibling of the caller (so a child of the caller's parent),

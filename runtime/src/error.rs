@@ -64,6 +64,17 @@ pub enum Error {
         /// Why, and what still works.
         reason: String,
     },
+    /// A process of the container is stopped by a signal: CRIU cannot take it from
+    /// the frozen cgroup.
+    #[error(
+        "process {pid} of the container is stopped (SIGSTOP or job control): a checkpoint \
+         cannot take a stopped process from a frozen cgroup; continue it (kill -CONT) and \
+         checkpoint again"
+    )]
+    StoppedProcess {
+        /// Its host pid.
+        pid: i32,
+    },
     /// The helper process that runs libcontainer's forking calls failed.
     #[error("helper process failed to {operation}: {message}")]
     Helper {
@@ -245,6 +256,7 @@ impl Error {
             Error::WrongState { .. }
             | Error::NoProcessImage { .. }
             | Error::ProcessDumpRefused { .. }
+            | Error::StoppedProcess { .. }
             | Error::CriuMissing(_)
             | Error::NoTree(_) => ErrorKind::FailedPrecondition,
             Error::PoolFull { .. } => ErrorKind::Unavailable,

@@ -180,6 +180,14 @@ pub fn freezer_cgroup(relative: &Path) -> PathBuf {
     }
 }
 
+impl Container {
+    /// Refuses a dump of this running container's processes when one of them is
+    /// stopped by a signal ([`criu::refuse_stopped`]); called before the freeze.
+    pub(crate) fn refuse_stopped_processes(&self) -> Result<()> {
+        criu::refuse_stopped(&freezer_cgroup(&self.cgroup_path()?))
+    }
+}
+
 /// The bind mounts of a spec, as (destination, source).
 pub fn bind_mounts(spec: &Spec) -> Vec<(String, PathBuf)> {
     spec.mounts()
@@ -315,6 +323,9 @@ impl Container {
         let mut timings = Timings::default();
         // The inspector's view is reset by a dump that leaves the task running.
         let keeps_running = !opts.exit;
+        if status == ContainerStatus::Running {
+            self.refuse_stopped_processes()?;
+        }
         let freeze = Freeze::begin(self, status == ContainerStatus::Running, keeps_running)?;
         timings.freeze_ms = started.elapsed().as_millis() as u64;
         let stdio = stdio_keys(pid);

@@ -125,6 +125,9 @@ impl Container {
         if !history.uncollected.is_empty() {
             collect(history, &dir, store.as_ref(), &key);
         }
+        if froze && with_proc {
+            self.refuse_stopped_processes()?;
+        }
         let freeze = Freeze::begin(self, froze, true)?;
         timings.freeze_ms = started.elapsed().as_millis() as u64;
         fault::point("checkpoint.frozen");

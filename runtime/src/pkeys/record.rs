@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use super::{Process, Range, Record, FILE};
-use crate::{Error, Result};
+use crate::Result;
 
 /// Records, in the image directory `images`, the mappings tagged with a key by the
 /// processes of `cgroup` (and its descendants), which must be frozen. Writes nothing
@@ -15,7 +15,7 @@ pub fn record(cgroup: &Path, images: &Path) -> Result<()> {
         return Ok(());
     }
     let mut processes = Vec::new();
-    for pid in pids_in(cgroup)? {
+    for pid in crate::criu::pids_in(cgroup)? {
         let Ok(smaps) = std::fs::read_to_string(format!("/proc/{pid}/smaps")) else {
             continue;
         };
@@ -40,24 +40,6 @@ pub fn record(cgroup: &Path, images: &Path) -> Result<()> {
         "mappings tagged with protection keys recorded"
     );
     Record { processes }.write(images)
-}
-
-/// The processes of `cgroup` and of the cgroups below it.
-fn pids_in(cgroup: &Path) -> Result<Vec<i32>> {
-    let mut pids = Vec::new();
-    let mut dirs = vec![cgroup.to_path_buf()];
-    while let Some(dir) = dirs.pop() {
-        let procs = dir.join("cgroup.procs");
-        let text = std::fs::read_to_string(&procs)
-            .map_err(Error::io(format!("read {}", procs.display())))?;
-        pids.extend(text.lines().filter_map(|l| l.trim().parse::<i32>().ok()));
-        for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-            if e.file_type().is_ok_and(|t| t.is_dir()) {
-                dirs.push(e.path());
-            }
-        }
-    }
-    Ok(pids)
 }
 
 /// The pid of host process `pid` in its own (innermost) pid namespace.
