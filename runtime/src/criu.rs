@@ -160,7 +160,7 @@ pub fn dump(d: &Dump) -> Result<()> {
     }
     if let Some(cg) = &d.freeze_cgroup {
         // CRIU drops the processes' memory protection keys: they are recorded
-        // beside its images.
+        // beside its images (the cgroup is frozen already: `Freeze::begin`).
         crate::pkeys::record(cg, &d.images)?;
     }
     run(cmd, "dump", &d.criu, &d.images.join("dump.log"))?;
