@@ -177,14 +177,7 @@ pub fn dump(d: &Dump) -> Result<()> {
 /// its client paused, still meets the timeout.
 pub fn refuse_stopped(cgroup: &Path) -> Result<()> {
     for pid in pids_in(cgroup)? {
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        // The state follows the command's closing parenthesis (the command may hold any).
-        let state = stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.trim_start().chars().next());
-        if state == Some('T') {
+        if crate::inspect::procs::state(pid) == Some('T') {
             return Err(Error::StoppedProcess { pid });
         }
     }

@@ -1,9 +1,7 @@
 //! Letting a restored tree go: CRIU leaves the tasks stopped when something must
 //! happen before they run (a standby waiting to be adopted, protection keys to put
-//! back), and whoever finishes that step continues them.
-//!
-//! Known limit: a process that was itself stopped (SIGSTOP) at the dump is
-//! continued too; the images say so, but nothing reads that state back yet.
+//! back), and whoever finishes that step continues them. No dump holds a process
+//! that was itself stopped: such a checkpoint is refused ([`crate::criu::refuse_stopped`]).
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;

@@ -102,6 +102,13 @@ pub fn parent(pid: i32) -> Option<i32> {
     split_stat(&stat)?.1.nth(1)?.parse().ok()
 }
 
+/// The state letter of process `pid` (`R`, `S`, `T` for stopped, `Z`...; None once
+/// it is gone).
+pub fn state(pid: i32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    split_stat(&stat)?.1.next()?.chars().next()
+}
+
 /// A `stat` file's command and the fields after it (the state first). The
 /// command may hold spaces and parentheses: the fields start after the last ')'.
 fn split_stat(stat: &str) -> Option<(&str, std::str::SplitWhitespace<'_>)> {

@@ -123,16 +123,11 @@ impl Injector {
 fn stopped_again(tid: Pid) -> Result<()> {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
     loop {
-        let stat = std::fs::read_to_string(format!("/proc/{tid}/stat"))
-            .map_err(Error::io(format!("read the state of {tid}")))?;
-        // The state follows the command's closing parenthesis (the command may hold any).
-        let state = stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.trim_start().chars().next());
+        let state = crate::inspect::procs::state(tid.as_raw());
         if matches!(state, Some('T' | 't')) {
             return Ok(());
         }
-        if std::time::Instant::now() > deadline {
+        if state.is_none() || std::time::Instant::now() > deadline {
             return Err(Error::Helper {
                 operation: "restore protection keys",
                 message: format!("process {tid} did not stop again after the release ({state:?})"),

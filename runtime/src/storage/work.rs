@@ -44,14 +44,7 @@ pub fn dead_rollback(mark: &str) -> Option<String> {
 /// init as pid 1) leaves it seconds in `/proc`, where its work would pass for
 /// live and be left behind by the next operation that clears dead work.
 pub fn pid_alive(pid: i32) -> bool {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return false;
-    };
-    // `pid (comm) state ...`: comm may hold anything, the state follows its last `)`.
-    let state = stat
-        .rsplit_once(')')
-        .and_then(|(_, rest)| rest.trim_start().chars().next());
-    !matches!(state, Some('Z' | 'X'))
+    crate::inspect::procs::state(pid).is_some_and(|s| !matches!(s, 'Z' | 'X'))
 }
 
 /// What `prepare` does with a container that already has a tree.
