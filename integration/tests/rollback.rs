@@ -560,3 +560,39 @@ fn a_checkpoint_of_a_sandbox_with_a_stopped_process_is_refused_at_once_and_works
     crabctl_ok(&["checkpoint", &g.id, "--name", "running"]);
     assert_eq!(seqs(&g.id).len(), 1);
 }
+
+#[test]
+fn a_paused_sandbox_with_a_stopped_process_is_refused_at_once_by_either_door() {
+    // Once frozen, a stopped task shows as frozen (`D`), not stopped: a container
+    // its client paused hid it from the look, and CRIU waited for its timeout
+    // (300 s). Seen now through where it sleeps, at both doors, and the client's
+    // pause is kept.
+    let script = format!("sleep 1000 & echo $! > /tmp/parked; kill -STOP $!; {COUNTER}");
+    let g = Guard::run_detached(CRAB, BUSYBOX, &[], &["sh", "-c", &script]);
+    assert!(wait_until(Duration::from_secs(10), || count(&g) >= 2));
+    ctr_ok(&["task", "pause", &g.id]);
+    let out = ctr_run(
+        &["task", "checkpoint", &g.id],
+        None,
+        Duration::from_secs(120),
+    );
+    let (o, e) = text(&out);
+    assert!(!out.status.success(), "{o}{e}");
+    assert!(e.contains("is stopped (SIGSTOP or job control)"), "{o}{e}");
+    let out = crabctl(&["checkpoint", &g.id, "--name", "paused"], &[]);
+    let (o, e) = text(&out);
+    assert!(!out.status.success(), "{o}{e}");
+    assert!(e.contains("is stopped (SIGSTOP or job control)"), "{o}{e}");
+    assert!(seqs(&g.id).is_empty(), "{:?}", seqs(&g.id));
+    assert_eq!(g.status().as_deref(), Some("PAUSED"), "the client's pause");
+
+    ctr_ok(&["task", "resume", &g.id]);
+    let now = count(&g);
+    assert!(wait_until(Duration::from_secs(5), || count(&g) > now));
+    g.exec_ok(&["sh", "-c", "kill -CONT $(cat /tmp/parked)"]);
+    ctr_ok(&["task", "pause", &g.id]);
+    crabctl_ok(&["checkpoint", &g.id, "--name", "paused"]);
+    assert_eq!(seqs(&g.id).len(), 1);
+    assert_eq!(g.status().as_deref(), Some("PAUSED"));
+    ctr_ok(&["task", "resume", &g.id]);
+}

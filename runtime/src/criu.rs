@@ -159,8 +159,11 @@ pub fn dump(d: &Dump) -> Result<()> {
         cmd.args(["--empty-ns", "net"]);
     }
     if let Some(cg) = &d.freeze_cgroup {
+        // The cgroup is frozen already (`Freeze::begin`), or its client paused it:
+        // a task stopped since the callers' look, or before the pause, is seen now.
+        refuse_stopped(cg)?;
         // CRIU drops the processes' memory protection keys: they are recorded
-        // beside its images (the cgroup is frozen already: `Freeze::begin`).
+        // beside its images.
         crate::pkeys::record(cg, &d.images)?;
     }
     run(cmd, "dump", &d.criu, &d.images.join("dump.log"))?;
@@ -169,15 +172,18 @@ pub fn dump(d: &Dump) -> Result<()> {
     Ok(())
 }
 
-/// A process stopped by a signal (SIGSTOP, a shell's job control) cannot be taken
-/// from a frozen cgroup: CRIU's ptrace seize of a stopped and frozen task waits
-/// forever (a kernel limit, CRIU#1905), and the dump would end only at its timeout.
-/// Refused at once instead, before the freeze (a frozen task shows as frozen, not
-/// stopped). A process stopped between this look and the freeze, or in a container
-/// its client paused, still meets the timeout.
+/// A task stopped by a signal (SIGSTOP, a shell's job control), or about to stop,
+/// cannot be taken from a frozen cgroup: CRIU's ptrace seize of a stopped and
+/// frozen task waits forever (a kernel limit, CRIU#1905), and the dump would end
+/// only at its timeout. Refused at once instead ([`crate::stopped`] tells such a
+/// task, frozen or not): the callers look before they freeze, and [`dump`] looks
+/// again once the cgroup is frozen, when nothing in it can stop any more.
 pub fn refuse_stopped(cgroup: &Path) -> Result<()> {
     for pid in pids_in(cgroup)? {
-        if crate::inspect::procs::state(pid) == Some('T') {
+        if crate::stopped::tasks(pid)
+            .into_iter()
+            .any(crate::stopped::is_stopped)
+        {
             return Err(Error::StoppedProcess { pid });
         }
     }

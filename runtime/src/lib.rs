@@ -17,6 +17,7 @@
 //!   cgroups only, external to CRIU).
 //! - [`metrics`]: cgroup statistics of a container; [`oom`]: its OOM events;
 //!   [`cgroup2`]: its cgroup on a cgroup v2-only host (paths, interface files).
+//! - [`stopped`]: tasks stopped by a signal, which no dump can take from a frozen cgroup.
 //! - `netns` (internal): network namespaces (what a restore puts back in them).
 //! - [`checkpoint`]: checkpoint directories (CRIU images, the file-system delta applied
 //!   beneath the tree, the manifest), a container's history
@@ -56,6 +57,7 @@ pub mod resume;
 pub mod sandbox;
 pub mod socket_path;
 pub mod standby;
+pub mod stopped;
 pub mod storage;
 pub(crate) mod tracking;
 pub mod userns;

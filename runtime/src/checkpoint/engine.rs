@@ -181,8 +181,10 @@ pub fn freezer_cgroup(relative: &Path) -> PathBuf {
 }
 
 impl Container {
-    /// Refuses a dump of this running container's processes when one of them is
-    /// stopped by a signal ([`criu::refuse_stopped`]); called before the freeze.
+    /// Refuses a dump of this container's processes when one of them is stopped
+    /// by a signal ([`criu::refuse_stopped`]); called before the freeze, so that
+    /// nothing is frozen or snapshotted for a dump that cannot be taken (the dump
+    /// looks again once frozen). A container its client paused is looked at too.
     pub(crate) fn refuse_stopped_processes(&self) -> Result<()> {
         criu::refuse_stopped(&freezer_cgroup(&self.cgroup_path()?))
     }
@@ -323,9 +325,7 @@ impl Container {
         let mut timings = Timings::default();
         // The inspector's view is reset by a dump that leaves the task running.
         let keeps_running = !opts.exit;
-        if status == ContainerStatus::Running {
-            self.refuse_stopped_processes()?;
-        }
+        self.refuse_stopped_processes()?;
         let freeze = Freeze::begin(self, status == ContainerStatus::Running, keeps_running)?;
         timings.freeze_ms = started.elapsed().as_millis() as u64;
         let stdio = stdio_keys(pid);

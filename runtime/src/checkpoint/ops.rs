@@ -125,7 +125,7 @@ impl Container {
         if !history.uncollected.is_empty() {
             collect(history, &dir, store.as_ref(), &key);
         }
-        if froze && with_proc {
+        if with_proc {
             self.refuse_stopped_processes()?;
         }
         let freeze = Freeze::begin(self, froze, true)?;
