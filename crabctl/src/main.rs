@@ -3,6 +3,7 @@
 mod ckpt;
 mod containerd;
 mod crashed;
+mod file_caps;
 mod fs;
 mod inspect;
 mod migrate;

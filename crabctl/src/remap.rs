@@ -151,8 +151,8 @@ fn shift_mounted(
 }
 
 /// Adds `(uid, gid)` to the owner of every file below `root` (symlinks themselves,
-/// never what they point at), keeping set-id bits, which a chown clears. Answers
-/// how many files it changed.
+/// never what they point at), keeping set-id bits and file capabilities, which a
+/// chown clears ([`crate::file_caps`]). Answers how many files it changed.
 pub fn shift_tree(root: &Path, ids: (u32, u32)) -> Result<u64> {
     shift_one(root, ids)?;
     let mut count = 1;
@@ -169,10 +169,17 @@ pub fn shift_tree(root: &Path, ids: (u32, u32)) -> Result<u64> {
     Ok(count)
 }
 
-/// Shifts one file's owner (not following a symlink), keeping its set-id bits;
-/// answers whether it is a directory to descend into.
+/// Shifts one file's owner (not following a symlink), keeping its set-id bits and
+/// capabilities; answers whether it is a directory to descend into.
 fn shift_one(path: &Path, (uid, gid): (u32, u32)) -> Result<bool> {
     let md = std::fs::symlink_metadata(path).with_context(|| format!("stat {}", path.display()))?;
+    let kind = md.file_type();
+    // Only a chown of a file that is not a directory drops its capabilities.
+    let caps = if kind.is_file() {
+        crate::file_caps::read(path)?
+    } else {
+        None
+    };
     let (Some(u), Some(g)) = (md.uid().checked_add(uid), md.gid().checked_add(gid)) else {
         bail!(
             "{}: owner {}:{} shifted past the id range",
@@ -189,13 +196,15 @@ fn shift_one(path: &Path, (uid, gid): (u32, u32)) -> Result<bool> {
         AtFlags::AT_SYMLINK_NOFOLLOW,
     )
     .with_context(|| format!("chown {}", path.display()))?;
-    let kind = md.file_type();
     if kind.is_symlink() {
         return Ok(false);
     }
     if md.mode() & 0o6000 != 0 {
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(md.mode() & 0o7777))
             .with_context(|| format!("chmod {}", path.display()))?;
+    }
+    if let Some(caps) = caps {
+        crate::file_caps::write_shifted(path, &caps, uid)?;
     }
     Ok(kind.is_dir())
 }
@@ -228,8 +237,29 @@ mod tests {
         std::fs::set_permissions(root.join("bin/su"), std::fs::Permissions::from_mode(0o4755))
             .unwrap();
         std::os::unix::fs::symlink(outside.path(), root.join("bin/host")).unwrap();
+        // `setcap cap_net_raw+ep`: revision 2, effective, bit 13.
+        std::fs::write(root.join("bin/ping"), b"x").unwrap();
+        let net_raw: Vec<u8> = [0x0200_0001u32, 1 << 13, 0, 0, 0]
+            .iter()
+            .flat_map(|w| w.to_le_bytes())
+            .collect();
+        xattr::set(root.join("bin/ping"), "security.capability", &net_raw).unwrap();
         let n = shift_tree(root, (100000, 100000)).unwrap();
-        assert_eq!(n, 4, "the root, bin, su and the link");
+        assert_eq!(n, 5, "the root, bin, su, ping and the link");
+        // The chown dropped them; they are back, as the namespace's root's
+        // (revision 3, root id 100000), which is what the kernel keeps.
+        let caps = xattr::get(root.join("bin/ping"), "security.capability")
+            .unwrap()
+            .expect("ping keeps its capabilities");
+        let v3: Vec<u8> = [0x0300_0001u32, 1 << 13, 0, 0, 0, 100000]
+            .iter()
+            .flat_map(|w| w.to_le_bytes())
+            .collect();
+        assert_eq!(caps, v3);
+        assert_eq!(
+            std::fs::metadata(root.join("bin/ping")).unwrap().uid(),
+            100000
+        );
         let su = std::fs::metadata(root.join("bin/su")).unwrap();
         assert_eq!(
             (su.uid(), su.gid(), su.mode() & 0o7777),
