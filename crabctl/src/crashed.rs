@@ -17,7 +17,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use containerd_client::tonic::Code;
 use crab_runtime::config::Config;
 
@@ -85,6 +85,34 @@ pub async fn clear(client: &Client, shim: Shim, id: &str) -> Result<()> {
         }
         tokio::time::sleep(PAUSE).await;
     }
+}
+
+/// Removes what the dead shim's own cleanup left of container `id`
+/// ([`crate::leftovers`]), once containerd no longer has the task ([`clear`]).
+/// Nothing is done while a shim answers on the container's control socket: it
+/// owns the container. The shim is probed again here, not before [`clear`]: a
+/// shim killed a moment ago can still take connections until it is gone.
+/// Answers whether anything was left.
+pub async fn remove_left(
+    config: &Config,
+    address: &str,
+    namespace: &str,
+    id: &str,
+) -> Result<bool> {
+    if probe(config, namespace, id) == Shim::Alive {
+        return Ok(false);
+    }
+    let (config, address, namespace, id) = (
+        config.clone(),
+        address.to_string(),
+        namespace.to_string(),
+        id.to_string(),
+    );
+    tokio::task::spawn_blocking(move || {
+        crate::leftovers::remove(&config, &address, &namespace, &id)
+    })
+    .await
+    .context("the removal's task")?
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@ mod crashed;
 mod file_caps;
 mod fs;
 mod inspect;
+mod leftovers;
 mod migrate;
 mod pending;
 mod proxy;

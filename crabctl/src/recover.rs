@@ -44,6 +44,9 @@ pub fn restore(
         let client = Client::connect(address, namespace).await?;
         let clear = async {
             crate::crashed::clear(&client, shim, id).await?;
+            if crate::crashed::remove_left(config, address, namespace, id).await? {
+                eprintln!("{id}: removed what the dead shim's cleanup had left");
+            }
             anyhow::Ok(started.elapsed())
         };
         let record = async {

@@ -61,10 +61,20 @@ impl Crashable {
 
     /// Runs crabctl with the fault armed for this one call; answers its output.
     pub fn crash_during(&self, point: &str, args: &[&str]) -> std::process::Output {
-        std::fs::write(&self.fault_file, point).expect("arm the fault");
+        self.arm(point);
         let out = crabctl(args, &[]);
-        std::fs::remove_file(&self.fault_file).expect("disarm the fault");
+        self.disarm();
         out
+    }
+
+    /// From now on, the container's shim and its helpers die at `point`.
+    pub fn arm(&self, point: &str) {
+        std::fs::write(&self.fault_file, point).expect("arm the fault");
+    }
+
+    /// No fault any more.
+    pub fn disarm(&self) {
+        std::fs::remove_file(&self.fault_file).expect("disarm the fault");
     }
 
     /// The counter moves: the container runs and is not frozen.

@@ -140,6 +140,17 @@ pub fn ctr_run(args: &[&str], stdin: Option<&[u8]>, timeout: Duration) -> Output
     child.wait_with_output().expect("wait ctr")
 }
 
+/// The bundle containerd made for the task of container `id` (in its state
+/// directory, beside its socket).
+pub fn bundle_dir(id: &str) -> PathBuf {
+    Path::new(&address())
+        .parent()
+        .expect("containerd's socket is in its state directory")
+        .join("io.containerd.runtime.v2.task")
+        .join(namespace())
+        .join(id)
+}
+
 /// `ctr ARGS`, which must succeed; returns stdout.
 pub fn ctr_ok(args: &[&str]) -> String {
     let out = ctr_run(args, None, Duration::from_secs(60));

@@ -3,10 +3,7 @@
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
-use std::path::Path;
 use std::time::Duration;
-
-use crate::{address, namespace};
 
 /// Appends protobuf field `n` holding `data` (wire type 2) to `out`.
 pub fn pb_bytes(out: &mut Vec<u8>, n: u64, data: &[u8]) {
@@ -50,11 +47,7 @@ pub fn pb_fields(mut data: &[u8]) -> Vec<(u64, u64, &[u8])> {
 /// container `id`, over its ttrpc socket (as containerd would). Returns the ttrpc status
 /// (code, message); code 0 is success.
 pub fn shim_call(id: &str, method: &str, payload: &[u8]) -> (u64, String) {
-    let bundles = Path::new(&address())
-        .parent()
-        .unwrap()
-        .join("io.containerd.runtime.v2.task");
-    let address = std::fs::read_to_string(bundles.join(namespace()).join(id).join("address"));
+    let address = std::fs::read_to_string(crate::bundle_dir(id).join("address"));
     let socket = address.expect("shim address file");
     let mut request = Vec::new();
     pb_bytes(&mut request, 1, b"containerd.task.v2.Task");

@@ -121,3 +121,44 @@ fn restore_over_a_running_task_is_refused_and_the_task_runs_on() {
     let c = count(&g);
     assert!(wait_until(Duration::from_secs(5), || count(&g) > c));
 }
+
+#[test]
+fn a_restore_finishes_the_cleanup_the_dead_shims_delete_did_not() {
+    // The dead shim's cleanup (the shim binary's `delete`, which containerd runs
+    // once and kills after 5 s) dies before it removes anything: the container's
+    // record and the task's bundle are left, and a create under its id would fail
+    // ("mkdir <bundle>: file exists" in containerd, "already exists" in Crab).
+    let c = crab_integration::crash::Crashable::start();
+    let at = crab_integration::crash::base_checkpoint(&c);
+    c.guard.exec_ok(&["sh", "-c", "echo lost > /f"]);
+    c.arm("shim:delete.started");
+    kill_shim_and_init(&c.guard);
+    // containerd ran that cleanup (and dropped the task) before it lets go.
+    assert!(wait_until(Duration::from_secs(20), || c
+        .guard
+        .status()
+        .is_none()));
+    c.disarm();
+    assert!(
+        bundle_dir(c.id()).is_dir(),
+        "containerd removed the bundle: the cleanup was not cut off"
+    );
+    let out = crabctl(&["restore", c.id()], &[]);
+    let (o, e) = text(&out);
+    assert!(out.status.success(), "{o}{e}");
+    assert!(
+        e.contains("removed what the dead shim's cleanup had left"),
+        "the dead shim's cleanup was not cut off: {o}{e}"
+    );
+    assert!(o.contains("restored from checkpoint base"), "{o}");
+    assert_eq!(c.guard.status().as_deref(), Some("RUNNING"));
+    assert_eq!(c.guard.exec_ok(&["cat", "/f"]).trim(), "before");
+    let now = c.count();
+    assert!(
+        now >= at && now < at + 25,
+        "count {now} after the restore, {at} at the checkpoint"
+    );
+    c.assert_runs("the restore");
+    // The restored task is a whole one: it checkpoints and rolls back.
+    c.assert_rolls_back_to("base", at);
+}

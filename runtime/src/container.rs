@@ -168,6 +168,20 @@ impl Container {
         Ok(true)
     }
 
+    /// Removes what a dead shim left of container `id`, recorded or not: its
+    /// processes, cgroups and state. containerd runs this once as the dead shim's
+    /// `delete`, and `crabctl restore` again where that one failed or was cut off
+    /// (containerd gives it 5 s): a leftover record fails the next create ("already
+    /// exists"). Answers whether anything was left.
+    pub fn remove_left(config: &Config, namespace: &str, id: &str) -> Result<bool> {
+        match Container::load(config, namespace, id) {
+            Ok(c) => c.delete().map(|()| true),
+            // Died in a create or restore before recording the container.
+            Err(Error::NotFound(_)) => Container::discard_unrecorded(config, namespace, id),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Loads a container that [`Container::create`] made earlier (e.g. by another
     /// shim process, for `delete`).
     pub fn load(config: &Config, namespace: &str, id: &str) -> Result<Self> {

@@ -93,18 +93,11 @@ impl Shim for Service {
     async fn delete_shim(&mut self) -> containerd_shim::Result<DeleteResponse> {
         let config = bundle_config(&self.bundle);
         let (ns, id) = (self.namespace.clone(), self.id.clone());
+        crab_runtime::storage::fault::shim_point("delete.started", config.fault_file.as_deref());
         let deleted =
-            tokio::task::spawn_blocking(move || match Container::load(&config, &ns, &id) {
-                Ok(c) => c.delete(),
-                // Died in a create or restore before recording the container.
-                Err(crab_runtime::Error::NotFound(_)) => {
-                    Container::discard_unrecorded(&config, &ns, &id).map(|_| ())
-                }
-                Err(e) => Err(e),
-            })
-            .await;
+            tokio::task::spawn_blocking(move || Container::remove_left(&config, &ns, &id)).await;
         match deleted {
-            Ok(Ok(())) => {}
+            Ok(Ok(_)) => {}
             Ok(Err(e)) => {
                 tracing::warn!(id = %self.id, error = %e, "cleanup of a dead shim's container")
             }
