@@ -699,3 +699,82 @@ fn docker_rmi_drops_the_images_copy_at_the_next_create() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// `docker commit` reads the container's changes from Docker's own writable
+/// layer, which a crab container does not write into (its writes go to Crab's
+/// tree, bound over Docker's overlay): the shim writes them back there when the
+/// container is paused (a commit pauses it) and when its task is deleted. The
+/// committed images are checked under runc, Docker's own runtime.
+#[test]
+fn docker_commit_holds_what_a_crab_container_wrote_running_or_stopped() {
+    struct Images(Vec<String>);
+    impl Drop for Images {
+        fn drop(&mut self) {
+            for i in &self.0 {
+                let _ = docker_run(&["rmi", "-f", i], None, T);
+            }
+        }
+    }
+    let c = DockerGuard::run(&[], DOCKER_BUSYBOX, &["sleep", "1000"]);
+    let images = Images(vec![
+        format!("crab-commit-{}:running", c.name),
+        format!("crab-commit-{}:stopped", c.name),
+    ]);
+    let (o, e) = text(&c.exec(&[
+        "sh",
+        "-c",
+        "test -L /bin/vi && rm /bin/vi && echo written > /f && mkdir -p /d/e && echo deep > /d/e/g && echo ok",
+    ]));
+    assert_eq!(o, "ok\n", "{e}");
+    docker_ok(&["commit", &c.name, &images.0[0]]);
+    assert_eq!(docker_inspect(&c.name, "{{.State.Status}}"), "running");
+    let check =
+        "cat /f /d/e/g; test -e /bin/vi && echo vi || echo no-vi; cat /h 2>/dev/null || true";
+    let out = docker_ok(&[
+        "run",
+        "--rm",
+        "--runtime",
+        "runc",
+        &images.0[0],
+        "sh",
+        "-c",
+        check,
+    ]);
+    assert_eq!(
+        out, "written\ndeep\nno-vi\n",
+        "the running container's commit"
+    );
+
+    // Written after the commit, then stopped: the stopped container's commit and
+    // its diff have it too.
+    let (o, e) = text(&c.exec(&["sh", "-c", "echo later > /h && echo ok"]));
+    assert_eq!(o, "ok\n", "{e}");
+    docker_ok(&["stop", "-t", "1", &c.name]);
+    let diff = docker_ok(&["diff", &c.name]);
+    for line in ["A /f", "A /h", "D /bin/vi", "A /d/e/g"] {
+        assert!(
+            diff.lines().any(|l| l == line),
+            "{line} in docker diff:\n{diff}"
+        );
+    }
+    docker_ok(&["commit", &c.name, &images.0[1]]);
+    let out = docker_ok(&[
+        "run",
+        "--rm",
+        "--runtime",
+        "runc",
+        &images.0[1],
+        "sh",
+        "-c",
+        check,
+    ]);
+    assert_eq!(
+        out, "written\ndeep\nno-vi\nlater\n",
+        "the stopped container's commit"
+    );
+
+    // The container starts again on its own tree, with everything it wrote.
+    docker_ok(&["start", &c.name]);
+    let (o, _) = text(&c.exec(&["sh", "-c", check]));
+    assert_eq!(o, "written\ndeep\nno-vi\nlater\n");
+}

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use containerd_shim::protos::api::Mount;
 use crab_runtime::config::Config;
 use crab_runtime::storage::adopt::{self, Adopted, MountInfo};
-use crab_runtime::storage::in_helper::Prepare;
+use crab_runtime::storage::in_helper::{Prepare, WriteBack};
 use crab_runtime::storage::layers::MountSpec;
 use crab_runtime::storage::{ContainerKey, ImageSource};
 use nix::mount::{umount2, MntFlags};
@@ -92,16 +92,14 @@ pub async fn prepare(
 /// to the client's own mount, and forgets the record. Nothing without a record.
 pub async fn release(bundle: &Path) {
     let file = bundle.join(RECORD);
-    let Ok(text) = std::fs::read_to_string(&file) else {
+    if !file.exists() {
         return;
-    };
-    let mut lines = text.lines();
-    let (Some(root), Some(Ok(below))) = (lines.next(), lines.next().map(str::parse::<u64>)) else {
+    }
+    let Some((root, below)) = read_record(bundle) else {
         tracing::warn!(file = %file.display(), "unreadable record of an adopted root");
         let _ = std::fs::remove_file(&file);
         return;
     };
-    let root = PathBuf::from(root);
     let r = tokio::task::spawn_blocking(move || unstack(&root, below)).await;
     match r {
         Ok(Ok(())) => {
@@ -110,6 +108,16 @@ pub async fn release(bundle: &Path) {
         Ok(Err(e)) => tracing::warn!(error = %e, "unmount the adopted root's tree"),
         Err(e) => tracing::warn!(error = %e, "unmount task"),
     }
+}
+
+/// The record of an adopted root in `bundle`: the root path and the id of the
+/// client's mount below the store's tree; `None` without a readable one.
+fn read_record(bundle: &Path) -> Option<(PathBuf, u64)> {
+    let text = std::fs::read_to_string(bundle.join(RECORD)).ok()?;
+    let mut lines = text.lines();
+    let root = PathBuf::from(lines.next()?);
+    let below = lines.next()?.parse().ok()?;
+    Some((root, below))
 }
 
 /// Unmounts the topmost mount at `root` until the one on top is `below` (or
@@ -132,6 +140,36 @@ fn unstack(root: &Path, below: u64) -> Result<(), String> {
         "{} still has mounts above the client's",
         root.display()
     ))
+}
+
+/// Writes the changes of an adopted container's tree back into the client's
+/// writable layer, where the client reads them (`docker commit`, `docker diff`;
+/// [`crab_runtime::storage::write_back`]). The layers are those of the client's
+/// overlay the record names, still mounted below the tree (Docker's overlay2 and
+/// its containerd image store alike). Nothing for a root that was not adopted.
+pub async fn write_back(config: &Config, key: &ContainerKey, bundle: &Path) -> ShimResult<()> {
+    let Some((root, below)) = read_record(bundle) else {
+        return Ok(());
+    };
+    let table = std::fs::read_to_string("/proc/self/mountinfo")
+        .map_err(|e| ShimError::Other(format!("read mountinfo: {e}")))?;
+    let Some(adopted) = Adopted::find_mounted(&table, &root, below) else {
+        return Err(ShimError::Other(format!(
+            "the client's overlay at {} (mount {below}) is no longer there",
+            root.display()
+        )));
+    };
+    let started = std::time::Instant::now();
+    let op = WriteBack {
+        key: key.clone(),
+        lower: adopted.lower,
+        upper: adopted.upper,
+    };
+    let written = crate::rootfs::store_op(config, op).await?;
+    tracing::info!(%key, changed = written.changed, deleted = written.deleted,
+        ms = started.elapsed().as_millis() as u64,
+        "wrote the tree's changes back into the client's writable layer");
+    Ok(())
 }
 
 /// containerd's form of an adopted mount, for the collect.

@@ -539,6 +539,11 @@ impl TaskService {
         let c = inst.container().clone();
         let deleted = blocking(move || c.delete()).await;
         if let Ok(key) = ContainerKey::new(&self.namespace, &req.id) {
+            // A client may commit a stopped container from its writable layer.
+            if let Err(e) = crate::adopt::write_back(inst.config(), &key, &inst.bundle).await {
+                tracing::error!(id = %req.id, error = %e,
+                    "the tree's changes are not in the client's writable layer");
+            }
             let target = inst.bundle.join("rootfs");
             rootfs::release(inst.config(), &key, &target, inst.rootfs_mounted).await;
         }
@@ -586,6 +591,20 @@ impl TaskService {
         inst.require_running("pause")?;
         let c = inst.container().clone();
         blocking(move || c.pause()).await?;
+        // A client that reads its own writable layer pauses first (`docker
+        // commit`): it gets the tree's changes there. If they cannot be written,
+        // the pause fails, rather than the commit silently missing them.
+        if let Ok(key) = ContainerKey::new(&self.namespace, &req.id) {
+            if let Err(e) = crate::adopt::write_back(inst.config(), &key, &inst.bundle).await {
+                let c = inst.container().clone();
+                if let Err(r) = blocking(move || c.resume()).await {
+                    tracing::warn!(id = %req.id, error = %r, "resume after a failed write-back");
+                }
+                return Err(ShimError::Other(format!(
+                    "write the container's changes back into the client's layer: {e}"
+                )));
+            }
+        }
         inst.init.status = Status::PAUSED;
         self.events
             .publish(TaskPaused {

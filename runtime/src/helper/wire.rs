@@ -73,6 +73,7 @@ pub(super) fn serve(request: Request) -> (String, i32) {
                 StoreOp::Collect(op) => respond(at.with(op)),
                 StoreOp::ChangedSinceImage(op) => respond(at.with(op)),
                 StoreOp::Reconcile(op) => respond(at.with(op)),
+                StoreOp::WriteBack(op) => respond(at.with(op)),
             }
         }
     }

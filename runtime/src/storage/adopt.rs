@@ -44,7 +44,20 @@ impl Adopted {
     /// are taken relative to the directory two levels above `root`
     /// (`<overlay2>/<layer>/merged`).
     pub fn find(mountinfo: &str, root: &Path) -> Option<Adopted> {
-        let top = MountInfo::top(mountinfo, root)?;
+        Adopted::of(&MountInfo::top(mountinfo, root)?, root)
+    }
+
+    /// The overlay of mount `id` at `root` in a mountinfo table, if it is still
+    /// mounted there (below the store's tree, once adopted).
+    pub fn find_mounted(mountinfo: &str, root: &Path, id: u64) -> Option<Adopted> {
+        let m = mountinfo
+            .lines()
+            .filter_map(MountInfo::parse)
+            .find(|m| m.id == id && m.mount_point == root)?;
+        Adopted::of(&m, root)
+    }
+
+    fn of(top: &MountInfo, root: &Path) -> Option<Adopted> {
         if top.fstype != "overlay" {
             return None;
         }
@@ -330,6 +343,29 @@ mod tests {
             "{DOCKER}777 402 0:40 /containers/moby/x /var/lib/crab/docker/overlay2/6f1e/merged rw shared:150 - btrfs /dev/loop0 rw\n"
         );
         assert_eq!(Adopted::find(&bound, merged()), None);
+    }
+
+    #[test]
+    fn test_the_clients_overlay_is_found_by_its_id_below_the_stores_tree() {
+        let bound = format!(
+            "{DOCKER}777 402 0:40 /containers/moby/x /var/lib/crab/docker/overlay2/6f1e/merged rw shared:150 - btrfs /dev/loop0 rw\n"
+        );
+        let a = Adopted::find_mounted(&bound, merged(), 402).unwrap();
+        assert_eq!(Some(a), Adopted::find(DOCKER, merged()));
+        assert_eq!(
+            Adopted::find_mounted(&bound, merged(), 777),
+            None,
+            "not an overlay"
+        );
+        assert_eq!(
+            Adopted::find_mounted(&bound, Path::new("/elsewhere"), 402),
+            None
+        );
+        assert_eq!(
+            Adopted::find_mounted(DOCKER, merged(), 403),
+            None,
+            "unmounted"
+        );
     }
 
     #[test]

@@ -42,6 +42,8 @@ pub enum StoreOp {
     ChangedSinceImage(ChangedSinceImage),
     /// See [`Reconcile`].
     Reconcile(Reconcile),
+    /// See [`WriteBack`].
+    WriteBack(WriteBack),
 }
 
 /// Make (or reuse) the container's tree from `image` and bind it on `target`;
@@ -118,6 +120,18 @@ pub struct ChangedSinceImage {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Reconcile;
 
+/// Write the tree of an adopted container back into the client's writable
+/// layer ([`super::write_back`]); answers what went in.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct WriteBack {
+    /// The container.
+    pub key: ContainerKey,
+    /// The client's lower dirs, top first.
+    pub lower: Vec<PathBuf>,
+    /// The client's writable layer: the tree's owner.
+    pub upper: PathBuf,
+}
+
 helper::travels_as!(
     StoreOp:
     Prepare => Prepare,
@@ -125,7 +139,8 @@ helper::travels_as!(
     Release => Release,
     Collect => Collect,
     ChangedSinceImage => ChangedSinceImage,
-    Reconcile => Reconcile
+    Reconcile => Reconcile,
+    WriteBack => WriteBack
 );
 
 /// A store operation `op`, on the store `config` names.
@@ -351,6 +366,13 @@ impl StoreCall for ChangedSinceImage {
     type Reply = Option<BTreeSet<String>>;
     fn serve(self, _: &Config, store: &dyn Store) -> Result<Option<BTreeSet<String>>> {
         store.changed_since_image(&self.key, &self.image)
+    }
+}
+
+impl StoreCall for WriteBack {
+    type Reply = super::write_back::WrittenBack;
+    fn serve(self, config: &Config, store: &dyn Store) -> Result<Self::Reply> {
+        super::write_back::write_back_adopted(config, store, &self.key, &self.lower, &self.upper)
     }
 }
 

@@ -45,6 +45,7 @@ mod send_stream_check;
 pub mod tree;
 pub mod usage;
 pub mod work;
+pub mod write_back;
 pub mod zfs;
 
 pub use layers::ImageSource;
