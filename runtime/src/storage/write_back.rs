@@ -395,6 +395,41 @@ mod tests {
         assert!(!upper.join("etc/changed").exists());
     }
 
+    /// The sandbox replaces a directory of the image by a symlink out of its tree,
+    /// and plants a link to the host's files: the layer gets the links as links,
+    /// and nothing is written or removed through them.
+    #[cfg(feature = "host-tests")]
+    #[test]
+    fn links_the_sandbox_planted_are_copied_never_followed() {
+        let d = tempfile::tempdir().unwrap();
+        let (base, tree, upper, outside) = (
+            d.path().join("base"),
+            d.path().join("tree"),
+            d.path().join("l/diff"),
+            d.path().join("outside"),
+        );
+        for dir in [&base, &tree, &upper, &outside] {
+            fs::create_dir_all(dir).unwrap();
+        }
+        fs::create_dir_all(base.join("x")).unwrap();
+        fs::write(base.join("x/y"), "image").unwrap();
+        fs::write(outside.join("y"), "host").unwrap();
+        std::os::unix::fs::symlink(&outside, tree.join("x")).unwrap();
+        std::os::unix::fs::symlink(outside.join("y"), tree.join("z")).unwrap();
+        let w = write_back(&tree, &base, &upper, None).unwrap();
+        assert_eq!(
+            w,
+            WrittenBack {
+                changed: 2,
+                deleted: 0
+            }
+        );
+        assert_eq!(fs::read_link(upper.join("x")).unwrap(), outside);
+        assert_eq!(fs::read_link(upper.join("z")).unwrap(), outside.join("y"));
+        assert_eq!(fs::read_to_string(outside.join("y")).unwrap(), "host");
+        assert_eq!(entries(&outside).len(), 1, "nothing added beside it");
+    }
+
     /// Every entry below `root`: its name, kind and mode.
     #[cfg(feature = "host-tests")]
     fn entries(root: &Path) -> Vec<(PathBuf, u32)> {
