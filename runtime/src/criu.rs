@@ -160,11 +160,13 @@ pub fn dump(d: &Dump) -> Result<()> {
     }
     if let Some(cg) = &d.freeze_cgroup {
         // The cgroup is frozen already (`Freeze::begin`), or its client paused it:
-        // a task stopped since the callers' look, or before the pause, is seen now.
-        refuse_stopped(cg)?;
+        // its processes stay as they are, and a task stopped since the callers'
+        // look, or before the pause, is seen now.
+        let pids = pids_in(cg)?;
+        refuse_stopped_among(&pids)?;
         // CRIU drops the processes' memory protection keys: they are recorded
         // beside its images.
-        crate::pkeys::record(cg, &d.images)?;
+        crate::pkeys::record(&pids, &d.images)?;
     }
     run(cmd, "dump", &d.criu, &d.images.join("dump.log"))?;
     let pruned = crate::checkpoint::net_images::prune(&d.images, d.own_network)?;
@@ -179,7 +181,12 @@ pub fn dump(d: &Dump) -> Result<()> {
 /// task, frozen or not): the callers look before they freeze, and [`dump`] looks
 /// again once the cgroup is frozen, when nothing in it can stop any more.
 pub fn refuse_stopped(cgroup: &Path) -> Result<()> {
-    for pid in pids_in(cgroup)? {
+    refuse_stopped_among(&pids_in(cgroup)?)
+}
+
+/// [`refuse_stopped`] for processes `pids`.
+fn refuse_stopped_among(pids: &[i32]) -> Result<()> {
+    for &pid in pids {
         if crate::stopped::tasks(pid)
             .into_iter()
             .any(crate::stopped::is_stopped)

@@ -24,14 +24,22 @@ const JOB_CONTROL_BITS: u64 = (1 << (20 - 1)) | (1 << (21 - 1)) | (1 << (22 - 1)
 /// will stop as soon as it runs. A task that is gone is not.
 pub fn is_stopped(tid: i32) -> bool {
     let proc = Path::new("/proc").join(tid.to_string());
-    if crate::inspect::procs::state(tid) == Some('T') {
+    let Ok(status) = std::fs::read_to_string(proc.join("status")) else {
+        return false;
+    };
+    if field(&status, "State").starts_with('T') || stop_pending(&status) {
         return true;
     }
     let wchan = std::fs::read_to_string(proc.join("wchan")).unwrap_or_default();
-    if wchan.trim() == STOP_SITE {
-        return true;
-    }
-    std::fs::read_to_string(proc.join("status")).is_ok_and(|s| stop_pending(&s))
+    wchan.trim() == STOP_SITE
+}
+
+/// The value of `name` in a `/proc/<tid>/status` text ("" when absent).
+fn field<'a>(status: &'a str, name: &str) -> &'a str {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+        .map_or("", str::trim)
 }
 
 /// The tasks (threads) of process `pid`, itself included.
@@ -52,13 +60,7 @@ pub fn tasks(pid: i32) -> Vec<i32> {
 /// Whether a `/proc/<tid>/status` text shows a stopping signal pending (for the
 /// thread or its whole process) that will stop the task when it is delivered.
 fn stop_pending(status: &str) -> bool {
-    let mask = |name: &str| -> u64 {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
-            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-            .unwrap_or(0)
-    };
+    let mask = |name: &str| u64::from_str_radix(field(status, name), 16).unwrap_or(0);
     let pending = mask("SigPnd") | mask("ShdPnd");
     let handled = mask("SigBlk") | mask("SigIgn") | mask("SigCgt");
     pending & SIGSTOP_BIT != 0 || pending & JOB_CONTROL_BITS & !handled != 0

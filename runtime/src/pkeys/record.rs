@@ -5,17 +5,18 @@ use std::path::Path;
 use super::{Process, Range, Record, FILE};
 use crate::Result;
 
-/// Records, in the image directory `images`, the mappings tagged with a key by the
-/// processes of `cgroup` (and its descendants), which must be frozen. Writes nothing
-/// when none has one, or when this host has no keys; a process that is gone is
-/// skipped (it is not in the dump either).
-pub fn record(cgroup: &Path, images: &Path) -> Result<()> {
+/// Records, in the image directory `images`, the mappings tagged with a key by
+/// processes `pids` (those of the dumped cgroup and its descendants, which must be
+/// frozen: [`crate::criu::pids_in`]). Writes nothing when none has one, or when
+/// this host has no keys; a process that is gone is skipped (it is not in the dump
+/// either).
+pub fn record(pids: &[i32], images: &Path) -> Result<()> {
     let _ = std::fs::remove_file(images.join(FILE));
     if !super::supported() {
         return Ok(());
     }
     let mut processes = Vec::new();
-    for pid in crate::criu::pids_in(cgroup)? {
+    for &pid in pids {
         let Ok(smaps) = std::fs::read_to_string(format!("/proc/{pid}/smaps")) else {
             continue;
         };

@@ -27,7 +27,6 @@
 use std::collections::BTreeSet;
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -130,19 +129,11 @@ pub fn write_back(
     let staging = beside(upper, "new")?;
     let tar = beside(upper, "new.tar")?;
     remove_if_there(&staging)?;
-    let upper_meta =
-        std::fs::symlink_metadata(upper).map_err(Error::io(format!("stat {}", upper.display())))?;
     std::fs::create_dir(&staging).map_err(Error::io(format!("create {}", staging.display())))?;
     let filled = (|| {
         // The layer's own root keeps what the client made it with, unless the tree
         // changed its root.
-        std::os::unix::fs::chown(&staging, Some(upper_meta.uid()), Some(upper_meta.gid()))
-            .map_err(Error::io(format!("chown {}", staging.display())))?;
-        std::fs::set_permissions(
-            &staging,
-            std::os::unix::fs::PermissionsExt::from_mode(upper_meta.mode() & 0o7777),
-        )
-        .map_err(Error::io(format!("chmod {}", staging.display())))?;
+        super::tree::copy_metadata(upper, &staging)?;
         let entries = Diff {
             changed: with_parents(&diff),
             deleted: Vec::new(),
@@ -263,7 +254,7 @@ fn put_whiteouts(root: &Path, paths: &[RelPath]) -> Result<()> {
 mod tests {
     use super::*;
     use std::fs;
-    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 
     /// `base` stands for the lower dirs' overlay, `tree` for the container's tree
     /// (a copy of it, then changed), `upper` for Docker's layer with what it held at
