@@ -63,6 +63,11 @@ pub struct Dump {
     /// The container's freezer cgroup: CRIU freezes through it, and checks that every
     /// task in it belongs to the dumped tree. A cgroup frozen before stays frozen.
     pub freeze_cgroup: Option<PathBuf>,
+    /// The container's cgroup v2 tracking directory, which holds every one of
+    /// its processes: a dump whose `freeze_cgroup` is the v1 freezer's and holds
+    /// a process stopped by a signal freezes through it instead
+    /// ([`crate::stopped::Handover`]). Without it such a dump is refused.
+    pub tracking_cgroup: Option<PathBuf>,
     /// Mount points (inside the container) of bind mounts from the host: recorded by
     /// name, and bound again from their source at restore.
     pub external_mounts: Vec<String>,
@@ -140,9 +145,6 @@ pub fn dump(d: &Dump) -> Result<()> {
     if d.leave_running {
         cmd.arg("--leave-running");
     }
-    if let Some(cg) = &d.freeze_cgroup {
-        cmd.arg("--freeze-cgroup").arg(cg);
-    }
     for m in &d.external_mounts {
         cmd.arg("--external").arg(format!("mnt[{m}]:{m}"));
     }
@@ -158,42 +160,34 @@ pub fn dump(d: &Dump) -> Result<()> {
     if d.empty_network {
         cmd.args(["--empty-ns", "net"]);
     }
-    if let Some(cg) = &d.freeze_cgroup {
-        // The cgroup is frozen already (`Freeze::begin`), or its client paused it:
-        // its processes stay as they are, and a task stopped since the callers'
-        // look, or before the pause, is seen now.
-        let pids = pids_in(cg)?;
-        refuse_stopped_among(&pids)?;
-        // CRIU drops the processes' memory protection keys: they are recorded
-        // beside its images.
-        crate::pkeys::record(&pids, &d.images)?;
-    }
-    run(cmd, "dump", &d.criu, &d.images.join("dump.log"))?;
+    // The cgroup is frozen already (`crate::inspect::Freeze`), or its client
+    // paused it: its processes stay as they are.
+    let handover = match &d.freeze_cgroup {
+        Some(cg) => {
+            let pids = pids_in(cg)?;
+            let handover = match crate::stopped::first_stopped(&pids) {
+                Some(pid) if crate::stopped::v1_freezer(cg) => match &d.tracking_cgroup {
+                    Some(v2) => Some(crate::stopped::Handover::begin(cg, v2)?),
+                    None => return Err(Error::StoppedProcess { pid }),
+                },
+                _ => None,
+            };
+            let through = handover.as_ref().map_or(cg.as_path(), |h| h.cgroup());
+            cmd.arg("--freeze-cgroup").arg(through);
+            crate::stopped::record(&pids, &d.images)?;
+            // CRIU drops the processes' memory protection keys: they are recorded
+            // beside its images.
+            crate::pkeys::record(&pids, &d.images)?;
+            handover
+        }
+        None => None,
+    };
+    let dumped = run(cmd, "dump", &d.criu, &d.images.join("dump.log"));
+    let handed_back = handover.map(crate::stopped::Handover::end);
+    dumped?;
+    handed_back.transpose()?;
     let pruned = crate::checkpoint::net_images::prune(&d.images, d.own_network)?;
     tracing::debug!(?pruned, "network images that restore nothing, dropped");
-    Ok(())
-}
-
-/// A task stopped by a signal (SIGSTOP, a shell's job control), or about to stop,
-/// cannot be taken from a frozen cgroup: CRIU's ptrace seize of a stopped and
-/// frozen task waits forever (a kernel limit, CRIU#1905), and the dump would end
-/// only at its timeout. Refused at once instead ([`crate::stopped`] tells such a
-/// task, frozen or not): the callers look before they freeze, and [`dump`] looks
-/// again once the cgroup is frozen, when nothing in it can stop any more.
-pub fn refuse_stopped(cgroup: &Path) -> Result<()> {
-    refuse_stopped_among(&pids_in(cgroup)?)
-}
-
-/// [`refuse_stopped`] for processes `pids`.
-fn refuse_stopped_among(pids: &[i32]) -> Result<()> {
-    for &pid in pids {
-        if crate::stopped::tasks(pid)
-            .into_iter()
-            .any(crate::stopped::is_stopped)
-        {
-            return Err(Error::StoppedProcess { pid });
-        }
-    }
     Ok(())
 }
 

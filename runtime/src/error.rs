@@ -64,12 +64,13 @@ pub enum Error {
         /// Why, and what still works.
         reason: String,
     },
-    /// A process of the container is stopped by a signal: CRIU cannot take it from
-    /// the frozen cgroup.
+    /// A process of the container is stopped by a signal while the v1 freezer holds
+    /// it, and the dump has no cgroup v2 directory to freeze it through instead
+    /// (see `crate::stopped`).
     #[error(
-        "process {pid} of the container is stopped (SIGSTOP or job control): a checkpoint \
-         cannot take a stopped process from a frozen cgroup; continue it (kill -CONT) and \
-         checkpoint again"
+        "process {pid} of the container is stopped (SIGSTOP or job control) in a container \
+         frozen by the v1 freezer, and the dump has no cgroup v2 directory to freeze it \
+         through: continue the process (kill -CONT) and checkpoint again"
     )]
     StoppedProcess {
         /// Its host pid.

@@ -159,6 +159,9 @@ pub struct Standby {
     tree_given: bool,
     /// Its place in the host's budget ([`reserve`]), given back when it goes.
     place: PathBuf,
+    /// Its processes that were stopped when they were dumped: an adoption
+    /// leaves them so.
+    stopped: crate::stopped::Record,
 }
 
 /// What `crabctl stats` shows of a standby.
@@ -256,6 +259,7 @@ impl Container {
             return Err(refused("its processes have a terminal"));
         }
         let spec = crate::container::load_spec(&self.state.bundle)?;
+        let stopped = crate::stopped::Record::load(images)?;
         let resources = crate::container::resources_of(&spec).clone();
         let pid_ns = crate::container::owns_namespace(&spec, LinuxNamespaceType::Pid);
         if !crate::netns::owns_network_namespace(&spec) || !pid_ns {
@@ -331,6 +335,7 @@ impl Container {
                 work,
                 root,
                 place,
+                stopped,
             }),
             Err(e) => {
                 let _ = tracking.kill_all();
@@ -454,7 +459,7 @@ impl Container {
         tracing::debug!(id = %self.state.id, rebound_us, recorded_us, renamed,
             moved_us = t.elapsed().as_micros() as u64, "standby taken over");
         crate::storage::fault::shim_point("standby.moved", config.fault_file.as_deref());
-        crate::resume::continue_processes(pids.iter().copied());
+        crate::resume::continue_processes(pids, &standby.stopped);
         Ok(retracked)
     }
 

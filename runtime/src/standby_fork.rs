@@ -138,7 +138,7 @@ impl Container {
         };
         // What the fork's Create made, when it took the replica's.
         let container = leftovers.after(self, container);
-        crate::resume::continue_processes(pids.iter().copied());
+        crate::resume::continue_processes(&pids, &leftovers.standby.stopped);
         tracing::debug!(%id, cgroups_us, adopted_us = started.elapsed().as_micros() as u64,
             "replica for forks adopted");
         Ok(Adopted {

@@ -180,16 +180,6 @@ pub fn freezer_cgroup(relative: &Path) -> PathBuf {
     }
 }
 
-impl Container {
-    /// Refuses a dump of this container's processes when one of them is stopped
-    /// by a signal ([`criu::refuse_stopped`]); called before the freeze, so that
-    /// nothing is frozen or snapshotted for a dump that cannot be taken (the dump
-    /// looks again once frozen). A container its client paused is looked at too.
-    pub(crate) fn refuse_stopped_processes(&self) -> Result<()> {
-        criu::refuse_stopped(&freezer_cgroup(&self.cgroup_path()?))
-    }
-}
-
 /// The bind mounts of a spec, as (destination, source).
 pub fn bind_mounts(spec: &Spec) -> Vec<(String, PathBuf)> {
     spec.mounts()
@@ -215,7 +205,9 @@ pub fn stdio_keys(pid: i32) -> Stdio {
     }
 }
 
-/// CRIU's dump of the container's init `pid` into `images`.
+/// CRIU's dump of the container's init `pid` into `images`, frozen through the
+/// freezer of the container's `cgroup` (or, for a stopped process, through its
+/// `tracking` cgroup: [`criu::Dump::tracking_cgroup`]).
 /// `join_held_network`: a network namespace of the container's own that an engine
 /// holds and filled ([`Dumped::held_network`]) stays out of the images (a history's
 /// checkpoint, which an in-place rollback restores).
@@ -226,6 +218,7 @@ pub(crate) fn dump_request(
     images: PathBuf,
     leave_running: bool,
     cgroup: &Path,
+    tracking: &Path,
     spec: &Spec,
     stdio: &Stdio,
     join_held_network: bool,
@@ -276,6 +269,7 @@ pub(crate) fn dump_request(
         images,
         leave_running,
         freeze_cgroup: Some(freezer_cgroup(cgroup)),
+        tracking_cgroup: Some(tracking.to_path_buf()),
         external_mounts,
         external_keyed,
         external_namespaces,
@@ -325,7 +319,6 @@ impl Container {
         let mut timings = Timings::default();
         // The inspector's view is reset by a dump that leaves the task running.
         let keeps_running = !opts.exit;
-        self.refuse_stopped_processes()?;
         let freeze = Freeze::begin(self, status == ContainerStatus::Running, keeps_running)?;
         timings.freeze_ms = started.elapsed().as_millis() as u64;
         let stdio = stdio_keys(pid);
@@ -388,6 +381,7 @@ impl Container {
             images.clone(),
             !opts.exit,
             &self.cgroup_path()?,
+            &self.state.tracking_cgroup,
             spec,
             stdio,
             false,

@@ -125,9 +125,6 @@ impl Container {
         if !history.uncollected.is_empty() {
             collect(history, &dir, store.as_ref(), &key);
         }
-        if with_proc {
-            self.refuse_stopped_processes()?;
-        }
         let freeze = Freeze::begin(self, froze, true)?;
         timings.freeze_ms = started.elapsed().as_millis() as u64;
         fault::point("checkpoint.frozen");
@@ -149,6 +146,7 @@ impl Container {
                     tmp.join(CRIU_DIR),
                     true,
                     &self.cgroup_path()?,
+                    &self.state.tracking_cgroup,
                     spec,
                     &stdio,
                     true,

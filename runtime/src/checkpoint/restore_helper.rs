@@ -246,6 +246,7 @@ fn serve(call: Restore) -> Result<Restored> {
     }
     // The processes' protection keys are put back before any of them runs.
     let keys = crate::pkeys::Record::load(&images)?;
+    let stopped = crate::stopped::Record::load(&images)?;
     let pid = criu::restore(&criu::Restore {
         criu: criu_bin,
         images,
@@ -271,7 +272,7 @@ fn serve(call: Restore) -> Result<Restored> {
     if let Some(keys) = &keys {
         let tree = crate::pkeys::reapply(keys, pid)?;
         if !standby {
-            crate::resume::continue_processes(tree);
+            crate::resume::continue_processes(&tree, &stopped);
         }
     }
     let criu_ms = ms(criu_started);

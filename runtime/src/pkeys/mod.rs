@@ -30,6 +30,7 @@ use serde::{Deserialize, Serialize};
 use crate::{Error, Result};
 
 pub use reapply::reapply;
+pub(crate) use record::namespace_pid;
 pub use record::record;
 
 /// The record's name in a CRIU image directory.

@@ -44,7 +44,7 @@ pub fn record(pids: &[i32], images: &Path) -> Result<()> {
 }
 
 /// The pid of host process `pid` in its own (innermost) pid namespace.
-pub(super) fn namespace_pid(pid: i32) -> Option<i32> {
+pub(crate) fn namespace_pid(pid: i32) -> Option<i32> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status
         .lines()

@@ -1,15 +1,31 @@
-//! Tasks that CRIU cannot take from a frozen cgroup: those stopped by a signal
-//! (SIGSTOP, a shell's job control) and those about to stop.
+//! Processes stopped by a signal (SIGSTOP, a shell's job control), and those
+//! about to stop.
 //!
-//! CRIU's ptrace seize of a task that is both stopped and frozen waits forever (a
-//! kernel limit, CRIU#1905), so a dump that meets one ends only at its timeout,
-//! holding one of the host's dump slots all that while. A freezer hides the stop
-//! from the state letter (a frozen task shows `D`, stopped or not), but not from
-//! the place the task sleeps: a stopped task sleeps in `do_signal_stop`, frozen or
-//! not (read from `/proc/<tid>/wchan`). A stopping signal still pending when the
-//! cgroup froze is taken at the thaw CRIU does once it has seized the tasks, so it
-//! counts too: SIGSTOP always, SIGTSTP, SIGTTIN and SIGTTOU when the task neither
-//! catches, ignores nor blocks them (their default action is to stop).
+//! CRIU dumps a stopped process and restores it stopped, but its ptrace seize of
+//! a task that is both stopped and frozen by the v1 freezer waits forever (a
+//! kernel limit, CRIU#1905: the seize re-traps a stopped task only while its state
+//! says stopped, and a v1-frozen one says frozen). The cgroup v2 freezer leaves a
+//! stopped task in its stop, and there CRIU seizes it. So a dump on a host with
+//! the v1 freezer that finds a stopped process in the frozen container hands the
+//! freeze to the container's v2 tracking cgroup for the dump ([`Handover`]).
+//!
+//! The v1 freezer hides the stop from the state letter (a frozen task shows `D`,
+//! stopped or not), but not from the place the task sleeps: a stopped task sleeps
+//! in `do_signal_stop`, frozen or not (read from `/proc/<tid>/wchan`). A stopping
+//! signal still pending when the cgroup froze is taken at the thaw CRIU does once
+//! it has seized the tasks, so it counts too: SIGSTOP always, SIGTSTP, SIGTTIN and
+//! SIGTTOU when the task neither catches, ignores nor blocks them (their default
+//! action is to stop).
+//!
+//! The dump records which processes were stopped ([`record`]): a restore that
+//! leaves every task stopped for a step of its own (a standby, protection keys)
+//! continues only the others.
+
+mod handover;
+mod record;
+
+pub use handover::Handover;
+pub use record::{record, Record};
 
 use std::path::Path;
 
@@ -32,6 +48,22 @@ pub fn is_stopped(tid: i32) -> bool {
     }
     let wchan = std::fs::read_to_string(proc.join("wchan")).unwrap_or_default();
     wchan.trim() == STOP_SITE
+}
+
+/// Whether process `pid` has a task (itself or a thread) that [`is_stopped`].
+pub fn process_stopped(pid: i32) -> bool {
+    tasks(pid).into_iter().any(is_stopped)
+}
+
+/// The first of processes `pids` that [`process_stopped`].
+pub fn first_stopped(pids: &[i32]) -> Option<i32> {
+    pids.iter().copied().find(|&p| process_stopped(p))
+}
+
+/// Whether `cgroup` is in the v1 freezer hierarchy, whose frozen tasks CRIU
+/// cannot take when they are stopped too.
+pub fn v1_freezer(cgroup: &std::path::Path) -> bool {
+    cgroup.join("freezer.state").exists()
 }
 
 /// The value of `name` in a `/proc/<tid>/status` text ("" when absent).
