@@ -172,6 +172,9 @@ pub fn dump(d: &Dump) -> Result<()> {
                 },
                 _ => None,
             };
+            if handover.is_some() {
+                crate::storage::fault::point("checkpoint.handed_over");
+            }
             let through = handover.as_ref().map_or(cg.as_path(), |h| h.cgroup());
             cmd.arg("--freeze-cgroup").arg(through);
             crate::stopped::record(&pids, &d.images)?;

@@ -239,6 +239,25 @@ impl Container {
     pub(crate) fn thawed_if_it_fails<T>(&self, op: impl FnOnce() -> Result<T>) -> Result<T> {
         let was_running = self.is_running();
         let result = op();
+        if result.is_err() {
+            // A dump cut while a stopped process had the freeze handed to the v2
+            // freezer left it there, where neither the thaw below nor the
+            // client's resume reaches.
+            let v1 = self
+                .cgroup_path()
+                .map(|c| super::engine::freezer_cgroup(&c));
+            match v1
+                .and_then(|v1| crate::stopped::hand_back_if_cut(&v1, &self.state.tracking_cgroup))
+            {
+                Ok(true) => {
+                    tracing::warn!(id = %self.state.id, "a failed helper left the freeze with the v2 freezer: handed back")
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::error!(id = %self.state.id, error = %e, "hand the freeze back after a failed helper")
+                }
+            }
+        }
         if result.is_err() && was_running {
             if matches!(self.status(), Ok(ContainerStatus::Paused)) {
                 tracing::warn!(id = %self.state.id, "a failed helper left the container frozen: thawing it");

@@ -84,6 +84,27 @@ impl Handover {
     }
 }
 
+/// After a dump's helper died (killed, or crashed) with the freeze handed to the
+/// v2 freezer of `v2`: hands it back to the v1 freezer cgroup `v1`, so that the
+/// caller's usual thaw (or the client's resume) lets the tasks go. Answers
+/// whether there was one to hand back. Only a hybrid host's tracking cgroup is
+/// looked at: on a cgroup v2-only host `v2` is the container's own cgroup, and a
+/// freeze there is its client's pause.
+pub fn hand_back_if_cut(v1: &Path, v2: &Path) -> Result<bool> {
+    let cut = super::v1_freezer(v1)
+        && v1 != v2
+        && std::fs::read_to_string(v2.join("cgroup.freeze")).is_ok_and(|f| f.trim() == "1");
+    if cut {
+        Handover {
+            v1: v1.to_path_buf(),
+            v2: v2.to_path_buf(),
+            ended: false,
+        }
+        .end()?;
+    }
+    Ok(cut)
+}
+
 impl Drop for Handover {
     /// A dump that failed or panicked hands the tasks back too.
     fn drop(&mut self) {

@@ -24,7 +24,7 @@
 mod handover;
 mod record;
 
-pub use handover::Handover;
+pub use handover::{hand_back_if_cut, Handover};
 pub use record::{record, Record};
 
 use std::path::Path;
