@@ -79,10 +79,8 @@ fn continue_writer(g: &Guard, when: &str) {
     );
 }
 
-#[test]
-fn a_sandbox_with_a_stopped_process_is_checkpointed_by_either_door_and_rolled_back_with_it_stopped()
-{
-    let g = sandbox(&[]);
+/// `ctr task checkpoint` (containerd's client pauses the task first).
+fn containerd_checkpoint(g: &Guard) {
     let out = ctr_run(
         &["task", "checkpoint", &g.id],
         None,
@@ -90,6 +88,13 @@ fn a_sandbox_with_a_stopped_process_is_checkpointed_by_either_door_and_rolled_ba
     );
     let (o, e) = text(&out);
     assert!(out.status.success(), "containerd's checkpoint: {o}{e}");
+}
+
+#[test]
+fn a_sandbox_with_a_stopped_process_is_checkpointed_by_either_door_and_rolled_back_with_it_stopped()
+{
+    let g = sandbox(&[]);
+    containerd_checkpoint(&g);
     assert_parked_and_counting(&g, "after containerd's checkpoint");
     let out = crabctl_ok(&["checkpoint", &g.id, "--name", "stopped"]);
     assert!(out.contains("stopped"), "{out}");
@@ -154,13 +159,7 @@ fn a_paused_sandbox_with_a_stopped_process_is_checkpointed_by_either_door_and_st
     let g = sandbox(&[]);
     ctr_ok(&["task", "pause", &g.id]);
     let paused_at = count_from_host(&g);
-    let out = ctr_run(
-        &["task", "checkpoint", &g.id],
-        None,
-        Duration::from_secs(120),
-    );
-    let (o, e) = text(&out);
-    assert!(out.status.success(), "containerd's checkpoint: {o}{e}");
+    containerd_checkpoint(&g);
     // A second dump, still paused, of a writer the first left a SIGSTOP queued on.
     crabctl_ok(&["checkpoint", &g.id, "--name", "paused"]);
     assert_eq!(g.status().as_deref(), Some("PAUSED"), "the client's pause");

@@ -173,10 +173,7 @@ mod tests {
             ))
             .spawn()
             .unwrap();
-        let mut stopped = std::process::Command::new("sleep")
-            .arg("100")
-            .spawn()
-            .unwrap();
+        let mut stopped = crate::stopped::tests::sleeper();
         for pid in [writer.id(), stopped.id()] {
             std::fs::write(v1.join("cgroup.procs"), pid.to_string()).unwrap();
             std::fs::write(v2.join("cgroup.procs"), pid.to_string()).unwrap();

@@ -99,8 +99,16 @@ fn stop_pending(status: &str) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
+
+    /// A `sleep 100` child.
+    pub(in crate::stopped) fn sleeper() -> std::process::Child {
+        std::process::Command::new("sleep")
+            .arg("100")
+            .spawn()
+            .unwrap()
+    }
 
     fn status(pnd: u64, shd: u64, blk: u64, ign: u64, cgt: u64) -> String {
         format!(
@@ -142,10 +150,7 @@ mod tests {
     /// process that is not: the process itself runs.
     #[test]
     fn a_stopped_child_is_seen_and_a_running_one_is_not() {
-        let mut child = std::process::Command::new("sleep")
-            .arg("100")
-            .spawn()
-            .unwrap();
+        let mut child = sleeper();
         let pid = child.id() as i32;
         assert!(!is_stopped(pid));
         nix::sys::signal::kill(
@@ -175,13 +180,7 @@ mod tests {
         assert!(freezer.is_dir(), "this test needs the v1 freezer hierarchy");
         let cg = freezer.join(format!("crab-stopped-test-{}", std::process::id()));
         std::fs::create_dir(&cg).unwrap();
-        let spawn = || {
-            std::process::Command::new("sleep")
-                .arg("100")
-                .spawn()
-                .unwrap()
-        };
-        let (mut stopped, mut running) = (spawn(), spawn());
+        let (mut stopped, mut running) = (sleeper(), sleeper());
         let (s, r) = (stopped.id() as i32, running.id() as i32);
         for pid in [s, r] {
             std::fs::write(cg.join("cgroup.procs"), pid.to_string()).unwrap();

@@ -124,13 +124,8 @@ mod tests {
     #[test]
     fn a_stopped_process_is_recorded_and_found_again() {
         let dir = tempfile::tempdir().unwrap();
-        let spawn = || {
-            std::process::Command::new("sleep")
-                .arg("100")
-                .spawn()
-                .unwrap()
-        };
-        let (mut stopped, mut running) = (spawn(), spawn());
+        let sleeper = crate::stopped::tests::sleeper;
+        let (mut stopped, mut running) = (sleeper(), sleeper());
         let (s, r) = (stopped.id() as i32, running.id() as i32);
         nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(s),
