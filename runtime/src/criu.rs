@@ -165,8 +165,9 @@ pub fn dump(d: &Dump) -> Result<()> {
     let handover = match &d.freeze_cgroup {
         Some(cg) => {
             let pids = pids_in(cg)?;
-            let handover = match crate::stopped::first_stopped(&pids) {
-                Some(pid) if crate::stopped::v1_freezer(cg) => match &d.tracking_cgroup {
+            let stopped = crate::stopped::stopped_among(&pids);
+            let handover = match stopped.first() {
+                Some(&pid) if crate::stopped::v1_freezer(cg) => match &d.tracking_cgroup {
                     Some(v2) => Some(crate::stopped::Handover::begin(cg, v2)?),
                     None => return Err(Error::StoppedProcess { pid }),
                 },
@@ -177,7 +178,7 @@ pub fn dump(d: &Dump) -> Result<()> {
             }
             let through = handover.as_ref().map_or(cg.as_path(), |h| h.cgroup());
             cmd.arg("--freeze-cgroup").arg(through);
-            crate::stopped::record(&pids, &d.images)?;
+            crate::stopped::record(&stopped, &d.images)?;
             // CRIU drops the processes' memory protection keys: they are recorded
             // beside its images.
             crate::pkeys::record(&pids, &d.images)?;

@@ -55,14 +55,17 @@ pub fn process_stopped(pid: i32) -> bool {
     tasks(pid).into_iter().any(is_stopped)
 }
 
-/// The first of processes `pids` that [`process_stopped`].
-pub fn first_stopped(pids: &[i32]) -> Option<i32> {
-    pids.iter().copied().find(|&p| process_stopped(p))
+/// Those of processes `pids` that [`process_stopped`].
+pub fn stopped_among(pids: &[i32]) -> Vec<i32> {
+    pids.iter()
+        .copied()
+        .filter(|&p| process_stopped(p))
+        .collect()
 }
 
 /// Whether `cgroup` is in the v1 freezer hierarchy, whose frozen tasks CRIU
 /// cannot take when they are stopped too.
-pub fn v1_freezer(cgroup: &std::path::Path) -> bool {
+pub fn v1_freezer(cgroup: &Path) -> bool {
     cgroup.join("freezer.state").exists()
 }
 

@@ -27,16 +27,16 @@ pub struct Record {
     pub processes: BTreeSet<i32>,
 }
 
-/// Records, in the image directory `images`, which of processes `pids` (those
-/// of the dumped, frozen cgroup) are stopped. Writes nothing when none is; a
-/// process that is gone is skipped (it is not in the dump either).
-pub fn record(pids: &[i32], images: &Path) -> Result<()> {
+/// Records, in the image directory `images`, the stopped processes `stopped`
+/// (host pids, those of the dumped, frozen cgroup that [`super::stopped_among`]
+/// found). Writes nothing when there is none; a process that is gone is skipped
+/// (it is not in the dump either).
+pub fn record(stopped: &[i32], images: &Path) -> Result<()> {
     let path = images.join(FILE);
     let _ = std::fs::remove_file(&path);
-    let processes: BTreeSet<i32> = pids
+    let processes: BTreeSet<i32> = stopped
         .iter()
         .copied()
-        .filter(|&p| super::process_stopped(p))
         .filter_map(crate::pkeys::namespace_pid)
         .collect();
     if processes.is_empty() {
@@ -136,7 +136,7 @@ mod tests {
         while !super::super::process_stopped(s) && std::time::Instant::now() < deadline {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
-        record(&[s, r], dir.path()).unwrap();
+        record(&super::super::stopped_among(&[s, r]), dir.path()).unwrap();
         let loaded = Record::load(dir.path()).unwrap();
         let among = loaded.among(&[r, s]);
         for c in [&mut stopped, &mut running] {
@@ -145,7 +145,7 @@ mod tests {
         }
         assert_eq!(loaded.processes, BTreeSet::from([s]));
         assert_eq!(among, vec![s]);
-        record(&[r], dir.path()).unwrap();
+        record(&super::super::stopped_among(&[r]), dir.path()).unwrap();
         assert!(!dir.path().join(FILE).exists(), "none stopped, no record");
     }
 }
